@@ -1,0 +1,14 @@
+"""Attention Lab's instrumented Transformer ("Attention Is All You Need"). No UI imports here."""
+
+from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
+from .capture import CaptureError
+from .config import TransformerConfig
+from .schedule import noam_lr
+from .trace import Trace, TraceDiff, TraceFileError, compare_traces
+from .transformer import Transformer, label_smoothed_loss, sinusoidal_encoding
+
+__all__ = [
+    "CaptureError", "MultiHeadAttention", "Trace", "TraceDiff", "TraceFileError", "Transformer",
+    "TransformerConfig", "attention_mask", "causal_mask", "compare_traces", "label_smoothed_loss",
+    "noam_lr", "padding_mask", "sinusoidal_encoding",
+]
