@@ -59,9 +59,15 @@ class Trace(Mapping):
         return f"Trace({len(self)} names, {self.nbytes() / 2**20:.2f} MiB)"
 
     def save(self, path: str | Path) -> None:
-        tensors = {k: v.contiguous() for k, v in self._tensors.items()}
+        tensors, seen = {}, set()
+        for k, v in self._tensors.items():  # safetensors refuses shared storage (e.g. encoder.out is
+            v = v.contiguous()               # the last layer's output in post-LN): copy repeats
+            key = (v.untyped_storage().data_ptr(), v.storage_offset())
+            tensors[k] = v.clone() if key in seen else v
+            seen.add(key)
         save_file(tensors, str(path), metadata={"format": FORMAT, "version": FORMAT_VERSION,
-                                                "meta": json.dumps(self._meta)})
+                                                "meta": json.dumps(self._meta),
+                                                "names": json.dumps(list(tensors))})  # keeps capture order
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
@@ -87,6 +93,12 @@ class Trace(Mapping):
             meta = json.loads(header.get("meta", "{}"))
         except json.JSONDecodeError as e:
             raise TraceFileError(f"{path.name}: the trace metadata is not valid JSON ({e})") from None
+        try:
+            order = json.loads(header.get("names", "[]"))
+        except json.JSONDecodeError:
+            order = []
+        if sorted(order) == sorted(tensors):  # safetensors sorts names; restore computation order
+            tensors = {n: tensors[n] for n in order}
         return cls(tensors, meta)
 
     @classmethod
@@ -171,6 +183,51 @@ class NameDiff:
     max_abs: float
     where: dict = field(default_factory=dict)
     problem: str = ""  # "shape", "dtype" or "" (values)
+    n_bad: int = 0  # cells over tolerance
+    numel: int = 0
+    heads: list[int] | None = None  # heads with a cell over tolerance (captures with a head axis)
+    n_heads: int = 0
+    expected: float | None = None  # the worst cell's values
+    actual: float | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+def _fmt_where(where: Mapping) -> str:
+    """{"layer": 1, "query": 2, "query_token": "l"} -> "layer 1, query 2 'l'"."""
+    parts = []
+    for k, v in where.items():
+        if k.endswith("_token"):
+            continue
+        tok = where.get(f"{k}_token")
+        parts.append(f"{k} {v}" + ("" if tok is None else f" {tok!r}"))
+    return ", ".join(parts)
+
+
+def _fmt_heads(heads: list[int], n_heads: int) -> str:
+    if len(heads) == n_heads > 1:
+        return "all heads"
+    return ("head " if len(heads) == 1 else "heads ") + ", ".join(map(str, heads))
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _meta_note(key: str, old, new) -> str:
+    """One line per metadata difference; dicts (config, versions) show only the keys that changed."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        changed = [f"{k} {_short(old.get(k))} -> {_short(new.get(k))}"
+                   for k in sorted(set(old) | set(new), key=str) if old.get(k) != new.get(k)]
+        detail = ", ".join(changed)
+    else:
+        detail = f"{_short(old)} -> {_short(new)}"
+    why = {
+        "versions": " (numeric noise may come from the library upgrade)",
+        "config": " (a different model: expect differences everywhere)",
+    }.get(key, " (other tokens: the text, target or tokenizer changed)")
+    return f"note: metadata '{key}' differs: {detail}{why}"
 
 
 @dataclass
@@ -181,28 +238,72 @@ class TraceDiff:
     missing: list[str]  # in the reference, not in the other
     new: list[str]  # in the other, not in the reference
     meta_notes: list[str]
+    order: list[str] = field(default_factory=list)  # names in computation order, to find the first to differ
+    n_compared: int = 0
 
     @property
     def equal(self) -> bool:
         return not (self.diffs or self.missing or self.new)
 
+    @property
+    def first(self) -> NameDiff | None:
+        """The earliest differing name in computation order: where a change starts, not where it peaks."""
+        by_name = {d.name: d for d in self.diffs if not d.problem}
+        rank = {n: i for i, n in enumerate(self.order)}
+        values = sorted(by_name.values(), key=lambda d: rank.get(d.name, len(rank)))
+        return values[0] if values else None
+
     def report(self, top: int = 10) -> str:
         if self.equal:
             return "traces match" + ("" if not self.meta_notes else "\n" + "\n".join(self.meta_notes))
         lines = []
-        for d in self.diffs[:top]:
+        values = [d for d in self.diffs if not d.problem]
+        if values:
+            lines.append(f"{len(values)} of {self.n_compared or len(values)} names differ, worst first "
+                         f"(a cell differs when |expected - obtained| > atol + rtol * |obtained|):")
+            width = min(max(len(d.name) for d in values[:top]), 48)
+            for d in values[:top]:
+                tol = f"atol {d.atol:g}" + (f", rtol {d.rtol:g}" if d.rtol else "")
+                heads = f" in {_fmt_heads(d.heads, d.n_heads)}" if d.heads else ""
+                vals = "" if d.expected is None else f": {d.expected:.6g} -> {d.actual:.6g}"
+                lines.append(f"  {d.name:<{width}}  max |diff| {d.max_abs:.3g} ({tol}), "
+                             f"{d.n_bad}/{d.numel} cells{heads}; worst at {_fmt_where(d.where)}{vals}")
+            if len(values) > top:
+                lines.append(f"  ... and {len(values) - top} more names differ")
+            first = self.first
+            if first is not None and self.order:
+                at = [f"layer {first.where['layer']}"] if "layer" in first.where else []
+                at += [_fmt_heads(first.heads, first.n_heads)] if first.heads else []
+                lines.append(f"first to differ in computation order: {first.name}"
+                             + (f" ({', '.join(at)})" if at else "") + ": the change starts there")
+        for d in self.diffs:
             if d.problem:
-                lines.append(f"{d.name}: {d.problem} changed {d.where}")
-            else:
-                where = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.where.items())
-                lines.append(f"{d.name}: max |diff| {d.max_abs:.3g} at {where}")
-        if len(self.diffs) > top:
-            lines.append(f"... and {len(self.diffs) - top} more names differ")
-        if self.missing:
-            lines.append(f"missing names ({len(self.missing)}): {', '.join(self.missing[:10])}")
-        if self.new:
-            lines.append(f"new names ({len(self.new)}): {', '.join(self.new[:10])}")
+                lines.append(f"{d.problem} changed: {d.name} {d.where['expected']} -> {d.where['actual']}")
+        for label, names in (("missing names", self.missing), ("new names", self.new)):
+            if names:
+                whose = "expected but not obtained" if names is self.missing else "obtained but not expected"
+                more = " ..." if len(names) > 10 else ""
+                lines.append(f"{label} ({len(names)}, {whose}): {', '.join(names[:10])}{more}")
         return "\n".join(lines + self.meta_notes)
+
+
+def _computation_order(names: list[str], meta: Mapping | None) -> list[str]:
+    """Names in the order the forward pass computes them (from the config in meta); else as given."""
+    cfg = (meta or {}).get("config")
+    if isinstance(cfg, Mapping):
+        try:
+            from .capture import capture_shapes
+            from .config import TransformerConfig
+
+            canonical = list(capture_shapes(TransformerConfig.from_dict(dict(cfg)), 1, 1, 1))
+        except (TypeError, ValueError):
+            canonical = []
+        rank = {n: i for i, n in enumerate(canonical)}
+        return sorted(names, key=lambda n: rank.get(n, len(rank)))  # stable: unknown names keep their order
+    return list(names)
+
+
+META_KEYS = ("config", "versions", "src_tokens", "tgt_tokens", "src_ids", "tgt_ids")
 
 
 def compare_traces(
@@ -215,24 +316,30 @@ def compare_traces(
     """Compare two traces name by name; report each differing name's worst cell, worst first.
 
     atol/rtol may be dicts mapping a name to its tolerance (callers resolve globs).
+    Integer and bool tensors (masks, ids) are always compared exactly.
     """
     meta = meta if meta is not None else getattr(expected, "meta", None)
     diffs: list[NameDiff] = []
-    for name in [n for n in expected if n in actual]:
+    common = [n for n in expected if n in actual]
+    for name in common:
         a, b = expected[name], actual[name]
         if tuple(a.shape) != tuple(b.shape):
-            diffs.append(NameDiff(name, math.inf, {"expected": list(a.shape), "actual": list(b.shape)}, "shape"))
+            shapes = {"expected": list(a.shape), "actual": list(b.shape)}
+            diffs.append(NameDiff(name, math.inf, shapes, "shape"))
             continue
         if a.dtype != b.dtype:
-            diffs.append(NameDiff(name, math.inf, {"expected": str(a.dtype), "actual": str(b.dtype)}, "dtype"))
+            diffs.append(NameDiff(name, math.inf, {"expected": str(a.dtype).removeprefix("torch."),
+                                                   "actual": str(b.dtype).removeprefix("torch.")}, "dtype"))
             continue
         if a.numel() == 0:
             continue
         at = atol[name] if isinstance(atol, Mapping) else atol
         rt = rtol[name] if isinstance(rtol, Mapping) else rtol
         if a.dtype == torch.bool or not a.is_floating_point():
+            at = rt = 0.0
+            a64, b64 = a.to(torch.float64), b.to(torch.float64)
             bad = a != b
-            err = bad.to(torch.float64)
+            err = (a64 - b64).abs()
         else:
             a64, b64 = a.to(torch.float64), b.to(torch.float64)
             err = (a64 - b64).abs()
@@ -242,16 +349,27 @@ def compare_traces(
             bad = err > at + rt * b64.abs()
         if bool(bad.any()):
             flat = int(torch.where(bad, err, torch.zeros_like(err)).flatten().argmax())
-            diffs.append(NameDiff(name, float(err.flatten()[flat]), locate(name, tuple(a.shape), flat, meta)))
+            where = locate(name, tuple(a.shape), flat, meta)
+            heads, n_heads = None, 0
+            axes = _axes(name, a.dim())
+            if "head" in axes and a.shape[axes.index("head")] > 1:  # which heads changed: the actionable part
+                h = axes.index("head")
+                n_heads = a.shape[h]
+                heads = [i for i, x in enumerate(bad.transpose(0, h).flatten(1).any(1).tolist()) if x]
+            diffs.append(NameDiff(name, float(err.flatten()[flat]), where, n_bad=int(bad.sum()),
+                                  numel=a.numel(), heads=heads, n_heads=n_heads, atol=at, rtol=rt,
+                                  expected=float(a64.flatten()[flat]), actual=float(b64.flatten()[flat])))
     diffs.sort(key=lambda d: -d.max_abs)
     notes = []
     ma, mb = getattr(expected, "meta", {}) or {}, getattr(actual, "meta", {}) or {}
-    for key in ("config", "versions"):
+    for key in META_KEYS:
         if key in ma and key in mb and ma[key] != mb[key]:
-            notes.append(f"note: metadata '{key}' differs: {ma[key]} vs {mb[key]}")
+            notes.append(_meta_note(key, ma[key], mb[key]))
     return TraceDiff(
         diffs,
         missing=[n for n in expected if n not in actual],
         new=[n for n in actual if n not in expected],
         meta_notes=notes,
+        order=_computation_order(list(actual), meta),
+        n_compared=len(common),
     )

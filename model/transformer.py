@@ -45,7 +45,7 @@ class Embeddings(nn.Module):
             self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
         else:
             self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)
-        self.type = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
+        self.token_type = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -59,8 +59,8 @@ class Embeddings(nn.Module):
         pos = self.pos.weight[offset:offset + L] if hasattr(self, "pos") else self.pe[offset:offset + L]  # (L, D)
         record(f"{s}.embed.pos", pos)
         x = tok + pos
-        if self.type is not None:
-            types = self.type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
+        if self.token_type is not None:
+            types = self.token_type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
             record(f"{s}.embed.type", types)
             x = x + types
         if self.norm is not None:

@@ -1,0 +1,65 @@
+"""Forward-pass cost of the instrumented model vs torch.nn.Transformer, and of capture.
+
+One run, interleaved repetitions, medians; ratios only (the machine is noisy).
+    python bench/forward.py [--reps 30]
+Targets: off / nn.Transformer <= 1.10; full capture / off <= 1.30; weights only / off <= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from model import Transformer, TransformerConfig, causal_mask
+from model.reference import to_torch_transformer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=1000, tgt_vocab_size=1000, d_model=256, n_heads=8, n_encoder_layers=3,
+                            n_decoder_layers=3, d_ff=1024, dropout=0.1, max_len=128)
+    model = Transformer(cfg).eval()
+    ref = to_torch_transformer(model)
+    B, S, T = 8, 64, 64
+    src, tgt = torch.randint(1, 1000, (B, S)), torch.randint(1, 1000, (B, T))
+    src[: B // 2, S - 8:] = 0  # some padding, as in real batches
+    future = causal_mask(T)
+
+    def torch_ref():
+        y = ref(model.src_embed(src), model.tgt_embed(tgt), tgt_mask=future, src_key_padding_mask=src == 0,
+                tgt_key_padding_mask=tgt == 0, memory_key_padding_mask=src == 0)
+        return model.generator(y)
+
+    cases = {
+        "nn.Transformer": torch_ref,
+        "capture off": lambda: model(src, tgt),
+        "capture all": lambda: model.run_with_trace(src, tgt, budget_bytes=None),
+        "capture weights": lambda: model.run_with_trace(src, tgt, names="*.weights"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    with torch.no_grad():
+        for fn in cases.values():  # warm-up
+            fn()
+        for _ in range(args.reps):
+            for name, fn in cases.items():  # interleaved: drift hits every case alike
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"{k:16s} median {v * 1e3:8.2f} ms")
+    off = med["capture off"]
+    print(f"capture off / nn.Transformer  = {off / med['nn.Transformer']:.3f}  (target <= 1.10)")
+    print(f"capture all / capture off     = {med['capture all'] / off:.3f}  (target <= 1.30)")
+    print(f"weights only / capture off    = {med['capture weights'] / off:.3f}  (target <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()
