@@ -88,9 +88,12 @@ class MultiHeadAttention(nn.Module):
         record(f"{n}.scores", scores)
         if mask is not None:
             record(f"{n}.mask", mask)
-            weights = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-            # exp(-inf) = 0 already; this also turns a fully masked row (NaN) into zeros.
-            weights = weights.masked_fill(mask, 0.0)
+            # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
+            # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
+            bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+            weights = F.softmax(scores + bias, dim=-1)
+            if bool(mask.all(dim=-1).any()):  # a row with no visible key: softmax gives NaN; make it 0
+                weights = weights.masked_fill(mask, 0.0)
         else:
             weights = F.softmax(scores, dim=-1)
         record(f"{n}.weights", weights)
