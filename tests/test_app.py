@@ -1,0 +1,379 @@
+"""The Streamlit explorer, headless (streamlit.testing AppTest): every page runs, draws the
+captured tensors, turns bad input into a message, and stays under 20 MB at 256 tokens."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from model import Trace
+from model.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
+from viz import common
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ["viz/pages/tokens.py", "viz/pages/attention.py", "viz/pages/schedule.py", "viz/pages/snapshots.py"]
+TIMEOUT = 180
+MAX_PAGE_BYTES = 20 * 2**20
+
+
+# ---------------------------------------------------------------- fixtures and helpers
+
+
+def _random_clone(ckpt: Checkpoint, path: Path, max_len: int) -> str:
+    """Same tokenizers and sizes as `ckpt`, random weights, a longer max_len (for the 256-token budget)."""
+    from model import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig.from_dict({**ckpt.cfg.to_dict(), "max_len": max_len})
+    clone = Checkpoint(Transformer(cfg), ckpt.src_tokenizer, ckpt.tgt_tokenizer,
+                       meta={"name": "long", "example": ckpt.example}, log=ckpt.log, name="long")
+    return str(clone.save(path))
+
+
+class Default:
+    """The checkpoint the app opens on: `name` as the sidebar shows it, and the loaded checkpoint."""
+
+    def __init__(self, name: str):
+        self.name, self.ckpt = name, load_checkpoint(name)
+
+    def __getattr__(self, attr):
+        return getattr(self.ckpt, attr)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Default:
+    # Shipped checkpoints, plus any listed in $ATTENTION_LAB_CHECKPOINTS (as the app offers them).
+    names = common.checkpoint_names()
+    if not names:
+        pytest.skip("no checkpoints installed (model/checkpoints) or listed in $ATTENTION_LAB_CHECKPOINTS")
+    return Default(common.default_checkpoint(names))
+
+
+def run_app(page: str | None = None, *, text: str | None = None, target: str | None = None,
+            checkpoint: str | None = None, query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    if query:
+        at.query_params.update(query)
+    for key, value in (("checkpoint", checkpoint), ("source_text", text), ("target_text", target)):
+        if value is not None:
+            at.session_state[key] = value
+    at.run()
+    if page:
+        at.switch_page(page)
+        at.run()
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def figure(at: AppTest, title_start: str) -> dict:
+    found = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").startswith(title_start)]
+    titles = [f["layout"].get("title", {}).get("text") for f in figures(at)]
+    assert found, f"no figure titled {title_start!r}: {titles}"
+    return found[0]
+
+
+def z_of(trace_json: dict) -> np.ndarray:
+    """A heatmap's z from plotly JSON: base64 typed array ({dtype, bdata, shape}) or nested lists."""
+    z = trace_json["z"]
+    if isinstance(z, dict):
+        a = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))
+        return a.reshape([int(s) for s in str(z["shape"]).split(",")])
+    return np.asarray(z, dtype=np.float64)
+
+
+def page_bytes(node) -> int:
+    """Sum of the protobuf sizes of every element on the page (what is sent to the browser)."""
+    total = len(node.proto.SerializeToString()) if getattr(node, "proto", None) is not None else 0
+    return total + sum(page_bytes(c) for c in getattr(node, "children", {}).values())
+
+
+# ---------------------------------------------------------------- default view and every page
+
+
+def test_default_opens_on_a_shipped_model_with_its_example(shipped):
+    at = run_app()
+    assert_clean(at)
+    assert at.sidebar.selectbox(key="checkpoint").value == shipped.name
+    if list_checkpoints():  # a shipped model whose attention is worth looking at
+        assert shipped.name in common.PREFERRED[:2] or shipped.name == list_checkpoints()[0]
+    assert at.sidebar.text_area(key="source_text").value == shipped.example != ""
+    assert at.query_params["checkpoint"] == shipped.name  # the view is in the URL, ready to share
+    assert at.get("plotly_chart"), "the default page draws figures"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs(shipped, page):
+    at = run_app(page)
+    assert_clean(at)
+    assert at.get("plotly_chart") or page.endswith("snapshots.py")
+    assert any("caption" == e.type for e in at.main), "every page explains what it shows"
+
+
+# ---------------------------------------------------------------- the figures are the captured tensors
+
+
+def test_attention_heatmap_is_the_captured_weights(shipped):
+    at = run_app("viz/pages/attention.py")
+    assert_clean(at)
+    trace = shipped.trace(shipped.example)[1]
+    name = "encoder.layers.0.self_attn"
+    head_fig = figure(at, f"{name} · head 0")
+    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, 0].numpy())
+    hover = head_fig["data"][0]["hovertemplate"]
+    assert "%{z:.6g}" in hover and "%{y}" in hover  # exact value and the token names
+    assert head_fig["data"][0]["y"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
+
+    # Another layer and head, then cross-attention: the figure follows the widgets.
+    at.selectbox(key="attn_head").set_value(shipped.cfg.n_heads - 1)
+    at.selectbox(key="attn_layer").set_value(shipped.cfg.n_encoder_layers - 1)
+    at.radio(key="attn_kind").set_value(2)
+    at.run()
+    assert_clean(at)
+    L, H = shipped.cfg.n_decoder_layers - 1, shipped.cfg.n_heads - 1
+    name = f"decoder.layers.{L}.cross_attn"
+    head_fig = figure(at, f"{name} · head {H}")
+    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
+    assert at.query_params["layer"] == str(L) and at.query_params["head"] == str(H)
+
+    pipeline = figure(at, f"{name} · head {H}: softmax")
+    zs = [z_of(t) for t in pipeline["data"] if t["type"] == "heatmap"]
+    np.testing.assert_array_equal(zs[1], trace[f"{name}.scores"][0, H].numpy())
+    np.testing.assert_array_equal(zs[-1], trace[f"{name}.weights"][0, H].numpy())
+
+
+def test_query_string_opens_a_shared_view(shipped):
+    L, H = shipped.cfg.n_decoder_layers - 1, 1
+    at = run_app("viz/pages/attention.py", query={"checkpoint": shipped.name, "text": shipped.example,
+                                                   "attn_kind": "1", "layer": str(L), "head": str(H)})
+    assert_clean(at)
+    assert (at.radio(key="attn_kind").value, at.selectbox(key="attn_layer").value,
+            at.selectbox(key="attn_head").value) == (1, L, H)
+    trace = shipped.trace(shipped.example)[1]
+    fig = figure(at, f"decoder.layers.{L}.self_attn · head {H}")
+    want = trace[f"decoder.layers.{L}.self_attn.weights"][0, H].numpy()
+    np.testing.assert_array_equal(z_of(fig["data"][0]), want)
+
+
+def test_query_string_with_junk_falls_back(shipped):
+    at = run_app("viz/pages/attention.py", query={"checkpoint": "no-such-model", "layer": "99", "head": "x"})
+    assert_clean(at)
+    assert at.sidebar.selectbox(key="checkpoint").value == shipped.name
+    assert at.selectbox(key="attn_layer").value == 0 and at.selectbox(key="attn_head").value == 0
+
+
+def test_tokens_page_draws_the_embeddings(shipped):
+    at = run_app("viz/pages/tokens.py")
+    assert_clean(at)
+    trace = shipped.trace(shipped.example)[1]
+    emb = figure(at, "encoder.embed.tok")
+    np.testing.assert_array_equal(z_of(emb["data"][0]), trace["encoder.embed.tok"][0].numpy())
+    total = figure(at, "embedding + position")
+    np.testing.assert_array_equal(z_of(total["data"][2]), trace["encoder.embed.out"][0].numpy())
+    table = at.dataframe[0].value
+    assert list(table["id"]) == trace.meta["src_ids"][0]
+
+
+def test_schedule_page_draws_noam_and_the_training_log(shipped):
+    at = run_app("viz/pages/schedule.py")
+    assert_clean(at)
+    fig = figure(at, "Noam schedule")
+    names = [t.get("name", "") for t in fig["data"]]
+    assert {"d=512, warmup=4000", "d=512, warmup=8000", "d=256, warmup=4000"} <= set(names)
+    peak = next(t for t in fig["data"] if t.get("name") == "peak")
+    assert peak["x"] == [4000]
+    if shipped.log.get("lr"):
+        assert any("while training" in n for n in names)
+
+
+# ---------------------------------------------------------------- bad input: a message, never a traceback
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "3 nov\x07ember", "x" * 10_000],
+                         ids=["empty", "whitespace", "control-char", "over-long"])
+def test_bad_input_gives_a_message(shipped, text):
+    at = run_app("viz/pages/attention.py", text=text)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error, "a clear error message"
+    msg = at.error[0].value.lower()
+    assert any(w in msg for w in ("empty", "whitespace", "control character", "limit", "max_len"))
+    if len(text) > 1000:
+        assert str(shipped.cfg.max_len) in at.error[0].value  # names the limit
+
+
+def test_emoji_becomes_unk_with_a_warning(shipped):
+    at = run_app("viz/pages/tokens.py", text=shipped.example + " 🙂")
+    assert not at.exception
+    assert any("[UNK]" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("page", PAGES[:2] + PAGES[3:])
+def test_empty_input_on_every_trace_page(shipped, page):
+    at = run_app(page, text="")
+    assert not at.exception and at.error
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def test_snapshot_upload_roundtrip_and_compare(shipped):
+    at = run_app("viz/pages/snapshots.py")
+    assert_clean(at)
+    same = shipped.trace(shipped.example)[1]
+    at.file_uploader(key="snap_upload").upload("same.safetensors", same.to_bytes())
+    at.run()
+    assert_clean(at)
+    assert any("match" in s.value for s in at.success)
+
+    other = shipped.trace(shipped.example, target=shipped.trace(shipped.example)[1].meta["target"])[1]
+    tensors = dict(other)
+    name = "encoder.layers.0.self_attn.weights"
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 1, 0, 0] += 0.25
+    edited = Trace(tensors, other.meta).to_bytes()
+    at.file_uploader(key="snap_upload").clear().upload("edited.safetensors", edited)
+    at.run()
+    assert_clean(at)
+    rows = at.dataframe[0].value
+    assert rows["name"].iloc[0] == name and "head=1" in rows["where (worst cell)"].iloc[0]
+    diff = figure(at, name)
+    np.testing.assert_allclose(z_of(diff["data"][2])[0, 0], -0.25, atol=1e-6)  # current − file
+
+
+@pytest.mark.parametrize("payload", [b"not a trace at all", b"\x08\x00\x00\x00\x00\x00\x00\x00{}", b""],
+                         ids=["garbage", "truncated-header", "empty"])
+def test_corrupt_upload_gives_a_message(shipped, payload):
+    at = run_app("viz/pages/snapshots.py")
+    at.file_uploader(key="snap_upload").upload("bad.safetensors", payload)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error and "not" in at.error[0].value
+
+
+def test_foreign_safetensors_upload_is_refused(shipped, tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2, 2)}, str(tmp_path / "weights.safetensors"))
+    at = run_app("viz/pages/snapshots.py")
+    data = (tmp_path / "weights.safetensors").read_bytes()
+    at.file_uploader(key="snap_upload").upload("weights.safetensors", data)
+    at.run()
+    assert not at.exception
+    assert at.error and "not an Attention Lab trace" in at.error[0].value
+
+
+# ---------------------------------------------------------------- limits and isolation
+
+
+@pytest.fixture(scope="module")
+def long_checkpoint(shipped, tmp_path_factory) -> tuple[str, str, str]:
+    """(checkpoint, 256-token source, 256-token target); a random clone if the shipped max_len < 257."""
+    n = 256
+    name = shipped.name
+    if shipped.cfg.max_len < n + 1:
+        name = _random_clone(shipped.ckpt, tmp_path_factory.mktemp("long") / "long", n + 8)
+    def chars(tok):  # single-character vocabulary entries (ids 0-6 are the specials)
+        return [t for t in tok.tokens(range(7, tok.vocab_size)) if len(t) == 1 and not t.isspace()]
+
+    src_chars, tgt_chars = chars(shipped.src_tokenizer), chars(shipped.tgt_tokenizer)
+    src = "".join(src_chars[i % len(src_chars)] for i in range(n))
+    tgt = "".join(tgt_chars[i % len(tgt_chars)] for i in range(n - 1))
+    return name, src, tgt
+
+
+@pytest.mark.parametrize("page", PAGES[:2] + PAGES[3:])
+def test_page_bytes_under_20_mb_at_256_tokens(long_checkpoint, monkeypatch, page):
+    name, src, tgt = long_checkpoint
+    if "/" in name:
+        monkeypatch.setenv(common.EXTRA_ENV, name)
+    ckpt = load_checkpoint(name)
+    if ckpt.src_tokenizer.kind != "char":
+        pytest.skip("the 256-token input is built from single-character tokens")
+    assert len(ckpt.encode_source(src)[0]) == 256
+    at = run_app(page, text=src, target=tgt, checkpoint=name)
+    assert_clean(at)
+    n = page_bytes(at._tree)
+    assert n < MAX_PAGE_BYTES, f"{page} sends {n / 2**20:.1f} MB"
+    if page.endswith("attention.py"):
+        model_view = figure(at, "model view")
+        assert "max over" in model_view["layout"]["title"]["text"]  # downsampled thumbnails
+
+
+def test_sessions_do_not_share_state(shipped):
+    a = run_app("viz/pages/attention.py")
+    b = run_app("viz/pages/attention.py", text=shipped.example[: max(1, len(shipped.example) // 2)])
+    b.selectbox(key="attn_head").set_value(1).run()
+    a.run()
+    assert a.sidebar.text_area(key="source_text").value == shipped.example
+    assert a.selectbox(key="attn_head").value == 0
+    assert len(figure(a, "encoder.layers.0.self_attn · head 0")["data"][0]["y"]) == \
+        len(shipped.encode_source(shipped.example)[0])
+
+
+# ---------------------------------------------------------------- reuse on an encoder-only trace
+
+
+def _encoder_only_page():
+    import torch
+
+    from model import Transformer, TransformerConfig
+    from viz.attention_views import render_attention
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=30, n_decoder_layers=0, d_model=32, n_heads=4, n_encoder_layers=3,
+                            d_ff=64, dropout=0.0, max_len=64, scale_embedding=False, embed_norm=True)
+    src = torch.tensor([[2, 11, 12, 13, 11, 3, 0]])
+    toks = ["[CLS]", "the", "animal", "was", "the", "[SEP]", "[PAD]"]
+    trace = Transformer(cfg).eval().run_with_trace(src, meta={"src_tokens": toks})[1]
+    render_attention(trace, key="pre")
+
+
+def test_attention_views_work_on_an_encoder_only_trace():
+    import torch
+
+    from model import Transformer, TransformerConfig
+
+    at = AppTest.from_function(_encoder_only_page, default_timeout=TIMEOUT)
+    at.run()
+    assert_clean(at)
+    assert at.radio(key="pre_kind").options == ["Encoder self-attention"]
+    at.selectbox(key="pre_layer").set_value(2)
+    at.selectbox(key="pre_head").set_value(3)
+    at.run()
+    assert_clean(at)
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=30, n_decoder_layers=0, d_model=32, n_heads=4, n_encoder_layers=3,
+                            d_ff=64, dropout=0.0, max_len=64, scale_embedding=False, embed_norm=True)
+    trace = Transformer(cfg).eval().run_with_trace(torch.tensor([[2, 11, 12, 13, 11, 3, 0]]))[1]
+    fig = figure(at, "encoder.layers.2.self_attn · head 3")
+    want = trace["encoder.layers.2.self_attn.weights"][0, 3].numpy()
+    np.testing.assert_array_equal(z_of(fig["data"][0]), want)
+    assert fig["data"][0]["y"][2] == "2 animal"
+    masks = figure(at, "encoder.layers.2.self_attn: mask")
+    pad = z_of(masks["data"][0])
+    assert pad[:, -1].all() and not pad[:, :-1].any()  # the [PAD] key column is blocked, for every query
+    assert len([f for f in figures(at) if f["layout"]["title"]["text"].startswith("model view")]) == 1
+
+
+def test_figures_export_as_png_or_svg(shipped):
+    at = run_app("viz/pages/attention.py")
+    configs = [json.loads(c.proto.config) for c in at.get("plotly_chart")]
+    assert all(c["toImageButtonOptions"]["format"] == "png" for c in configs)
+    at.sidebar.radio(key="export_format").set_value("svg").run()
+    assert_clean(at)
+    configs = [json.loads(c.proto.config) for c in at.get("plotly_chart")]
+    assert all(c["toImageButtonOptions"]["format"] == "svg" for c in configs)
+    assert configs[0]["toImageButtonOptions"]["filename"] == "encoder.layers.0.self_attn-head0"

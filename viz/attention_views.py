@@ -1,0 +1,167 @@
+"""The attention explorer as one reusable Streamlit composition.
+
+`render_attention(trace)` draws the whole explorer for any trace: the encoder-decoder
+checkpoints (encoder self / decoder self / cross attention) and encoder-only traces (only
+`encoder.*` names, tokens from meta "src_tokens"), e.g. the Pretrained encoder page:
+
+    from viz.attention_views import render_attention
+    render_attention(trace, key="pre")      # key: a prefix for widget keys and URL params
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import streamlit as st
+
+from viz import common
+from viz import figures as F
+
+KINDS = {  # label -> (module name pattern, what it teaches)
+    "Encoder self-attention": ("encoder.layers.{i}.self_attn",
+                               "Q, K and V all come from the source: every source token looks at every "
+                               "source token (only [PAD] keys are masked)."),
+    "Decoder self-attention (masked)": ("decoder.layers.{i}.self_attn",
+                                        "Q, K and V come from the target; the look-ahead mask M (−∞ above "
+                                        "the diagonal) keeps position t from seeing t+1, t+2, …"),
+    "Cross-attention (encoder–decoder)": ("decoder.layers.{i}.cross_attn",
+                                          "Q comes from the decoder (target), K and V from the encoder "
+                                          "output (source): each target token looks up the source tokens "
+                                          "it needs."),
+}
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def attention_modules(trace) -> dict[str, list[str]]:
+    """Kind label -> the attention modules of that kind present in `trace`, by layer."""
+    out = {}
+    for label, (pattern, _) in KINDS.items():
+        prefix, suffix = pattern.split("{i}")
+        layers = sorted({int(m.group(1)) for n in trace.names()
+                         if n.startswith(prefix) and n.endswith(f"{suffix}.weights")
+                         and (m := _LAYER.search(n))})
+        if layers:
+            out[label] = [pattern.format(i=i) for i in layers]
+    return out
+
+
+def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
+    """Kind, layer and head widgets (seeded from the URL, written back to it)."""
+    mods = attention_modules(trace)
+    if not mods:
+        st.info("This trace holds no attention weights (capture '*.weights' to see them).")
+        st.stop()
+    labels = list(mods)
+    common.seed_from_query(f"{key}_kind", f"{key}_kind", 0, int, common.int_in(0, len(labels) - 1))
+    c1, c2, c3 = st.columns([2, 1, 1])
+    k = c1.radio("Attention", range(len(labels)), format_func=labels.__getitem__, key=f"{key}_kind",
+                 horizontal=True)
+    names = mods[labels[k]]
+    n_heads = F.arr(trace[f"{names[0]}.weights"]).shape[1]
+    common.seed_from_query(f"{key}_layer", "layer", 0, int, common.int_in(0, len(names) - 1))
+    common.seed_from_query(f"{key}_head", "head", 0, int, common.int_in(0, n_heads - 1))
+    # Another kind or model may have fewer layers/heads than the value remembered in the session.
+    common.clamp_state(f"{key}_layer", 0, len(names) - 1)
+    common.clamp_state(f"{key}_head", 0, n_heads - 1)
+    layer = c2.selectbox("Layer", range(len(names)), key=f"{key}_layer")
+    head = c3.selectbox("Head", range(n_heads), key=f"{key}_head")
+    common.write_query(**{f"{key}_kind": k, "layer": layer, "head": head})
+    return labels[k], names, layer, head
+
+
+def _on_model_view_click(key: str, chart_key: str) -> None:
+    """Clicking a thumbnail selects its layer and head (runs before the rerun, so widgets may change)."""
+    state = st.session_state.get(chart_key) or {}
+    for p in (state.get("selection") or {}).get("points") or []:
+        cd = p.get("customdata") if isinstance(p, dict) else None
+        if cd and len(cd) == 2:
+            st.session_state[f"{key}_layer"], st.session_state[f"{key}_head"] = int(cd[0]), int(cd[1])
+            return
+
+
+def render_attention(trace, key: str = "attn") -> None:
+    """The full attention explorer for `trace` (see the module docstring)."""
+    meta = trace.meta
+    label, names, layer, head = _choose(trace, key)
+    name = names[layer]
+    d_k = F.arr(trace[f"{name}.q"]).shape[-1] if f"{name}.q" in trace else None
+    st.caption(
+        f"**{label}**, `{name}`. {KINDS[label][1]} Each row is one query's softmax distribution over the "
+        f"keys (rows sum to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V"
+        + (f", with d_k = d_model / h = {d_k}." if d_k else ".")
+    )
+    common.show_figure(F.attention_heatmap(trace, name, head, meta=meta), key=f"{key}_head_fig",
+                       filename=f"{name}-head{head}")
+    tabs = st.tabs(["All heads", "Model view", "Score pipeline", "Masks", "Q · K · V · z", "Why √d_k"])
+    with tabs[0]:
+        st.caption("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at "
+                   "the same tokens in different ways. Their outputs are concatenated and mixed by W^O: "
+                   "MultiHead = Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H).")
+        common.show_figure(F.heads_grid(trace, name, meta=meta), key=f"{key}_heads_fig",
+                           filename=f"{name}-heads")
+    with tabs[1]:
+        chart_key = f"{key}_model_view"
+        st.caption("Every layer (row) × head (column) of this attention kind. Click a thumbnail (or pick the "
+                   "layer and head above) to enlarge it. Long inputs are shown as the maximum over small "
+                   "blocks, to keep the page light.")
+        common.show_figure(F.model_view(trace, names, selected=(layer, head)), key=chart_key,
+                           filename=f"model-view-{names[0].split('.')[0]}", selection_mode="points",
+                           on_select=functools.partial(_on_model_view_click, key, chart_key))
+    with tabs[2]:
+        st.caption("The score pipeline of one head, left to right: the raw dot products QKᵀ; divided by √d_k "
+                   "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus "
+                   "the mask M (−∞ where blocked); softmax over each row. Both score panels share one colour "
+                   "range.")
+        common.show_figure(F.score_pipeline(trace, name, head, meta=meta), key=f"{key}_pipe_fig",
+                           filename=f"{name}-head{head}-pipeline")
+    with tabs[3]:
+        _masks_caption(name)
+        if f"{name}.mask" in trace:
+            common.show_figure(F.mask_figure(trace, name, head, meta=meta), key=f"{key}_mask_fig",
+                               filename=f"{name}-masks")
+        else:
+            st.info("No mask was captured for this module.")
+    with tabs[4]:
+        st.caption("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) "
+                   "→ transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
+                   "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before "
+                   "W^O.")
+        common.show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
+                           filename=f"{name}-head{head}-qkvz")
+    with tabs[5]:
+        _scaling_lesson(trace, name, key)
+
+
+def _masks_caption(name: str) -> None:
+    if name.startswith("decoder.") and ".self_attn" in name:
+        text = ("Decoder self-attention uses the look-ahead mask OR the target padding mask. The look-ahead "
+                "mask M has 0 on and below the diagonal and −∞ above it, so softmax gives the future exactly "
+                "0: this is what lets training feed the whole target at once (teacher forcing, one parallel "
+                "pass) while each position still only sees its past.")
+    elif ".cross_attn" in name:
+        text = ("Cross-attention masks only the source's [PAD] keys: every target position may look at every "
+                "real source token.")
+    else:
+        text = ("The padding mask blocks [PAD] *keys* (a query at a padding position still attends to real "
+                "tokens; its output is ignored). A single unpadded sentence has no padding, so the mask is "
+                "empty here; in a padded batch the [PAD] columns would be dark.")
+    st.caption(text + " Dark = blocked: −∞ is added before softmax, so the weight there is exactly 0.")
+
+
+def _scaling_lesson(trace, name: str, key: str) -> None:
+    st.caption(
+        "Why divide by √d_k? If the entries of q and k are independent with mean 0 and variance 1, "
+        "q·k = Σ_{i=1}^{d_k} q_i k_i has mean 0 and Var(q·k) = Σ Var(q_i k_i) = d_k. Large scores push "
+        "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
+        "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
+        "the softmax rows would be (entropy 0 = one-hot, log n = uniform).")
+    common.show_figure(F.scaling_figure(trace, name), key=f"{key}_scale_fig", filename=f"{name}-sqrt-dk")
+    s = F.scaling_stats(trace, name)
+    st.caption(f"Measured on this module: Var(q) = {s['var_q']:.3g}, Var(k) = {s['var_k']:.3g}, "
+               f"Var(QKᵀ) = {s['var_qk']:.3g}, Var(QKᵀ/√d_k) = {s['var_qk'] / s['d_k']:.3g} "
+               f"(d_k = {s['d_k']}). A trained model's q and k are not unit-variance, so these need not be "
+               "d_k and 1.")
+    d_k = st.select_slider("d_k for the random-vector demo", [1, 4, 8, 16, 32, 64, 128, 256, 512],
+                           value=64, key=f"{key}_demo_dk")
+    common.show_figure(F.variance_demo(d_k), key=f"{key}_demo_fig", filename=f"sqrt-dk-demo-{d_k}")

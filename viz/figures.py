@@ -1,0 +1,564 @@
+"""Pure figure builders: `Trace` / arrays in, `plotly.graph_objects.Figure` out.
+
+No streamlit here (unit-testable), and no model runs: every number drawn is a captured
+tensor or a closed-form function of captured tensors (e.g. QKᵀ = scores × √d_k).
+
+Conventions:
+- one colour scale per quantity, the same on every page: attention weights on a fixed
+  [0, 1] sequential scale; scores (QKᵀ, QKᵀ/√d_k) on a diverging scale centred at 0;
+  masks binary (light = allowed, dark = blocked); vectors (embeddings, Q/K/V) on their
+  own diverging scale centred at 0;
+- heatmap data is sent as float32 arrays (plotly encodes them as compact base64), never
+  as per-cell hover strings, so a 256-token input stays small;
+- axes are categorical with labels "i tok" (unique even when a token repeats); hover
+  shows the token names and the exact value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+WEIGHTS_SCALE = "Viridis"  # softmax weights, always zmin=0, zmax=1
+SCORES_SCALE = "RdBu_r"  # logits before softmax: diverging, centred at 0
+VALUES_SCALE = "PuOr_r"  # vectors (embeddings, PE, Q/K/V/z): diverging, centred at 0
+DIFF_SCALE = "PiYG"  # snapshot differences (other - reference): diverging, centred at 0
+ALLOWED, BLOCKED = "#eef1f5", "#2b2d42"
+MASK_SCALE = [[0.0, ALLOWED], [0.5, ALLOWED], [0.5, BLOCKED], [1.0, BLOCKED]]
+MAX_THUMB = 64  # model view: each thumbnail is pooled down to at most this many cells a side
+
+KIND_TITLES = {"weights": "softmax weights", "scores": "QKᵀ/√d_k", "mask": "mask (dark = blocked)"}
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def arr(t) -> np.ndarray:
+    """A captured tensor (or array) as float32 numpy (bool masks become 0/1)."""
+    if hasattr(t, "detach"):
+        t = t.detach().cpu()
+        if t.dtype.is_floating_point:
+            t = t.float()
+        t = t.numpy()
+    a = np.asarray(t)
+    return a.astype(np.float32) if a.dtype != np.float32 else a
+
+
+def show_token(tok: str) -> str:
+    """A token as a visible label: spaces, newlines and control characters made readable."""
+    if tok == " ":
+        return "␣"
+    out = []
+    for ch in tok:
+        if ch == "\n":
+            out.append("⏎")
+        elif ch == "\t":
+            out.append("⇥")
+        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def token_labels(tokens: Sequence[str] | None, n: int) -> list[str]:
+    """Unique axis labels "i tok" for n positions (tokens may repeat or be missing)."""
+    toks = list(tokens or [])
+    return [f"{i} {show_token(toks[i])}" if i < len(toks) else str(i) for i in range(n)]
+
+
+def symmetric_range(*arrays: np.ndarray) -> float:
+    m = max((float(np.nanmax(np.abs(a))) for a in arrays if a.size and np.isfinite(a).any()), default=1.0)
+    return m if m > 0 else 1.0
+
+
+def _axis_title(name: str) -> tuple[str, str]:
+    """(query axis, key axis) titles for an attention capture name."""
+    if name.startswith("encoder."):
+        return "query (source)", "key (source)"
+    if ".cross_attn" in name:
+        return "query (target, decoder)", "key (source, encoder output)"
+    return "query (target)", "key (target)"
+
+
+def attention_tokens(meta: Mapping, name: str) -> tuple[list[str], list[str]]:
+    """(query tokens, key tokens) of an attention capture, from trace metadata."""
+    def side(key):
+        toks = meta.get(key) or []
+        return list(toks[0]) if toks and isinstance(toks[0], list) else list(toks)
+
+    src, tgt = side("src_tokens"), side("tgt_tokens")
+    if name.startswith("encoder."):
+        return src, src
+    if ".cross_attn" in name:
+        return tgt, src
+    return tgt, tgt
+
+
+def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[str] | None = None,
+                  value_name: str = "value", zrange: float | None = None, showscale: bool = True,
+                  hover_x: str = "key", hover_y: str = "query") -> go.Heatmap:
+    """One heatmap with the project's colour scale for `kind`: weights, scores, values, diff or mask."""
+    z = arr(z)
+    kw: dict = {}
+    if kind == "weights":
+        kw = {"colorscale": WEIGHTS_SCALE, "zmin": 0.0, "zmax": 1.0}
+    elif kind in ("scores", "values", "diff"):
+        r = zrange if zrange is not None else symmetric_range(z)
+        scale = {"scores": SCORES_SCALE, "values": VALUES_SCALE, "diff": DIFF_SCALE}[kind]
+        kw = {"colorscale": scale, "zmin": -r, "zmax": r, "zmid": 0.0}
+    elif kind == "mask":
+        kw = {"colorscale": MASK_SCALE, "zmin": 0.0, "zmax": 1.0,
+              "colorbar": {"tickvals": [0.25, 0.75], "ticktext": ["allowed", "blocked"]}}
+    else:
+        raise ValueError(f"unknown heatmap kind {kind!r}")
+    fmt = ".6g" if kind != "mask" else ""
+    value = f"%{{z:{fmt}}}" if fmt else "%{z}"
+    return go.Heatmap(
+        z=z, x=x, y=y, showscale=showscale,
+        hovertemplate=f"{hover_y} %{{y}}<br>{hover_x} %{{x}}<br>{value_name} = {value}<extra></extra>",
+        **kw,
+    )
+
+
+def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
+    fig.update_layout(title={"text": title, "x": 0.0}, height=height,
+                      margin={"l": 10, "r": 10, "t": 60, "b": 10}, **kw)
+    return fig
+
+
+def _size(n: int, base: int = 320, per: int = 14, cap: int = 900) -> int:
+    return int(min(cap, max(base, 120 + per * n)))
+
+
+# ---------------------------------------------------------------- attention: one head, all heads
+
+
+def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights",
+                      meta: Mapping | None = None) -> go.Figure:
+    """One head of one attention module: `<name>.weights` (or .scores) [0, head], query × key."""
+    t = arr(trace[f"{name}.{kind}"])[0, head]
+    q_tok, k_tok = attention_tokens(meta if meta is not None else getattr(trace, "meta", {}), name)
+    y, x = token_labels(q_tok, t.shape[0]), token_labels(k_tok, t.shape[1])
+    qa, ka = _axis_title(name)
+    fig = go.Figure(heatmap_trace(t, "scores" if kind == "scores" else kind, x, y,
+                                  value_name=KIND_TITLES.get(kind, kind)))
+    _layout(fig, f"{name} · head {head} · {KIND_TITLES.get(kind, kind)}", _size(t.shape[0], 380, 16))
+    fig.update_yaxes(autorange="reversed", title=qa, type="category", scaleanchor="x", constrain="domain")
+    fig.update_xaxes(title=ka, type="category", tickangle=-60, constrain="domain")
+    return fig
+
+
+def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping | None = None,
+               cols: int = 4) -> go.Figure:
+    """Every head of one attention module side by side (same colour scale for all)."""
+    t = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
+    H = t.shape[0]
+    cols = min(cols, H)
+    rows = math.ceil(H / cols)
+    q_tok, k_tok = attention_tokens(meta if meta is not None else getattr(trace, "meta", {}), name)
+    y, x = token_labels(q_tok, t.shape[1]), token_labels(k_tok, t.shape[2])
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
+                        horizontal_spacing=0.03, vertical_spacing=0.08 if rows > 1 else 0.05)
+    hk = "scores" if kind == "scores" else kind
+    r = symmetric_range(t) if hk == "scores" else None
+    for h in range(H):
+        fig.add_trace(heatmap_trace(t[h], hk, x, y, value_name=f"head {h} {KIND_TITLES.get(kind, kind)}",
+                                    zrange=r, showscale=(h == 0)), row=h // cols + 1, col=h % cols + 1)
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    for r in range(1, rows + 1):  # token labels on the first column only: they would overlap the next panel
+        fig.update_yaxes(showticklabels=t.shape[1] <= 40, row=r, col=1)
+    fig.update_xaxes(type="category", showticklabels=t.shape[2] <= 40, tickangle=-60)
+    side = _size(t.shape[1], 260, 8, 420)
+    return _layout(fig, f"{name} · all {H} heads · {KIND_TITLES.get(kind, kind)}", 60 + rows * side)
+
+
+# ---------------------------------------------------------------- model view
+
+
+def block_max(z: np.ndarray, max_cells: int = MAX_THUMB) -> tuple[np.ndarray, int]:
+    """Max-pool a 2-D map into b×b blocks so no side exceeds max_cells. Returns (pooled, b).
+
+    Max, not mean: attention is sparse, and a single sharp weight must stay visible in a thumbnail."""
+    n = max(z.shape)
+    b = max(1, math.ceil(n / max_cells))
+    if b == 1:
+        return z, 1
+    ph, pw = (-z.shape[0]) % b, (-z.shape[1]) % b
+    padded = np.pad(z.astype(np.float64), ((0, ph), (0, pw)), constant_values=np.nan)
+    blocks = padded.reshape(padded.shape[0] // b, b, padded.shape[1] // b, b)
+    return np.nanmax(blocks, axis=(1, 3)).astype(np.float32), b
+
+
+def model_view(trace: Mapping, names: Sequence[str], kind: str = "weights", max_cells: int = MAX_THUMB,
+               selected: tuple[int, int] | None = None) -> go.Figure:
+    """Every layer (row) × head (column) of one attention kind as thumbnails.
+
+    `names` are the attention modules, one per layer (e.g. encoder.layers.{i}.self_attn). Long
+    inputs are max-pooled to at most `max_cells` a side (sharp weights stay visible). An
+    invisible marker per thumbnail (customdata = [layer, head]) makes a click selectable.
+    """
+    maps = [arr(trace[f"{n}.{kind}"])[0] for n in names]
+    L, H = len(maps), maps[0].shape[0]
+    fig = make_subplots(rows=L, cols=H, horizontal_spacing=0.01, vertical_spacing=0.02,
+                        row_titles=[f"layer {i}" for i in range(L)],
+                        column_titles=[f"head {h}" for h in range(H)])
+    block = 1
+    hk = "scores" if kind == "scores" else kind
+    r = symmetric_range(*maps) if hk == "scores" else None
+    for i, m in enumerate(maps):
+        for h in range(H):
+            z, block = block_max(m[h], max_cells)
+            n_q, n_k = z.shape
+            # Pooled thumbnails are labelled by the first position of each block.
+            axes = ({"x": list(range(0, n_k * block, block)), "y": list(range(0, n_q * block, block)),
+                     "hover_x": "keys from", "hover_y": "queries from"} if block > 1 else {})
+            label = f"layer {i} head {h}" + (" (block max)" if block > 1 else "")
+            first = i == 0 and h == 0
+            fig.add_trace(heatmap_trace(z, hk, zrange=r, showscale=first, value_name=label, **axes),
+                          row=i + 1, col=h + 1)
+            cx, cy = ((n_k - 1) * block / 2, (n_q - 1) * block / 2)
+            fig.add_trace(go.Scatter(x=[cx], y=[cy], mode="markers", customdata=[[i, h]],
+                                     marker={"size": 40, "opacity": 0.0}, showlegend=False,
+                                     hovertemplate=f"layer {i}, head {h}: click to enlarge<extra></extra>"),
+                          row=i + 1, col=h + 1)
+            if selected == (i, h):
+                fig.add_shape(type="rect", xref=f"x{i * H + h + 1 if i * H + h else ''} domain",
+                              yref=f"y{i * H + h + 1 if i * H + h else ''} domain",
+                              x0=0, x1=1, y0=0, y1=1, line={"color": "#ff4b4b", "width": 3})
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, autorange="reversed")
+    note = f" (max over {block}×{block} blocks)" if block > 1 else ""
+    return _layout(fig, f"model view · {KIND_TITLES.get(kind, kind)}{note}", 80 + L * max(110, 600 // H))
+
+
+# ---------------------------------------------------------------- score pipeline and masks
+
+
+def raw_scores(trace: Mapping, name: str) -> np.ndarray:
+    """QKᵀ (before the √d_k scaling), all heads: scores × √d_k, [H, Lq, Lk]."""
+    d_k = arr(trace[f"{name}.q"]).shape[-1]
+    return arr(trace[f"{name}.scores"])[0] * np.float32(math.sqrt(d_k))
+
+
+def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
+    """softmax(QKᵀ/√d_k + M), one step per panel: QKᵀ | ÷√d_k | + M (−∞ where blocked) | softmax.
+
+    The two score panels share one colour range, so the shrinking by √d_k is visible.
+    """
+    meta = meta if meta is not None else getattr(trace, "meta", {})
+    d_k = arr(trace[f"{name}.q"]).shape[-1]
+    qk = raw_scores(trace, name)[head]
+    scaled = arr(trace[f"{name}.scores"])[0, head]
+    blocked = _mask2d(trace, name, scaled.shape)
+    masked = np.where(blocked, np.nan, scaled).astype(np.float32)
+    w = arr(trace[f"{name}.weights"])[0, head]
+    q_tok, k_tok = attention_tokens(meta, name)
+    y, x = token_labels(q_tok, qk.shape[0]), token_labels(k_tok, qk.shape[1])
+    r = symmetric_range(qk)
+    titles = ["QKᵀ", f"÷ √d_k  (√{d_k} = {math.sqrt(d_k):.3g})", "+ M  (dark = −∞)", "softmax → weights"]
+    fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.04)
+    fig.add_trace(heatmap_trace(qk, "scores", x, y, "QKᵀ", zrange=r,
+                                showscale=False), 1, 1)
+    fig.add_trace(heatmap_trace(scaled, "scores", x, y, "QKᵀ/√d_k", zrange=r, showscale=False), 1, 2)
+    fig.add_trace(heatmap_trace(masked, "scores", x, y, "QKᵀ/√d_k + M", zrange=r, showscale=False), 1, 3)
+    over = np.where(blocked, 1.0, np.nan).astype(np.float32)
+    fig.add_trace(go.Heatmap(z=over, x=x, y=y, colorscale=[[0, BLOCKED], [1, BLOCKED]], showscale=False,
+                             hovertemplate="query %{y}<br>key %{x}<br>M = −∞ (blocked)<extra></extra>"), 1, 3)
+    fig.add_trace(heatmap_trace(w, "weights", x, y, "weight", showscale=True), 1, 4)
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= 40, tickangle=-60)
+    fig.update_yaxes(showticklabels=qk.shape[0] <= 40, row=1, col=1)
+    return _layout(fig, f"{name} · head {head}: softmax(QKᵀ/√d_k + M)", _size(qk.shape[0], 330, 10, 560))
+
+
+def _mask2d(trace: Mapping, name: str, shape: tuple[int, int]) -> np.ndarray:
+    if f"{name}.mask" in trace:
+        return arr(trace[f"{name}.mask"])[0, 0] > 0.5
+    return np.zeros(shape, dtype=bool)
+
+
+def mask_components(trace: Mapping, name: str) -> dict[str, np.ndarray]:
+    """The masks behind one attention module, each [Lq, Lk] (1 = blocked): padding (keys),
+    look-ahead (decoder self-attention only) and the combined mask the module used."""
+    combined = arr(trace[f"{name}.mask"])[0, 0]
+    n_q, n_k = combined.shape
+    pad_name = "masks.src_pad" if (name.startswith("encoder.") or ".cross_attn" in name) else "masks.tgt_pad"
+    out = {}
+    if pad_name in trace:
+        key_pad = arr(trace[pad_name])[0][:n_k]
+        out[f"padding ({pad_name})"] = np.broadcast_to(key_pad[None, :], (n_q, n_k)).astype(np.float32)
+    if name.startswith("decoder.") and ".self_attn" in name and "masks.causal" in trace:
+        out["look-ahead (masks.causal)"] = arr(trace["masks.causal"])[:n_q, :n_k]
+    out["combined (used)" if len(out) > 1 else f"{name}.mask"] = combined
+    return out
+
+
+def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
+    """The masks (padding, look-ahead, combined) beside the weights they produce."""
+    meta = meta if meta is not None else getattr(trace, "meta", {})
+    masks = mask_components(trace, name)
+    w = arr(trace[f"{name}.weights"])[0, head]
+    q_tok, k_tok = attention_tokens(meta, name)
+    y, x = token_labels(q_tok, w.shape[0]), token_labels(k_tok, w.shape[1])
+    titles = [*masks, f"weights, head {head}"]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.04)
+    for c, (label, m) in enumerate(masks.items(), start=1):
+        fig.add_trace(heatmap_trace(m, "mask", x, y, label, showscale=False), 1, c)
+    fig.add_trace(heatmap_trace(w, "weights", x, y, "weight"), 1, len(titles))
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    fig.update_yaxes(showticklabels=w.shape[0] <= 40, row=1, col=1)
+    fig.update_xaxes(type="category", showticklabels=w.shape[1] <= 40, tickangle=-60)
+    return _layout(fig, f"{name}: mask M (1 = blocked → −∞) and the weights", _size(w.shape[0], 320, 10, 520))
+
+
+# ---------------------------------------------------------------- Q, K, V, z
+
+
+def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
+    """Q, K, V (position × d_k) of one head and its output z = weights · V."""
+    meta = meta if meta is not None else getattr(trace, "meta", {})
+    q_tok, k_tok = attention_tokens(meta, name)
+    parts = {r: arr(trace[f"{name}.{r}"])[0, head] for r in ("q", "k", "v", "z")}
+    rng = symmetric_range(*parts.values())
+    fig = make_subplots(rows=1, cols=4, horizontal_spacing=0.09,
+                        subplot_titles=["Q (queries)", "K (keys)", "V (values)", "z = softmax(…) V"])
+    for c, (role, m) in enumerate(parts.items(), start=1):
+        toks = k_tok if role in ("k", "v") else q_tok
+        fig.add_trace(heatmap_trace(m, "values", [f"d{j}" for j in range(m.shape[1])],
+                                    token_labels(toks, m.shape[0]), f"{role}[head {head}]", zrange=rng,
+                                    showscale=(c == 4), hover_x="dim", hover_y="position"), 1, c)
+    fig.update_yaxes(autorange="reversed", type="category",
+                     showticklabels=parts["q"].shape[0] <= 40 and parts["k"].shape[0] <= 40)
+    fig.update_xaxes(type="category", showticklabels=False, title="d_k dims")
+    return _layout(fig, f"{name} · head {head}: per-head projections (d_k = {parts['q'].shape[1]})",
+                   _size(max(parts["q"].shape[0], parts["k"].shape[0]), 300, 10, 560))
+
+
+# ---------------------------------------------------------------- the √d_k lesson
+
+
+def softmax_rows(s: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:
+    s = s.astype(np.float64)
+    if blocked is not None:
+        s = np.where(blocked, -np.inf, s)
+    s = s - np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def row_entropy(p: np.ndarray) -> np.ndarray:
+    """Entropy (nats) of each softmax row; 0 = all weight on one key, log n = uniform."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1)
+
+
+def scaling_stats(trace: Mapping, name: str) -> dict:
+    """Everything the √d_k lesson plots, for all heads of one module (pure numpy)."""
+    qk = raw_scores(trace, name).astype(np.float64)  # (H, Lq, Lk)
+    d_k = arr(trace[f"{name}.q"]).shape[-1]
+    blocked = np.broadcast_to(_mask2d(trace, name, qk.shape[1:]), qk.shape)
+    allowed = ~blocked
+    h_raw = row_entropy(softmax_rows(qk, blocked))
+    h_scaled = row_entropy(softmax_rows(qk / math.sqrt(d_k), blocked))
+    q, k = arr(trace[f"{name}.q"])[0].astype(np.float64), arr(trace[f"{name}.k"])[0].astype(np.float64)
+    return {
+        "d_k": d_k, "qk": qk[allowed], "scaled": (qk / math.sqrt(d_k))[allowed],
+        "entropy_raw": h_raw.ravel(), "entropy_scaled": h_scaled.ravel(),
+        "var_qk": float(np.var(qk[allowed])), "var_q": float(np.var(q)), "var_k": float(np.var(k)),
+        "max_entropy": float(np.log(max(1, int(allowed[0].sum(-1).max())))),
+    }
+
+
+def _hist_bars(values: np.ndarray, bins: np.ndarray, name: str, color: str) -> go.Bar:
+    counts, edges = np.histogram(values, bins=bins)
+    centers = (edges[:-1] + edges[1:]) / 2
+    return go.Bar(x=centers.astype(np.float32), y=counts.astype(np.int32), name=name, marker_color=color,
+                  opacity=0.7, width=float(edges[1] - edges[0]),
+                  hovertemplate=f"{name}<br>value ≈ %{{x:.3g}}<br>count %{{y}}<extra></extra>")
+
+
+def scaling_figure(trace: Mapping, name: str, bins: int = 60) -> go.Figure:
+    """Why divide by √d_k: histograms of QKᵀ vs QKᵀ/√d_k entries, and of softmax row entropy
+    with and without the scaling (pre-binned: a few hundred numbers, whatever the input length)."""
+    s = scaling_stats(trace, name)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
+        f"score entries (Var QKᵀ = {s['var_qk']:.3g}; Var of scaled = {s['var_qk'] / s['d_k']:.3g})",
+        "softmax row entropy (nats; right = spread out, 0 = one-hot)"])
+    lim = float(max(np.abs(s["qk"]).max(initial=0), 1e-6))
+    edges = np.linspace(-lim, lim, bins + 1)
+    fig.add_trace(_hist_bars(s["qk"], edges, "QKᵀ (unscaled)", "#d62728"), 1, 1)
+    fig.add_trace(_hist_bars(s["scaled"], edges, f"QKᵀ/√{s['d_k']}", "#1f77b4"), 1, 1)
+    hmax = max(s["max_entropy"], 1e-3)
+    hedges = np.linspace(0, hmax * 1.0001, bins // 2 + 1)
+    fig.add_trace(_hist_bars(s["entropy_raw"], hedges, "softmax(QKᵀ + M)", "#d62728"), 1, 2)
+    fig.add_trace(_hist_bars(s["entropy_scaled"], hedges, "softmax(QKᵀ/√d_k + M)", "#1f77b4"), 1, 2)
+    fig.update_layout(barmode="overlay", legend={"orientation": "h", "y": -0.15})
+    fig.update_xaxes(title="score", row=1, col=1)
+    fig.update_xaxes(title="entropy (nats)", row=1, col=2)
+    fig.update_yaxes(title="count")
+    return _layout(fig, f"{name}: the √d_k lesson (all heads, allowed cells only)", 400)
+
+
+def variance_demo(d_k: int, n: int = 4000, seed: int = 0, bins: int = 60) -> go.Figure:
+    """The seeds' derivation made visible: for q, k with i.i.d. N(0, 1) entries,
+    Var(q·k) = d_k, and q·k/√d_k has variance 1 whatever d_k is."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((n, d_k)), rng.standard_normal((n, d_k))
+    dots = (q * k).sum(-1)
+    lim = max(4.0, 4 * math.sqrt(d_k))
+    edges = np.linspace(-lim, lim, bins + 1)
+    scaled = dots / math.sqrt(d_k)
+    fig = go.Figure([_hist_bars(dots, edges, f"q·k (Var = {dots.var():.3g} ≈ d_k = {d_k})", "#d62728"),
+                     _hist_bars(scaled, edges, f"q·k/√d_k (Var = {scaled.var():.3g})", "#1f77b4")])
+    fig.update_layout(barmode="overlay", legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(title="dot product")
+    return _layout(fig, f"random q, k ~ N(0, 1), d_k = {d_k}: {n} samples", 340)
+
+
+# ---------------------------------------------------------------- tokens and embeddings
+
+
+def vectors_heatmap(m, tokens: Sequence[str] | None, title: str, value_name: str = "value",
+                    zrange: float | None = None) -> go.Figure:
+    """A (position × dimension) matrix: embeddings, positional encodings, layer outputs."""
+    m = arr(m)
+    fig = go.Figure(heatmap_trace(m, "values", list(range(m.shape[1])), token_labels(tokens, m.shape[0]),
+                                  value_name, zrange=zrange, hover_x="dim", hover_y="position"))
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=m.shape[0] <= 60,
+                     title="position · token" if tokens else "position")
+    fig.update_xaxes(title="dimension")
+    return _layout(fig, title, _size(m.shape[0], 300, 12, 700))
+
+
+def embedding_sum_figure(tok, pos, out, tokens: Sequence[str] | None, scale_note: str = "") -> go.Figure:
+    """token embedding ×√d  +  positional encoding  =  the input of layer 0, on one colour range."""
+    tok, pos, out = arr(tok), arr(pos), arr(out)
+    r = symmetric_range(tok, pos, out)
+    y = token_labels(tokens, tok.shape[0])
+    xs = list(range(tok.shape[1]))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.04, subplot_titles=[
+        f"token embedding{scale_note}", "+ positional encoding", "= input to layer 0"])
+    for c, (m, label) in enumerate([(tok, "embedding"), (pos, "PE"), (out, "sum")], start=1):
+        fig.add_trace(heatmap_trace(m, "values", xs, y, label, zrange=r, showscale=(c == 3),
+                                    hover_x="dim", hover_y="position"), 1, c)
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    fig.update_yaxes(showticklabels=tok.shape[0] <= 60, row=1, col=1)
+    fig.update_xaxes(title="dimension")
+    return _layout(fig, "embedding + position", _size(tok.shape[0], 300, 12, 700))
+
+
+def pe_curves(pe, dims: Sequence[int]) -> go.Figure:
+    """PE(pos, dim) against position for chosen dimensions: even dims are sines, odd cosines,
+    the wavelength grows geometrically from 2π to 10000·2π across dimensions."""
+    pe = arr(pe)
+    d = pe.shape[1]
+    fig = go.Figure()
+    pos = np.arange(pe.shape[0])
+    for j in dims:
+        if not 0 <= j < d:
+            continue
+        fn = "sin" if j % 2 == 0 else "cos"
+        wavelength = 2 * math.pi * 10000 ** ((j - j % 2) / d)
+        fig.add_trace(go.Scatter(x=pos, y=pe[:, j], mode="lines", name=f"dim {j} ({fn}, λ≈{wavelength:.3g})",
+                                 hovertemplate=f"dim {j}<br>pos %{{x}}<br>PE = %{{y:.6g}}<extra></extra>"))
+    fig.update_xaxes(title="position")
+    fig.update_yaxes(title="PE(pos, dim)", range=[-1.1, 1.1])
+    return _layout(fig, "positional encoding curves", 340, legend={"orientation": "h", "y": -0.25})
+
+
+def pe_similarity(pe) -> go.Figure:
+    """PE·PEᵀ: for sinusoidal PE, PE_pos·PE_pos+k = Σ cos(k ω_i) depends only on the offset k,
+    so every diagonal is constant (relative-position structure)."""
+    pe = arr(pe).astype(np.float64)
+    sim = (pe @ pe.T).astype(np.float32)
+    n = sim.shape[0]
+    fig = go.Figure(go.Heatmap(z=sim, x=list(range(n)), y=list(range(n)), colorscale="Cividis",
+                               hovertemplate="pos %{y} · pos %{x}<br>PE·PE = %{z:.6g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title="position")
+    fig.update_xaxes(title="position")
+    return _layout(fig, "PE · PEᵀ (dot product of position vectors)", _size(n, 360, 6, 600))
+
+
+# ---------------------------------------------------------------- learning-rate schedule
+
+
+def noam_curve(steps: np.ndarray, d_model: int, warmup: int, factor: float = 1.0) -> np.ndarray:
+    """Vectorised model.noam_lr: factor · d^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+    s = np.asarray(steps, dtype=np.float64)
+    return factor * d_model ** -0.5 * np.minimum(s ** -0.5, s * warmup ** -1.5)
+
+
+def noam_figure(d_model: int, warmup: int, factor: float = 1.0, max_step: int | None = None,
+                presets: Sequence[tuple[int, int]] = ((512, 4000), (512, 8000), (256, 4000)),
+                log: Mapping | None = None, log_label: str = "recorded while training",
+                n_points: int = 600) -> go.Figure:
+    """The Noam curve for the chosen (d_model, warmup, factor), the presets, the peak at step =
+    warmup, and (optionally) the learning rate a checkpoint recorded while it trained."""
+    max_step = max_step or max(20000, 4 * warmup)
+    # Sample the chosen warmup exactly, so the drawn curve reaches the true peak.
+    steps = np.union1d(np.linspace(1, max_step, n_points).round().astype(np.int64), [warmup])
+    fig = go.Figure()
+    for d, w in presets:
+        fig.add_trace(go.Scatter(x=steps, y=noam_curve(steps, d, w).astype(np.float32), mode="lines",
+                                 name=f"d={d}, warmup={w}", line={"dash": "dot", "width": 1.5},
+                                 hovertemplate=f"d={d}, warmup={w}<br>step %{{x}}<br>lr "
+                                               f"%{{y:.6g}}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=steps, y=noam_curve(steps, d_model, warmup, factor).astype(np.float32),
+                             mode="lines", name=f"chosen: d={d_model}, warmup={warmup}, factor={factor:g}",
+                             line={"width": 3},
+                             hovertemplate="chosen<br>step %{x}<br>lr %{y:.6g}<extra></extra>"))
+    peak = float(noam_curve(np.array([warmup]), d_model, warmup, factor)[0])
+    fig.add_trace(go.Scatter(x=[warmup], y=[peak], mode="markers", marker={"size": 10, "color": "#ff4b4b"},
+                             name="peak", hovertemplate="peak at step = warmup = %{x}<br>lr "
+                                                        "%{y:.6g}<extra></extra>"))
+    fig.add_annotation(x=warmup, y=peak, text=f"peak: step = warmup = {warmup}<br>lr = {peak:.3g}",
+                       showarrow=True, arrowhead=2, ax=40, ay=-40)
+    if log and log.get("step") and log.get("lr"):
+        fig.add_trace(go.Scatter(x=np.asarray(log["step"]), y=np.asarray(log["lr"], dtype=np.float32),
+                                 mode="lines", name=log_label, line={"color": "#2ca02c", "width": 2},
+                                 hovertemplate=f"{log_label}<br>step %{{x}}<br>lr %{{y:.6g}}<extra></extra>"))
+    fig.update_xaxes(title="training step")
+    fig.update_yaxes(title="learning rate")
+    return _layout(fig, "Noam schedule: lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)", 460,
+                   legend={"orientation": "h", "y": -0.2})
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def as_matrix(t, head: int = 0) -> np.ndarray:
+    """A capture as a 2-D matrix for display: batch row 0, and one head of a 4-D capture."""
+    a = arr(t)
+    if a.ndim == 4:  # (B, H, L, X)
+        a = a[0, min(head, a.shape[1] - 1)]
+    elif a.ndim == 3:
+        a = a[0]
+    elif a.ndim == 1:
+        a = a[None, :]
+    elif a.ndim == 0:
+        a = a.reshape(1, 1)
+    return a
+
+
+def diff_figure(reference, other, name: str, head: int = 0,
+                labels: tuple[str, str] = ("uploaded file", "current trace")) -> go.Figure:
+    """reference | other | other − reference for one capture (one head of a 4-D capture)."""
+    a, b = as_matrix(reference, head), as_matrix(other, head)
+    d = b - a
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.05,
+                        subplot_titles=[labels[0], labels[1], f"{labels[1]} − {labels[0]}"])
+    r = symmetric_range(a, b)
+    ya, xa = list(range(a.shape[0])), list(range(a.shape[1]))
+    for c, (m, label) in enumerate([(a, labels[0]), (b, labels[1])], start=1):
+        fig.add_trace(heatmap_trace(m, "values", xa, ya, label, zrange=r, showscale=False,
+                                    hover_x="col", hover_y="row"), 1, c)
+    fig.add_trace(heatmap_trace(d, "diff", xa, ya, "difference", hover_x="col", hover_y="row"), 1, 3)
+    fig.update_yaxes(autorange="reversed")
+    where = f" · head {head}" if arr(reference).ndim == 4 else ""
+    worst = float(np.nanmax(np.abs(d))) if d.size else 0.0
+    return _layout(fig, f"{name}{where}: max |diff| = {worst:.3g}", _size(a.shape[0], 320, 4, 640))

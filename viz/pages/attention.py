@@ -1,0 +1,13 @@
+"""Attention: every head of every layer, the score pipeline, the masks, Q/K/V, and why √d_k."""
+
+import streamlit as st
+
+from viz import common
+from viz.attention_views import render_attention
+
+st.title("Attention")
+st.caption("Scaled dot-product attention, Attention(Q, K, V) = softmax(QKᵀ/√d_k + M)·V, computed by every "
+           "head of every layer. Choose the attention kind, layer and head; hover a cell for the exact "
+           "weight and the two tokens.")
+sel, trace = common.require_trace()
+render_attention(trace, key="attn")
