@@ -138,3 +138,33 @@ def check_budget(n_bytes: int, budget: int | None) -> None:
             f"{budget / 2**20:.1f} MiB. Capture fewer names (e.g. names='*.weights' or "
             f"'encoder.layers.0.*'), use shorter inputs or a smaller batch, or raise budget_bytes."
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m model.capture --checkpoint NAME_OR_PATH --text "..." [--names GLOB] --out FILE`."""
+    import argparse
+    import sys
+
+    from .repro import deterministic, open_model  # lazy: the recorder itself stays import-light
+
+    p = argparse.ArgumentParser(prog="python -m model.capture", description="Capture a trace to a file.")
+    p.add_argument("--checkpoint", required=True,
+                   help="a shipped checkpoint name, a checkpoint path, or a model directory")
+    p.add_argument("--text", required=True, help="the source text")
+    p.add_argument("--target", help="teacher-force this target (default: the model's greedy output)")
+    p.add_argument("--names", action="append", help="glob of capture names (repeatable; default: all)")
+    p.add_argument("--out", required=True, help="the .safetensors file to write")
+    args = p.parse_args(argv)
+    try:
+        with deterministic():
+            _, trace = open_model(args.checkpoint).trace(args.text, target=args.target, names=args.names)
+        trace.save(args.out)
+    except (ValueError, KeyError, OSError) as e:  # CaptureError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(trace)} tensors ({trace.nbytes() / 2**10:.1f} KiB) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -145,7 +145,7 @@ def _axes(name: str, ndim: int) -> list[str]:
 
 def _token_sides(name: str) -> tuple[str, str]:
     """Which metadata token list labels the query and key axes of a capture."""
-    if name.startswith("encoder."):
+    if name.startswith("encoder.") or name == "masks.src_pad":
         return "src_tokens", "src_tokens"
     if ".cross_attn." in name:
         return "tgt_tokens", "src_tokens"
@@ -167,7 +167,9 @@ def locate(name: str, shape: tuple[int, ...], flat_index: int, meta: Mapping | N
     meta = meta or {}
     for axis, i in zip(_axes(name, len(shape)), idx, strict=True):
         where[axis] = i
-        side = {"query": qside, "position": qside, "key": kside}.get(axis)
+        # k and v are indexed by key positions (the source, for cross-attention)
+        position_side = kside if name.rsplit(".", 1)[-1] in ("k", "v") else qside
+        side = {"query": qside, "position": position_side, "key": kside}.get(axis)
         tokens = meta.get(side) if side else None  # one list, or one list per batch row
         if tokens and isinstance(tokens[0], list):
             b = where.get("batch", 0)
@@ -284,7 +286,7 @@ class TraceDiff:
                 whose = "expected but not obtained" if names is self.missing else "obtained but not expected"
                 more = " ..." if len(names) > 10 else ""
                 lines.append(f"{label} ({len(names)}, {whose}): {', '.join(names[:10])}{more}")
-        return "\n".join(lines + self.meta_notes)
+        return "\n".join(self.meta_notes + lines)  # notes first: a changed input or model explains the rest
 
 
 def _computation_order(names: list[str], meta: Mapping | None) -> list[str]:
@@ -350,8 +352,10 @@ def compare_traces(
         if bool(bad.any()):
             flat = int(torch.where(bad, err, torch.zeros_like(err)).flatten().argmax())
             where = locate(name, tuple(a.shape), flat, meta)
-            heads, n_heads = None, 0
             axes = _axes(name, a.dim())
+            if axes[0] == "batch" and a.shape[0] == 1:  # "batch 0" of a batch of one is noise in a report
+                del where["batch"]
+            heads, n_heads = None, 0
             if "head" in axes and a.shape[axes.index("head")] > 1:  # which heads changed: the actionable part
                 h = axes.index("head")
                 n_heads = a.shape[h]
@@ -363,6 +367,8 @@ def compare_traces(
     notes = []
     ma, mb = getattr(expected, "meta", {}) or {}, getattr(actual, "meta", {}) or {}
     for key in META_KEYS:
+        if key.endswith("_ids") and key.replace("_ids", "_tokens") in ma:
+            continue  # the token strings say the same, readably
         if key in ma and key in mb and ma[key] != mb[key]:
             notes.append(_meta_note(key, ma[key], mb[key]))
     return TraceDiff(

@@ -1,0 +1,40 @@
+"""Snapshot tests of our own models: their captured tensors must not change unless we mean it to.
+
+After an intended change, review the report, then refresh:
+    pytest tests/test_snapshots.py --update-trace-snapshots
+"""
+
+import runpy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model.repro import TINY_MODEL, load_model_dir
+
+# Inputs are the tasks' demo examples, written out: a snapshot must not move when a default does.
+SHIPPED = [("reverse", "attention42"), ("dates", "3 november 2023"), ("zh-en", "我爱机器学习")]
+
+
+def test_tiny_fixture_model(trace_snapshot):
+    _, trace = load_model_dir(TINY_MODEL).trace("hello world")
+    trace_snapshot.check(trace)  # every capture: the whole tiny model is a few KB
+
+
+def test_tiny_fixture_is_reproducible(tmp_path):
+    make_tiny = runpy.run_path(str(TINY_MODEL.parent / "make_tiny.py"))["make_tiny"]
+    committed = load_file(str(TINY_MODEL / "model.safetensors"))
+    rebuilt = load_file(str(make_tiny(tmp_path / "tiny") / "model.safetensors"))
+    assert committed.keys() == rebuilt.keys()
+    assert all(torch.equal(committed[k], rebuilt[k]) for k in committed)
+    assert (tmp_path / "tiny" / "config.json").read_text() == (TINY_MODEL / "config.json").read_text()
+
+
+@pytest.mark.parametrize(("name", "text"), SHIPPED, ids=[n for n, _ in SHIPPED])
+def test_shipped_model_attention(name, text, trace_snapshot):
+    checkpoint = pytest.importorskip("model.checkpoint")
+    if name not in checkpoint.list_checkpoints():
+        pytest.skip(f"shipped checkpoint {name!r} is not there yet")
+    # Attention weights and logits: what users look at, and small enough to commit.
+    _, trace = checkpoint.load_checkpoint(name).trace(text, names=["*.weights", "logits"])
+    trace_snapshot.check(trace)
