@@ -312,6 +312,55 @@ def test_page_bytes_under_20_mb_at_256_tokens(long_checkpoint, monkeypatch, page
         assert "max over" in model_view["layout"]["title"]["text"]  # downsampled thumbnails
 
 
+def _max_pool(w: np.ndarray, b: int) -> np.ndarray:
+    starts = np.arange(0, w.shape[0], b), np.arange(0, w.shape[1], b)
+    return np.maximum.reduceat(np.maximum.reduceat(w, starts[0], axis=0), starts[1], axis=1)
+
+
+def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeypatch):
+    """Every attention kind at 256 tokens: under budget, the head heatmap at full resolution, the
+    all-heads grid max-pooled 2× (= a max-pool of the captured weights), the score pipeline and
+    masks showing 64 query rows at a time (exact values), chosen with a selector."""
+    name, src, tgt = long_checkpoint
+    if "/" in name:
+        monkeypatch.setenv(common.EXTRA_ENV, name)
+    ckpt = load_checkpoint(name)
+    if ckpt.src_tokenizer.kind != "char":
+        pytest.skip("the 256-token input is built from single-character tokens")
+    trace = ckpt.trace(src, target=tgt)[1]
+    at = run_app("viz/pages/attention.py", text=src, target=tgt, checkpoint=name)
+    assert_clean(at)
+    for kind, mod in enumerate(["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
+                                "decoder.layers.0.cross_attn"]):
+        if kind:
+            at.radio(key="attn_kind").set_value(kind).run()
+            assert_clean(at)
+        n = page_bytes(at._tree)
+        assert n < MAX_PAGE_BYTES, f"{mod}: the page sends {n / 2**20:.1f} MB"
+        w = trace[f"{mod}.weights"][0].numpy()
+        n_q = w.shape[1]
+        head = figure(at, f"{mod} · head 0 · softmax weights")
+        np.testing.assert_array_equal(z_of(head["data"][0]), w[0])  # full resolution
+        grid = figure(at, f"{mod} · all")
+        assert "downsampled 2×: each cell is the max of 2×2" in grid["layout"]["title"]["text"]
+        for h, t in enumerate(grid["data"]):
+            np.testing.assert_array_equal(z_of(t), _max_pool(w[h], 2))
+        assert "max of 2×2" in grid["data"][0]["hovertemplate"]
+        pipe = figure(at, f"{mod} · head 0: softmax")
+        assert pipe["layout"]["title"]["text"].endswith(f"query rows 0–63 of {n_q}")
+        np.testing.assert_array_equal(z_of(pipe["data"][-1]), w[0, :64])
+        masks = figure(at, f"{mod}: mask")
+        np.testing.assert_array_equal(z_of(masks["data"][-1]), w[0, :64])
+    # Another window of query rows: the pipeline follows the selector.
+    at.selectbox(key="attn_pipe_rows").set_value(2).run()
+    assert_clean(at)
+    pipe = figure(at, "decoder.layers.0.cross_attn · head 0: softmax")
+    assert "query rows 128–191" in pipe["layout"]["title"]["text"]
+    zs = [z_of(t) for t in pipe["data"] if t["type"] == "heatmap"]
+    np.testing.assert_array_equal(zs[1], trace["decoder.layers.0.cross_attn.scores"][0, 0, 128:192].numpy())
+    np.testing.assert_array_equal(zs[-1], trace["decoder.layers.0.cross_attn.weights"][0, 0, 128:192].numpy())
+
+
 def test_sessions_do_not_share_state(shipped):
     a = run_app("viz/pages/attention.py")
     b = run_app("viz/pages/attention.py", text=shipped.example[: max(1, len(shipped.example) // 2)])

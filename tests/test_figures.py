@@ -199,3 +199,99 @@ def test_heatmaps_are_sent_as_compact_float32(trace):
     fig = F.heads_grid(trace, "encoder.layers.0.self_attn")
     spec = fig.to_plotly_json()  # base64 typed arrays, not per-cell JSON numbers
     assert all(t["z"]["dtype"] == "f4" and "bdata" in t["z"] for t in spec["data"])
+
+
+# ---------------------------------------------------------------- long inputs: pooled grid, query windows
+
+
+LONG = 301  # > F.MAX_GRID: the grid pools in 3×3 blocks (the last block is partial)
+
+
+@pytest.fixture(scope="module")
+def long_trace():
+    torch.manual_seed(0)
+    model = Transformer(small_config(n_decoder_layers=0, max_len=LONG + 7)).eval()
+    src = torch.randint(1, 23, (1, LONG), generator=torch.Generator().manual_seed(2))
+    src[0, -3:] = 0  # [PAD] keys at the end: a mask to window
+    toks = [f"t{int(i)}" for i in src[0]]
+    return model.run_with_trace(src, meta={"src_tokens": toks})[1]
+
+
+def max_pool(w: np.ndarray, b: int) -> np.ndarray:
+    """Max over b×b blocks (the last block may be partial), independent of F.block_max."""
+    starts = np.arange(0, w.shape[0], b), np.arange(0, w.shape[1], b)
+    return np.maximum.reduceat(np.maximum.reduceat(w, starts[0], axis=0), starts[1], axis=1)
+
+
+def test_heads_grid_of_a_long_input_is_the_max_pool_of_the_weights(long_trace):
+    name = "encoder.layers.1.self_attn"
+    w = np_(long_trace[f"{name}.weights"][0])
+    fig = F.heads_grid(long_trace, name)
+    b = math.ceil(LONG / F.MAX_GRID)
+    assert b == 3 and "downsampled 3×: each cell is the max of 3×3" in fig.layout.title.text
+    hs = heatmaps(fig)
+    assert len(hs) == w.shape[0]
+    for h, trace_h in enumerate(hs):
+        assert trace_h.z.shape == (101, 101)
+        np.testing.assert_array_equal(trace_h.z, max_pool(w[h], b))
+    toks = long_trace.meta["src_tokens"]
+    assert hs[0].x[0] == f"0–2 {toks[0]}…{toks[2]}" and hs[0].y[1] == f"3–5 {toks[3]}…{toks[5]}"
+    assert hs[0].x[-1] == f"300 {toks[300]}"  # the partial last block covers one position
+    assert len(set(hs[0].x)) == 101  # unique categories
+    assert "max of 3×3" in hs[0].hovertemplate and "%{z:.6g}" in hs[0].hovertemplate
+    assert sum(len(t.z.tobytes()) for t in hs) < 2**20  # 4 heads × 101² float32
+
+
+def test_a_sharp_weight_survives_pooling():
+    z = np.zeros((200, 200), np.float32)
+    z[77, 150] = 0.9
+    pooled, b = F.block_max(z, F.MAX_GRID)
+    assert b == 2 and pooled[38, 75] == np.float32(0.9) and np.count_nonzero(pooled) == 1
+
+
+def test_model_view_pooled_cells_name_the_positions_they_cover(long_trace):
+    names = [f"encoder.layers.{i}.self_attn" for i in range(2)]
+    fig = F.model_view(long_trace, names)
+    b = math.ceil(LONG / F.MAX_THUMB)
+    hs = heatmaps(fig)
+    np.testing.assert_array_equal(hs[5].z, max_pool(np_(long_trace[f"{names[1]}.weights"][0, 1]), b))
+    assert hs[0].x[:2] == (f"0–{b - 1}", f"{b}–{2 * b - 1}") and hs[0].y[-1] == "300"
+    assert f"max of {b}×{b}" in hs[0].hovertemplate
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "category"
+    marks = [t for t in fig.data if t.type == "scatter"]
+    assert all(m.x[0] in hs[0].x and m.y[0] in hs[0].y for m in marks)  # click targets sit on a cell
+
+
+def test_query_windows_cover_every_row():
+    assert F.query_windows(301, 64) == [(0, 64), (64, 128), (128, 192), (192, 256), (256, 301)]
+    assert F.query_windows(5, 64) == [(0, 5)]
+
+
+def test_score_pipeline_and_masks_in_a_query_window(long_trace):
+    name = "encoder.layers.0.self_attn"
+    scores = np_(long_trace[f"{name}.scores"][0, 2])
+    d_k = long_trace[f"{name}.q"].shape[-1]
+    fig = F.score_pipeline(long_trace, name, head=2, rows=(64, 128))
+    assert fig.layout.title.text.endswith("· query rows 64–127 of 301")
+    hs = heatmaps(fig)
+    np.testing.assert_allclose(hs[0].z, scores[64:128] * math.sqrt(d_k), rtol=1e-6)
+    np.testing.assert_array_equal(hs[1].z, scores[64:128])  # every key, exact values
+    np.testing.assert_array_equal(hs[4].z, np_(long_trace[f"{name}.weights"][0, 2])[64:128])
+    assert list(hs[1].y) == F.token_labels(long_trace.meta["src_tokens"], LONG)[64:128]
+    assert len(hs[1].x) == LONG
+    full = heatmaps(F.score_pipeline(long_trace, name, head=2))
+    assert hs[0].zmax == full[0].zmax  # one colour range for every window
+    masks = F.mask_figure(long_trace, name, head=2, rows=(256, 301))
+    mh = heatmaps(masks)
+    assert "query rows 256–300 of 301" in masks.layout.title.text
+    assert mh[0].z.shape == (45, LONG) and mh[0].z[:, -3:].all() and not mh[0].z[:, :-3].any()
+    np.testing.assert_array_equal(mh[-1].z, np_(long_trace[f"{name}.weights"][0, 2])[256:])
+    with pytest.raises(ValueError):
+        F.score_pipeline(long_trace, name, head=0, rows=(400, 464))
+
+
+def test_single_head_heatmap_stays_at_full_resolution(long_trace):
+    name = "encoder.layers.1.self_attn"
+    (h,) = heatmaps(F.attention_heatmap(long_trace, name, head=3))
+    np.testing.assert_array_equal(h.z, np_(long_trace[f"{name}.weights"][0, 3]))
+    assert h.z.shape == (LONG, LONG)

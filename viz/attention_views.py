@@ -6,6 +6,10 @@ checkpoints (encoder self / decoder self / cross attention) and encoder-only tra
 
     from viz.attention_views import render_attention
     render_attention(trace, key="pre")      # key: a prefix for widget keys and URL params
+
+Long inputs (up to 512 tokens) stay light: the chosen head's heatmap is at full resolution, the
+all-heads grid and the model view are max-pooled (said in their titles and captions), and the
+score pipeline and masks show a window of query rows picked with a selector.
 """
 
 from __future__ import annotations
@@ -80,6 +84,23 @@ def _on_model_view_click(key: str, chart_key: str) -> None:
             return
 
 
+def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
+    """On a long input, a selector of query-row windows (pages of F.QUERY_WINDOW rows) and a caption;
+    None (every row) when the input is short."""
+    _, _, n_q, n_k = trace[f"{name}.weights"].shape
+    if n_q <= F.QUERY_WINDOW:
+        return None
+    windows = F.query_windows(n_q)
+    common.clamp_state(key, 0, len(windows) - 1)  # another module may have fewer query rows
+    i = st.selectbox(f"Query rows ({F.QUERY_WINDOW} at a time)", range(len(windows)), key=key,
+                     format_func=lambda j: f"rows {windows[j][0]}–{windows[j][1] - 1} of {n_q}")
+    a, b = windows[i]
+    st.caption(f"A long input ({n_q} queries): this view shows query rows {a}–{b - 1}, each with all {n_k} "
+               "keys and exact values, to keep the page light. Pick other rows above; the head heatmap at "
+               "the top shows every row.")
+    return a, b
+
+
 def render_attention(trace, key: str = "attn") -> None:
     """The full attention explorer for `trace` (see the module docstring)."""
     meta = trace.meta
@@ -98,13 +119,19 @@ def render_attention(trace, key: str = "attn") -> None:
         st.caption("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at "
                    "the same tokens in different ways. Their outputs are concatenated and mixed by W^O: "
                    "MultiHead = Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H).")
+        block = F.pool_factor(trace[f"{name}.weights"].shape[2:], F.MAX_GRID)
+        if block > 1:
+            st.caption(f"A long input: each panel is downsampled {block}×, each cell is the max of a "
+                       f"{block}×{block} block of weights (a single sharp weight stays visible); hover shows "
+                       "the positions a cell covers. The head heatmap above is at full resolution.")
         common.show_figure(F.heads_grid(trace, name, meta=meta), key=f"{key}_heads_fig",
                            filename=f"{name}-heads")
     with tabs[1]:
         chart_key = f"{key}_model_view"
         st.caption("Every layer (row) × head (column) of this attention kind. Click a thumbnail (or pick the "
                    "layer and head above) to enlarge it. Long inputs are shown as the maximum over small "
-                   "blocks, to keep the page light.")
+                   "blocks (the title says how big), to keep the page light; hover shows the positions a "
+                   "cell covers.")
         common.show_figure(F.model_view(trace, names, selected=(layer, head)), key=chart_key,
                            filename=f"model-view-{names[0].split('.')[0]}", selection_mode="points",
                            on_select=functools.partial(_on_model_view_click, key, chart_key))
@@ -113,12 +140,14 @@ def render_attention(trace, key: str = "attn") -> None:
                    "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus "
                    "the mask M (−∞ where blocked); softmax over each row. Both score panels share one colour "
                    "range.")
-        common.show_figure(F.score_pipeline(trace, name, head, meta=meta), key=f"{key}_pipe_fig",
+        rows = _query_rows(trace, name, f"{key}_pipe_rows")
+        common.show_figure(F.score_pipeline(trace, name, head, meta=meta, rows=rows), key=f"{key}_pipe_fig",
                            filename=f"{name}-head{head}-pipeline")
     with tabs[3]:
         _masks_caption(name)
         if f"{name}.mask" in trace:
-            common.show_figure(F.mask_figure(trace, name, head, meta=meta), key=f"{key}_mask_fig",
+            rows = _query_rows(trace, name, f"{key}_mask_rows")
+            common.show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
                                filename=f"{name}-masks")
         else:
             st.info("No mask was captured for this module.")

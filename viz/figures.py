@@ -11,7 +11,11 @@ Conventions:
 - heatmap data is sent as float32 arrays (plotly encodes them as compact base64), never
   as per-cell hover strings, so a 256-token input stays small;
 - axes are categorical with labels "i tok" (unique even when a token repeats); hover
-  shows the token names and the exact value.
+  shows the token names and the exact value;
+- long inputs stay light (a 512-token page well under 20 MB): the single-head heatmap is always
+  at full resolution; the all-heads grid and the model view are max-pooled (a sharp weight stays
+  visible; the title says so, and hover shows the pooled max and the positions it covers); the
+  score pipeline and the masks show a window of query rows (exact values, every key).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ DIFF_SCALE = "PiYG"  # snapshot differences (other - reference): diverging, cent
 ALLOWED, BLOCKED = "#eef1f5", "#2b2d42"
 MASK_SCALE = [[0.0, ALLOWED], [0.5, ALLOWED], [0.5, BLOCKED], [1.0, BLOCKED]]
 MAX_THUMB = 64  # model view: each thumbnail is pooled down to at most this many cells a side
+MAX_GRID = 128  # all-heads grid: each panel is pooled down to at most this many cells a side
+QUERY_WINDOW = 64  # score pipeline and masks: query rows shown at a time when the input is longer
 
 KIND_TITLES = {"weights": "softmax weights", "scores": "QKᵀ/√d_k", "mask": "mask (dark = blocked)"}
 
@@ -154,38 +160,67 @@ def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights
 
 
 def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping | None = None,
-               cols: int = 4) -> go.Figure:
-    """Every head of one attention module side by side (same colour scale for all)."""
+               cols: int = 4, max_cells: int = MAX_GRID) -> go.Figure:
+    """Every head of one attention module side by side (same colour scale for all).
+
+    Inputs longer than `max_cells` are max-pooled to at most `max_cells` a side (see `block_max`):
+    the title says "downsampled b×", hover names the b positions a cell covers and their max."""
     t = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
     H = t.shape[0]
     cols = min(cols, H)
     rows = math.ceil(H / cols)
     q_tok, k_tok = attention_tokens(meta if meta is not None else getattr(trace, "meta", {}), name)
-    y, x = token_labels(q_tok, t.shape[1]), token_labels(k_tok, t.shape[2])
+    b = pool_factor(t.shape[1:], max_cells)
+    y, x = block_labels(q_tok, t.shape[1], b), block_labels(k_tok, t.shape[2], b)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
                         horizontal_spacing=0.03, vertical_spacing=0.08 if rows > 1 else 0.05)
     hk = "scores" if kind == "scores" else kind
     r = symmetric_range(t) if hk == "scores" else None
+    what = KIND_TITLES.get(kind, kind)
+    pooled = {"hover_x": "keys", "hover_y": "queries"} if b > 1 else {}
     for h in range(H):
-        fig.add_trace(heatmap_trace(t[h], hk, x, y, value_name=f"head {h} {KIND_TITLES.get(kind, kind)}",
-                                    zrange=r, showscale=(h == 0)), row=h // cols + 1, col=h % cols + 1)
+        z = block_max(t[h], max_cells)[0]
+        value = f"head {h}: max of {b}×{b} {what}" if b > 1 else f"head {h} {what}"
+        fig.add_trace(heatmap_trace(z, hk, x, y, value_name=value, zrange=r, showscale=(h == 0), **pooled),
+                      row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     for r in range(1, rows + 1):  # token labels on the first column only: they would overlap the next panel
-        fig.update_yaxes(showticklabels=t.shape[1] <= 40, row=r, col=1)
-    fig.update_xaxes(type="category", showticklabels=t.shape[2] <= 40, tickangle=-60)
-    side = _size(t.shape[1], 260, 8, 420)
-    return _layout(fig, f"{name} · all {H} heads · {KIND_TITLES.get(kind, kind)}", 60 + rows * side)
+        fig.update_yaxes(showticklabels=len(y) <= 40, row=r, col=1)
+    fig.update_xaxes(type="category", showticklabels=len(x) <= 40, tickangle=-60)
+    side = _size(len(y), 260, 8, 420)
+    note = f" · downsampled {b}×: each cell is the max of {b}×{b}" if b > 1 else ""
+    return _layout(fig, f"{name} · all {H} heads · {what}{note}", 60 + rows * side)
 
 
 # ---------------------------------------------------------------- model view
+
+
+def pool_factor(shape: Sequence[int], max_cells: int) -> int:
+    """The block side b that `block_max` uses so no side of `shape` exceeds max_cells (1 = no pooling)."""
+    return max(1, math.ceil(max(shape) / max_cells))
+
+
+def block_labels(tokens: Sequence[str] | None, n: int, b: int) -> list[str]:
+    """Axis labels for n positions pooled in blocks of b: "a–e first…last" (the positions a..e a block
+    covers, and their first and last tokens); plain `token_labels` when b == 1."""
+    if b == 1:
+        return token_labels(tokens, n)
+    toks = list(tokens or [])
+    out = []
+    for a in range(0, n, b):
+        e = min(a + b, n) - 1
+        span = f"{a}–{e}" if e > a else f"{a}"
+        if a < len(toks):
+            span += " " + show_token(toks[a]) + (f"…{show_token(toks[e])}" if a < e < len(toks) else "")
+        out.append(span)
+    return out
 
 
 def block_max(z: np.ndarray, max_cells: int = MAX_THUMB) -> tuple[np.ndarray, int]:
     """Max-pool a 2-D map into b×b blocks so no side exceeds max_cells. Returns (pooled, b).
 
     Max, not mean: attention is sparse, and a single sharp weight must stay visible in a thumbnail."""
-    n = max(z.shape)
-    b = max(1, math.ceil(n / max_cells))
+    b = pool_factor(z.shape, max_cells)
     if b == 1:
         return z, 1
     ph, pw = (-z.shape[0]) % b, (-z.shape[1]) % b
@@ -214,14 +249,16 @@ def model_view(trace: Mapping, names: Sequence[str], kind: str = "weights", max_
         for h in range(H):
             z, block = block_max(m[h], max_cells)
             n_q, n_k = z.shape
-            # Pooled thumbnails are labelled by the first position of each block.
-            axes = ({"x": list(range(0, n_k * block, block)), "y": list(range(0, n_q * block, block)),
-                     "hover_x": "keys from", "hover_y": "queries from"} if block > 1 else {})
-            label = f"layer {i} head {h}" + (" (block max)" if block > 1 else "")
+            if block > 1:  # pooled cells are labelled by the positions they cover ("8–15")
+                xs, ys = block_labels(None, m.shape[2], block), block_labels(None, m.shape[1], block)
+                axes = {"x": xs, "y": ys, "hover_x": "keys", "hover_y": "queries"}
+                cx, cy = xs[(n_k - 1) // 2], ys[(n_q - 1) // 2]
+            else:
+                axes, cx, cy = {}, (n_k - 1) / 2, (n_q - 1) / 2
+            label = f"layer {i} head {h}" + (f" (max of {block}×{block})" if block > 1 else "")
             first = i == 0 and h == 0
             fig.add_trace(heatmap_trace(z, hk, zrange=r, showscale=first, value_name=label, **axes),
                           row=i + 1, col=h + 1)
-            cx, cy = ((n_k - 1) * block / 2, (n_q - 1) * block / 2)
             fig.add_trace(go.Scatter(x=[cx], y=[cy], mode="markers", customdata=[[i, h]],
                                      marker={"size": 40, "opacity": 0.0}, showlegend=False,
                                      hovertemplate=f"layer {i}, head {h}: click to enlarge<extra></extra>"),
@@ -232,6 +269,9 @@ def model_view(trace: Mapping, names: Sequence[str], kind: str = "weights", max_
                               x0=0, x1=1, y0=0, y1=1, line={"color": "#ff4b4b", "width": 3})
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
+    if block > 1:  # labels like "512" (a last one-position block) must not turn an axis numeric
+        fig.update_xaxes(type="category")
+        fig.update_yaxes(type="category")
     note = f" (max over {block}×{block} blocks)" if block > 1 else ""
     return _layout(fig, f"model view · {KIND_TITLES.get(kind, kind)}{note}", 80 + L * max(110, 600 // H))
 
@@ -245,21 +285,41 @@ def raw_scores(trace: Mapping, name: str) -> np.ndarray:
     return arr(trace[f"{name}.scores"])[0] * np.float32(math.sqrt(d_k))
 
 
-def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
+def query_windows(n: int, size: int = QUERY_WINDOW) -> list[tuple[int, int]]:
+    """Consecutive query-row windows [a, b) of at most `size` rows covering n rows."""
+    return [(a, min(a + size, n)) for a in range(0, max(n, 1), size)]
+
+
+def _window(n: int, rows: tuple[int, int] | None) -> tuple[slice, str]:
+    """(row slice, title note) for an optional query window [a, b) of n rows."""
+    if rows is None:
+        return slice(None), ""
+    a, b = max(0, int(rows[0])), min(n, int(rows[1]))
+    if not a < b:
+        raise ValueError(f"query rows {rows} are outside 0..{n - 1}")
+    return slice(a, b), ("" if (a, b) == (0, n) else f" · query rows {a}–{b - 1} of {n}")
+
+
+def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = None,
+                   rows: tuple[int, int] | None = None) -> go.Figure:
     """softmax(QKᵀ/√d_k + M), one step per panel: QKᵀ | ÷√d_k | + M (−∞ where blocked) | softmax.
 
-    The two score panels share one colour range, so the shrinking by √d_k is visible.
+    The two score panels share one colour range (that of the whole head, so it does not change
+    from one window to the next), so the shrinking by √d_k is visible. `rows` = (a, b): only
+    query rows a..b-1 (every key, exact values), for long inputs.
     """
     meta = meta if meta is not None else getattr(trace, "meta", {})
     d_k = arr(trace[f"{name}.q"]).shape[-1]
-    qk = raw_scores(trace, name)[head]
     scaled = arr(trace[f"{name}.scores"])[0, head]
+    qk = scaled * np.float32(math.sqrt(d_k))  # = raw_scores(trace, name)[head]
+    r = symmetric_range(qk)
     blocked = _mask2d(trace, name, scaled.shape)
-    masked = np.where(blocked, np.nan, scaled).astype(np.float32)
-    w = arr(trace[f"{name}.weights"])[0, head]
     q_tok, k_tok = attention_tokens(meta, name)
     y, x = token_labels(q_tok, qk.shape[0]), token_labels(k_tok, qk.shape[1])
-    r = symmetric_range(qk)
+    sl, note = _window(qk.shape[0], rows)
+    qk, scaled, blocked, y = qk[sl], scaled[sl], blocked[sl], y[sl]
+    masked = np.where(blocked, np.nan, scaled).astype(np.float32)
+    w = arr(trace[f"{name}.weights"])[0, head][sl]
     titles = ["QKᵀ", f"÷ √d_k  (√{d_k} = {math.sqrt(d_k):.3g})", "+ M  (dark = −∞)", "softmax → weights"]
     fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.04)
     fig.add_trace(heatmap_trace(qk, "scores", x, y, "QKᵀ", zrange=r,
@@ -273,7 +333,8 @@ def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = 
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= 40, tickangle=-60)
     fig.update_yaxes(showticklabels=qk.shape[0] <= 40, row=1, col=1)
-    return _layout(fig, f"{name} · head {head}: softmax(QKᵀ/√d_k + M)", _size(qk.shape[0], 330, 10, 560))
+    return _layout(fig, f"{name} · head {head}: softmax(QKᵀ/√d_k + M){note}",
+                   _size(qk.shape[0], 330, 10, 560))
 
 
 def _mask2d(trace: Mapping, name: str, shape: tuple[int, int]) -> np.ndarray:
@@ -298,13 +359,17 @@ def mask_components(trace: Mapping, name: str) -> dict[str, np.ndarray]:
     return out
 
 
-def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
-    """The masks (padding, look-ahead, combined) beside the weights they produce."""
+def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None,
+                rows: tuple[int, int] | None = None) -> go.Figure:
+    """The masks (padding, look-ahead, combined) beside the weights they produce; `rows` = (a, b):
+    only query rows a..b-1, for long inputs."""
     meta = meta if meta is not None else getattr(trace, "meta", {})
     masks = mask_components(trace, name)
     w = arr(trace[f"{name}.weights"])[0, head]
     q_tok, k_tok = attention_tokens(meta, name)
     y, x = token_labels(q_tok, w.shape[0]), token_labels(k_tok, w.shape[1])
+    sl, note = _window(w.shape[0], rows)
+    masks, w, y = {k: m[sl] for k, m in masks.items()}, w[sl], y[sl]
     titles = [*masks, f"weights, head {head}"]
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.04)
     for c, (label, m) in enumerate(masks.items(), start=1):
@@ -313,7 +378,8 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=w.shape[0] <= 40, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=w.shape[1] <= 40, tickangle=-60)
-    return _layout(fig, f"{name}: mask M (1 = blocked → −∞) and the weights", _size(w.shape[0], 320, 10, 520))
+    return _layout(fig, f"{name}: mask M (1 = blocked → −∞) and the weights{note}",
+                   _size(w.shape[0], 320, 10, 520))
 
 
 # ---------------------------------------------------------------- Q, K, V, z
