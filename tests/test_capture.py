@@ -4,10 +4,10 @@ import threading
 
 import pytest
 import torch
+from conftest import small_config
 
 from model import CaptureError, Trace, TraceFileError, Transformer, compare_traces
 from model.capture import capture_shapes
-from conftest import small_config
 
 DESIGN_ROLES = {"q", "k", "v", "scores", "mask", "weights", "z", "out"}
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import small_config
 
 from model import (
     Transformer,
@@ -15,7 +16,6 @@ from model import (
     padding_mask,
     sinusoidal_encoding,
 )
-from conftest import small_config
 
 
 def attn_names(trace):

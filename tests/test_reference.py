@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import small_config
 
 from model import Transformer, attention_mask, causal_mask
 from model.capture import capturing
@@ -11,8 +12,6 @@ from model.reference import (
     to_torch_mha,
     to_torch_transformer,
 )
-
-from conftest import small_config
 
 ATOL = 1e-5
 VARIANTS = [(nf, act) for nf in (False, True) for act in ("relu", "gelu")]
