@@ -130,17 +130,29 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     at = run_app("viz/pages/attention.py")
     assert_clean(at)
     trace = shipped.trace(shipped.example)[1]
-    name = "encoder.layers.0.self_attn"
+    name = "decoder.layers.0.cross_attn"  # the default view: cross-attention, where alignment shows
     head_fig = figure(at, f"{name} · head 0")
     np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, 0].numpy())
     hover = head_fig["data"][0]["hovertemplate"]
     assert "%{z:.6g}" in hover and "%{y}" in hover  # exact value and the token names
-    assert head_fig["data"][0]["y"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
+    assert head_fig["data"][0]["y"][0].endswith(trace.meta["tgt_tokens"][0].replace(" ", "␣"))
+    assert head_fig["data"][0]["x"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
 
-    # Another layer and head, then cross-attention: the figure follows the widgets.
+    # Encoder self-attention, another layer and head: the figure follows the widgets.
+    at.radio(key="attn_kind").set_value(0)
+    at.run()
+    name = f"encoder.layers.{shipped.cfg.n_encoder_layers - 1}.self_attn"
     at.selectbox(key="attn_head").set_value(shipped.cfg.n_heads - 1)
     at.selectbox(key="attn_layer").set_value(shipped.cfg.n_encoder_layers - 1)
+    at.run()
+    assert_clean(at)
+    H = shipped.cfg.n_heads - 1
+    head_fig = figure(at, f"{name} · head {H}")
+    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
+
+    # Back to cross-attention in the last layer.
     at.radio(key="attn_kind").set_value(2)
+    at.selectbox(key="attn_layer").set_value(shipped.cfg.n_decoder_layers - 1)
     at.run()
     assert_clean(at)
     L, H = shipped.cfg.n_decoder_layers - 1, shipped.cfg.n_heads - 1
@@ -211,7 +223,8 @@ def test_bad_input_gives_a_message(shipped, text):
     msg = at.error[0].value.lower()
     assert any(w in msg for w in ("empty", "whitespace", "control character", "limit", "max_len"))
     if len(text) > 1000:
-        assert str(shipped.cfg.max_len) in at.error[0].value  # names the limit
+        limit = shipped.cfg.max_len - shipped.src_eos  # the [EOS] the source ends with takes one position
+        assert f"limit is {limit} tokens" in at.error[0].value  # names the limit
 
 
 def test_emoji_becomes_unk_with_a_warning(shipped):
@@ -332,9 +345,8 @@ def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeyp
     assert_clean(at)
     for kind, mod in enumerate(["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
                                 "decoder.layers.0.cross_attn"]):
-        if kind:
-            at.radio(key="attn_kind").set_value(kind).run()
-            assert_clean(at)
+        at.radio(key="attn_kind").set_value(kind).run()
+        assert_clean(at)
         n = page_bytes(at._tree)
         assert n < MAX_PAGE_BYTES, f"{mod}: the page sends {n / 2**20:.1f} MB"
         w = trace[f"{mod}.weights"][0].numpy()
@@ -368,7 +380,7 @@ def test_sessions_do_not_share_state(shipped):
     a.run()
     assert a.sidebar.text_area(key="source_text").value == shipped.example
     assert a.selectbox(key="attn_head").value == 0
-    assert len(figure(a, "encoder.layers.0.self_attn · head 0")["data"][0]["y"]) == \
+    assert len(figure(a, "decoder.layers.0.cross_attn · head 0")["data"][0]["x"]) == \
         len(shipped.encode_source(shipped.example)[0])
 
 
@@ -425,4 +437,4 @@ def test_figures_export_as_png_or_svg(shipped):
     assert_clean(at)
     configs = [json.loads(c.proto.config) for c in at.get("plotly_chart")]
     assert all(c["toImageButtonOptions"]["format"] == "svg" for c in configs)
-    assert configs[0]["toImageButtonOptions"]["filename"] == "encoder.layers.0.self_attn-head0"
+    assert configs[0]["toImageButtonOptions"]["filename"] == "decoder.layers.0.cross_attn-head0"

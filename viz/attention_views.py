@@ -57,7 +57,9 @@ def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
         st.info("This trace holds no attention weights (capture '*.weights' to see them).")
         st.stop()
     labels = list(mods)
-    common.seed_from_query(f"{key}_kind", f"{key}_kind", 0, int, common.int_in(0, len(labels) - 1))
+    # Open on cross-attention when there is one: it is where a trained model's alignment shows.
+    default = next((i for i, label in enumerate(labels) if label.startswith("Cross")), 0)
+    common.seed_from_query(f"{key}_kind", f"{key}_kind", default, int, common.int_in(0, len(labels) - 1))
     c1, c2, c3 = st.columns([2, 1, 1])
     k = c1.radio("Attention", range(len(labels)), format_func=labels.__getitem__, key=f"{key}_kind",
                  horizontal=True)

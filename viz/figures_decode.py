@@ -12,8 +12,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from viz.figures import ALLOWED, BLOCKED, WEIGHTS_SCALE
+
 BLUE, ORANGE, GREY, GREEN = "#4C78A8", "#F58518", "#BAB0AC", "#54A24B"
-ATTN_SCALE = "Blues"
+ATTN_SCALE = WEIGHTS_SCALE  # one colour scale per quantity, app-wide
 _BASE = dict(margin=dict(l=10, r=10, t=50, b=10), template="plotly_white")
 
 
@@ -61,7 +63,7 @@ def lookahead_mask_figure(tokens: Sequence[str], query: int | None = None) -> go
     query = n - 1 if query is None else query
     fig = go.Figure(go.Heatmap(
         z=blocked, x=names, y=names, zmin=0, zmax=1, showscale=False,
-        colorscale=[[0, "#E8F0FA"], [1, "#3A3A3A"]], xgap=1, ygap=1,
+        colorscale=[[0, ALLOWED], [1, BLOCKED]], xgap=1, ygap=1,
         text=np.where(blocked == 1, "−∞", "0"), texttemplate="%{text}" if n <= 24 else None,
         hovertemplate="query %{y} → key %{x}<br>M = %{text}<extra></extra>",
     ))

@@ -28,10 +28,15 @@ KIND_NOTE = {
 
 def source_table(text: str) -> list[dict]:
     pieces = ckpt.src_tokenizer.pieces(text.strip())
-    return [{"position": i, "token": F.show_token(p.token), "id": p.id,
+    rows = [{"position": i, "token": F.show_token(p.token), "id": p.id,
              "covers": F.show_token(text.strip()[p.span[0]:p.span[1]]),
              "subword": "continues a word" if p.token.startswith("##") else "",
              "[UNK]": "⚠ unknown" if p.is_unk else ""} for i, p in enumerate(pieces)]
+    # Tokens the model reads beyond the text (a trailing [EOS] marks the end of the source).
+    ids, toks = (meta.get("src_ids") or [[]])[0], common.tokens_of(trace, "src")
+    rows += [{"position": i, "token": toks[i], "id": ids[i], "covers": "(added)", "subword": "", "[UNK]": ""}
+             for i in range(len(rows), len(ids))]
+    return rows
 
 
 def target_table() -> list[dict]:
