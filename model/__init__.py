@@ -2,6 +2,7 @@
 
 from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
 from .capture import CaptureError
+from .checkpoint import list_checkpoints, load_checkpoint
 from .config import TransformerConfig
 from .schedule import noam_lr
 from .trace import Trace, TraceDiff, TraceFileError, compare_traces
@@ -10,5 +11,5 @@ from .transformer import Transformer, label_smoothed_loss, sinusoidal_encoding
 __all__ = [
     "CaptureError", "MultiHeadAttention", "Trace", "TraceDiff", "TraceFileError", "Transformer",
     "TransformerConfig", "attention_mask", "causal_mask", "compare_traces", "label_smoothed_loss",
-    "noam_lr", "padding_mask", "sinusoidal_encoding",
+    "list_checkpoints", "load_checkpoint", "noam_lr", "padding_mask", "sinusoidal_encoding",
 ]

@@ -1,0 +1,339 @@
+"""Train a small Transformer on a toy task, the paper's way, and save a checkpoint.
+
+    python -m model.train --task dates --out /tmp/dates --steps 3000
+
+- Adam (β1 = 0.9, β2 = 0.98, ε = 1e-9) with the Noam schedule: linear warmup, then 1/√step.
+- Teacher forcing: decoder input = [BOS] + target, label = target + [EOS], every position in
+  one parallel pass (the look-ahead mask keeps a position from seeing its own label).
+- Cross-entropy with label smoothing (ε_ls = 0.1) that ignores [PAD].
+- Every `film_every` steps, the attention of a fixed probe example is captured (the film strip).
+
+As a library (the app's live-training page):
+
+    ckpt = train("reverse", {"d_model": 64}, steps=300, callback=lambda step, m: not stop_pressed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from .checkpoint import Checkpoint
+from .config import TransformerConfig
+from .schedule import noam_lr
+from .tasks import TASKS, Task
+from .tokenizer import Tokenizer
+from .trace import Trace
+from .transformer import Transformer, label_smoothed_loss
+
+# Small enough to train on 2 CPU cores in minutes (d_model 128, 4 heads, 2+2 layers, d_ff 512).
+DEFAULT_MODEL = {
+    "d_model": 128,
+    "n_heads": 4,
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 2,
+    "d_ff": 512,
+    "dropout": 0.1,
+    "norm_first": False,
+    "positional": "sinusoidal",
+}
+FILM_NAMES = ("*.weights", "logits")  # every attention map (encoder, decoder, cross) + the prediction
+# The probe's target, for tasks whose example is not computable from the task API.
+_PROBE_TARGETS = {
+    "attention42": "24noitnetta",
+    "3 november 2023": "2023-11-03",
+    "我爱机器学习": "i love machine learning",
+}
+
+Callback = Callable[[int, dict], bool | None]
+
+
+def default_max_len(task: Task) -> int:
+    """Positions for the longest source (+ [EOS]) and decoder input ([BOS] + target), rounded up to 8.
+    max_src_len / max_tgt_len are in characters, an upper bound on tokens for either tokenizer kind."""
+    n = max(task.max_src_len, task.max_tgt_len) + 1
+    return -(-n // 8) * 8
+
+
+def make_batch(pairs, src_tok: Tokenizer, tgt_tok: Tokenizer, pad_id: int = 0, src_eos: bool = True):
+    """(src, tgt_in, label) padded LongTensors: src = source (+ [EOS]), tgt_in = [BOS] + target,
+    label = target + [EOS]."""
+    src = [torch.tensor(src_tok.encode(s) + [src_tok.eos_id] * src_eos) for s, _ in pairs]
+    tgt = [tgt_tok.encode(t) for _, t in pairs]
+    tgt_in = [torch.tensor([tgt_tok.bos_id, *t]) for t in tgt]
+    label = [torch.tensor([*t, tgt_tok.eos_id]) for t in tgt]
+
+    def pad(rows):
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
+
+    return pad(src), pad(tgt_in), pad(label)
+
+
+def probe_pair(task: Task) -> tuple[str, str]:
+    """The film strip's fixed example: the task's demo input with its correct output."""
+    if task.example in _PROBE_TARGETS:
+        return task.example, _PROBE_TARGETS[task.example]
+    if task.finite:
+        for s, t in task.all_pairs():
+            if s == task.example:
+                return s, t
+    return task.sample(1, seed=0, split="valid")[0]
+
+
+def _film_frame(model: Transformer, probe, step: int, meta: dict) -> Trace:
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        _, trace = model.run_with_trace(probe[0], probe[1], names=list(FILM_NAMES), meta={**meta, "step": step})
+    model.train(was)
+    return trace
+
+
+def _progress(step: int, steps: int, m: dict, elapsed: float, end: bool = False) -> None:
+    width = 24
+    done = int(width * step / steps)
+    bar = "#" * done + "-" * (width - done)
+    eval_part = f" val {m['eval_acc']:.1%}" if m.get("eval_acc") is not None else ""
+    line = (
+        f"\rstep {step:>{len(str(steps))}}/{steps} [{bar}] loss {m['loss']:.3f} acc {m['acc']:.1%} "
+        f"lr {m['lr']:.2e}{eval_part} {elapsed:.0f}s"
+    )
+    sys.stderr.write(line + ("\n" if end else ""))
+    sys.stderr.flush()
+
+
+def train(
+    task: str,
+    overrides: dict | None = None,
+    steps: int = 2000,
+    *,
+    batch_size: int = 64,
+    warmup: int = 400,
+    lr_factor: float = 1.0,
+    smoothing: float = 0.1,
+    seed: int = 0,
+    src_eos: bool = True,
+    film_every: int | None = None,
+    eval_every: int = 0,
+    eval_n: int = 500,
+    val_n: int = 200,
+    callback: Callback | None = None,
+    out: str | Path | None = None,
+    command: str | None = None,
+    progress: bool = False,
+    threads: int | None = None,
+) -> Checkpoint:
+    """Train on `task` for `steps` steps; returns the Checkpoint (saved to `out` if given).
+
+    overrides: TransformerConfig fields over DEFAULT_MODEL (vocab sizes and max_len come from the task).
+    callback(step, metrics) is called after every step with loss, acc (token accuracy), lr, elapsed
+    (and eval_acc on validation steps, frame = the probe Trace on film steps); returning False stops
+    training early, and the checkpoint holds the steps done so far.
+    film_every: capture the probe's attention every K steps (None: about 60 frames; 0: none).
+    eval_every: greedy exact-match accuracy on `val_n` validation pairs every K steps (0: never).
+    eval_n: held-out test pairs for the final accuracy in meta (0: skip).
+    src_eos: end every source with [EOS], as fairseq and tensor2tensor do: it gives the encoder an
+    anchor to measure "distance from the end" (reverse needs it to cope with repeated characters).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; available: {sorted(TASKS)}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    settings = {k: v for k, v in locals().items() if k not in ("task", "threads")}
+    threads_before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _train(TASKS[task], **settings)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(
+    t: Task,
+    *,
+    overrides,
+    steps,
+    batch_size,
+    warmup,
+    lr_factor,
+    smoothing,
+    seed,
+    src_eos,
+    film_every,
+    eval_every,
+    eval_n,
+    val_n,
+    callback,
+    out,
+    command,
+    progress,
+) -> Checkpoint:
+    task = t.name
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    src_tok, tgt_tok = t.build_tokenizers()
+    fields = {**DEFAULT_MODEL, "max_len": default_max_len(t), **(overrides or {})}
+    fields |= {
+        "src_vocab_size": src_tok.vocab_size,
+        "tgt_vocab_size": tgt_tok.vocab_size,
+        "pad_id": src_tok.pad_id,
+    }
+    cfg = TransformerConfig.from_dict(fields)
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    # LambdaLR multiplies the base lr (1.0) by the Noam value; the scheduler counts from 0, Noam from 1.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: noam_lr(i + 1, cfg.d_model, warmup, lr_factor))
+
+    probe = probe_pair(t)
+    pb_src, pb_in, _ = make_batch([probe], src_tok, tgt_tok, cfg.pad_id, src_eos)
+    film_meta = {
+        "src_tokens": src_tok.tokens(pb_src[0].tolist()),
+        "tgt_tokens": tgt_tok.tokens(pb_in[0].tolist()),
+        "next_tokens": tgt_tok.tokens([*tgt_tok.encode(probe[1]), tgt_tok.eos_id]),
+        "checkpoint": task,
+        "text": probe[0],
+        "target": probe[1],
+    }
+    if film_every is None:
+        film_every = max(1, steps // 60)
+    film = [(0, _film_frame(model, (pb_src, pb_in), 0, film_meta))] if film_every else []
+    log: dict[str, list] = {"step": [], "loss": [], "lr": [], "acc": [], "eval_step": [], "eval_acc": []}
+    meta = {
+        "name": task,
+        "task": task,
+        "example": t.example,
+        "probe": {"source": probe[0], "target": probe[1]},
+        "seed": seed,
+        "src_eos": src_eos,
+        "batch_size": batch_size,
+        "warmup": warmup,
+        "lr_factor": lr_factor,
+        "label_smoothing": smoothing,
+        "optimizer": "Adam(betas=(0.9, 0.98), eps=1e-9) + Noam",
+        "layer_norm": "pre-LN" if cfg.norm_first else "post-LN",
+        "positional": cfg.positional,
+        "n_parameters": model.num_parameters(),
+        "command": command
+        or f"model.train.train({task!r}, {overrides!r}, steps={steps}, batch_size={batch_size}, "
+        f"warmup={warmup}, lr_factor={lr_factor}, seed={seed})",
+    }
+    ckpt = Checkpoint(model, src_tok, tgt_tok, meta=meta, log=log, film=film, name=task)
+    val_pairs = t.sample(val_n, seed=seed, split="valid") if eval_every else []
+
+    model.train()
+    step = 0
+    for step in range(1, steps + 1):
+        pairs = t.sample(batch_size, seed=seed * 1_000_003 + step, split="train")
+        src, tgt_in, label = make_batch(pairs, src_tok, tgt_tok, cfg.pad_id, src_eos)
+        logits = model(src, tgt_in)  # teacher forcing: the whole target in one pass
+        loss = label_smoothed_loss(logits, label, cfg.pad_id, smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            real = label != cfg.pad_id
+            acc = float((logits.argmax(-1) == label)[real].float().mean())
+        m = {"step": step, "loss": loss.item(), "acc": acc, "lr": lr}
+        if not math.isfinite(m["loss"]):
+            raise FloatingPointError(f"loss is {m['loss']} at step {step}: lower lr_factor or raise warmup")
+        for k in ("step", "loss", "lr", "acc"):
+            log[k].append(m[k])
+        if eval_every and (step % eval_every == 0 or step == steps):
+            t0 = time.perf_counter()
+            model.eval()
+            m["eval_acc"] = ckpt.evaluate(val_pairs)
+            model.train()
+            m["eval_seconds"] = time.perf_counter() - t0
+            log["eval_step"].append(step)
+            log["eval_acc"].append(m["eval_acc"])
+        if film_every and (step % film_every == 0 or step == steps):
+            frame = _film_frame(model, (pb_src, pb_in), step, film_meta)
+            film.append((step, frame))
+            m["frame"] = frame
+        m["elapsed"] = time.perf_counter() - start
+        if progress and (step % 10 == 0 or step == steps):
+            _progress(step, steps, m, m["elapsed"])
+        if callback is not None and callback(step, m) is False:
+            break
+    if film and film[-1][0] != step:
+        film.append((step, _film_frame(model, (pb_src, pb_in), step, film_meta)))
+
+    model.eval()
+    train_time = time.perf_counter() - start
+    accuracy = ckpt.evaluate(t.sample(eval_n, seed=0, split="test")) if eval_n else None
+    meta |= {
+        "steps": step,
+        "accuracy": accuracy,
+        "eval": {"split": "test", "n": eval_n, "seed": 0, "metric": "exact match, greedy"},
+        "train_time_s": round(train_time, 1),
+        "wall_time_s": round(time.perf_counter() - start, 1),
+        "final_loss": log["loss"][-1],
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    ckpt.meta, ckpt.log = meta, log
+    if progress:
+        acc_s = "n/a" if accuracy is None else f"{accuracy:.1%}"
+        sys.stderr.write(f"\ndone: {step} steps in {train_time:.0f}s, held-out exact match {acc_s}\n")
+    if out is not None:
+        ckpt.save(out)
+    return ckpt
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True, choices=sorted(TASKS))
+    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=400)
+    p.add_argument("--lr-factor", type=float, default=1.0)
+    p.add_argument("--smoothing", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-src-eos", action="store_true", help="do not end sources with [EOS]")
+    p.add_argument("--film-every", type=int, default=None)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-n", type=int, default=500)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--config", default="{}", help="JSON TransformerConfig overrides, e.g. '{\"d_model\": 64}'")
+    a = p.parse_args(argv)
+    command = "python -m model.train " + shlex.join(argv)
+    ckpt = train(
+        a.task,
+        json.loads(a.config),
+        a.steps,
+        batch_size=a.batch_size,
+        warmup=a.warmup,
+        lr_factor=a.lr_factor,
+        smoothing=a.smoothing,
+        seed=a.seed,
+        src_eos=not a.no_src_eos,
+        film_every=a.film_every,
+        eval_every=a.eval_every,
+        eval_n=a.eval_n,
+        out=a.out,
+        command=command,
+        progress=True,
+        threads=a.threads,
+    )
+    print(json.dumps({k: ckpt.meta[k] for k in ("task", "steps", "accuracy", "train_time_s", "command")}))
+
+
+if __name__ == "__main__":
+    main()
