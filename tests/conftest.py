@@ -25,3 +25,9 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     src[1, 6:] = 0
     tgt[1, 4:] = 0
     return src, tgt
+
+
+def assert_clean(at) -> None:
+    """An AppTest run showed no exception and no error message."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]

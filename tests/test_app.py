@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import assert_clean
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -68,11 +69,6 @@ def run_app(page: str | None = None, *, text: str | None = None, target: str | N
         at.switch_page(page)
         at.run()
     return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def figures(at: AppTest) -> list[dict]:

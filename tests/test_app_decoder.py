@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_clean
 from streamlit.testing.v1 import AppTest
 
 from viz import common
@@ -48,11 +49,6 @@ def run_page(page: str, *, text: str | None = None, target: str | None = None, q
     at.switch_page(page)
     at.run()
     return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def figure(at: AppTest, title_start: str) -> dict:
