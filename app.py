@@ -1,29 +1,49 @@
 """Attention Lab: type a sentence, watch a Transformer think.  `streamlit run app.py`
 
-A thin entry point: the shared sidebar (model + input, chosen once for every page) and
-`st.navigation` over file pages (AppTest.switch_page reaches file pages only).
+A thin entry point: the language switch and the shared sidebar (model + input, chosen once
+for every page), then `st.navigation` over file pages (AppTest.switch_page reaches file pages
+only). Every page has an explicit `url_path`, the same in every language, so a shared link
+opens the same page for everyone.
 """
 
 from pathlib import Path
 
 import streamlit as st
 
-from viz import common
+from viz import common, i18n
+from viz.i18n import N_, t
 
 ROOT = Path(__file__).parent
 DEFAULT = "viz/pages/attention.py"  # opens at "/": the view that shows a Transformer thinking
-PAGES = [  # (file, title, icon); pages written elsewhere appear once their file exists
-    ("viz/pages/tokens.py", "Tokens & embeddings", ":material/text_fields:"),
-    ("viz/pages/attention.py", "Attention", ":material/grid_view:"),
-    ("viz/pages/decoder.py", "Step-by-step decoder", ":material/step:"),
-    ("viz/pages/schedule.py", "Learning-rate schedule", ":material/show_chart:"),
-    ("viz/pages/training.py", "Training, live", ":material/model_training:"),
-    ("viz/pages/snapshots.py", "Snapshots", ":material/photo_camera:"),
-    ("viz/pages/pretrained.py", "Pretrained encoder", ":material/psychology:"),
-]
+SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A page appears once its file exists.
+    N_("Learn"): [
+        ("viz/pages/lessons.py", N_("Lessons"), ":material/school:"),
+        ("viz/pages/architecture.py", N_("Architecture map"), ":material/account_tree:"),
+    ],
+    N_("Look inside"): [
+        ("viz/pages/tokens.py", N_("Tokens & embeddings"), ":material/text_fields:"),
+        ("viz/pages/tokenizers.py", N_("Tokenizer playground"), ":material/content_cut:"),
+        ("viz/pages/attention.py", N_("Attention"), ":material/grid_view:"),
+        ("viz/pages/layer.py", N_("Inside a layer"), ":material/layers:"),
+        ("viz/pages/padding.py", N_("A batch with padding"), ":material/view_week:"),
+        ("viz/pages/decoder.py", N_("Step-by-step decoder"), ":material/step:"),
+        ("viz/pages/pretrained.py", N_("Pretrained encoder"), ":material/psychology:"),
+    ],
+    N_("Experiment"): [
+        ("viz/pages/experiments.py", N_("Experiments"), ":material/science:"),
+        ("viz/pages/schedule.py", N_("Learning-rate schedule"), ":material/show_chart:"),
+        ("viz/pages/training.py", N_("Training, live"), ":material/model_training:"),
+        ("viz/pages/snapshots.py", N_("Snapshots"), ":material/photo_camera:"),
+    ],
+}
 
 st.set_page_config(page_title="Attention Lab", page_icon=":material/grid_view:", layout="wide")
-pages = [st.Page(f, title=t, icon=i, default=(f == DEFAULT)) for f, t, i in PAGES if (ROOT / f).is_file()]
-page = st.navigation(pages)
+i18n.language_switch()
+pages = {
+    t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
+                 for f, title, icon in entries if (ROOT / f).is_file()]
+    for section, entries in SECTIONS.items()
+}
+page = st.navigation({s: ps for s, ps in pages.items() if ps})
 common.sidebar()
 page.run()
