@@ -1,5 +1,6 @@
 import pytest
 import torch
+from browser_support import browser, page, paths, server  # noqa: F401  (real-browser fixtures)
 
 from model import Transformer, TransformerConfig
 

@@ -1,0 +1,131 @@
+"""Shared real-browser test support: `streamlit run app.py` on a free port + Playwright driving
+Debian's Chromium. tests/conftest.py re-exports the fixtures (server, browser, page, paths), so a
+browser test module only needs `from browser_support import wait_drawn` and `pytestmark = pytest.mark.browser`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 3400}  # Streamlit scrolls inside an inner container: be tall
+PAGE_TIMEOUT_MS = 120_000  # first visits load the model and decode on a shared 2-core CPU
+NO_CHARTS = {"snapshots", "pretrained"}  # pages that may legitimately draw no plotly chart up front
+DEFAULT_PAGE = "attention"  # app.py's default page, served at "/"
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(app: Path, port: int, timeout: float = 90.0) -> subprocess.Popen:
+    """`streamlit run` in its own process group; returns once /_stcore/health answers ok."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    proc = subprocess.Popen(cmd, cwd=app.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"streamlit exited with {proc.returncode}: {out}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return proc
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"streamlit did not answer /_stcore/health within {timeout:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # our own process group only
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_drawn(page, need_chart: bool = True, timeout: int = PAGE_TIMEOUT_MS) -> None:
+    """The script run has finished (no "Running..." status) and, if wanted, plotly has drawn."""
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout)
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout)
+    if need_chart:
+        page.wait_for_selector(".js-plotly-plot .main-svg", state="attached", timeout=timeout)
+    page.wait_for_timeout(500)  # let plotly finish the last redraw before looking
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout)
+
+
+def charts_drawn(page) -> int:
+    """Plotly charts with a laid-out, non-empty plot area."""
+    return page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => {
+        const r = el.getBoundingClientRect();
+        return r.width > 50 && r.height > 50 && el._fullLayout && el.data && el.data.length > 0;
+    }).length""")
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = start_server(ROOT / "app.py", free_port())
+    port = proc.args[proc.args.index("--server.port") + 1]
+    yield f"http://127.0.0.1:{port}"
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: install it with `bash .ci/browser-setup.sh`")
+    from playwright import sync_api  # lazy: only browser tests pay for it
+
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
+def nav_pages(page, base: str) -> dict[str, str]:
+    """Page name (file stem = url_path, see app.py) -> URL path, for every page in the sidebar nav."""
+    page.goto(base + "/")
+    page.wait_for_selector('[data-testid="stSidebarNav"] a', timeout=PAGE_TIMEOUT_MS)
+    links = page.eval_on_selector_all('[data-testid="stSidebarNav"] a', "els => els.map(a => new URL(a.href).pathname)")
+    return {path.strip("/") or DEFAULT_PAGE: path for path in links}
+
+
+@pytest.fixture(scope="module")
+def paths(server, browser) -> dict[str, str]:
+    context = browser.new_context(viewport=VIEWPORT)
+    try:
+        return nav_pages(context.new_page(), server)
+    finally:
+        context.close()
+
+
