@@ -25,6 +25,7 @@ import datetime as dt
 import functools
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,24 @@ from typing import Any
 from model.tokenizer import Kind, Tokenizer
 
 SPLITS = ("train", "valid", "test")
+
+
+def N_(msg: str) -> str:
+    """Mark UI text for the translation catalog (`pybabel extract -k N_`); model/ never translates."""
+    return msg
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """Why an input is outside what a toy model learned. `message` is an English template (a catalog
+    msgid); the UI translates it and fills `{placeholders}` from `args`."""
+
+    kind: str  # "empty", "length", "vocabulary", "grammar" or "range"
+    message: str
+    args: dict = field(default_factory=dict)
+
+    def text(self) -> str:
+        return self.message.format(**self.args)
 Choose = Callable[[Sequence[Any]], Any]
 Pair = tuple[str, str]
 
@@ -53,6 +72,10 @@ class Task:
     finite: bool = False  # small enough to enumerate with all_pairs()
     split_salt: str = ""  # appended to the name in the split hash: chosen to put `example` in train
     tgt_vocab_size: int = 300  # for a wordpiece target tokenizer
+    grammar: tuple[str, ...] = ()  # what the model can translate, one rule a line (N_-marked)
+    examples: tuple[str, ...] = ()  # sources in the grammar, one per pattern (for a picker)
+    # Extra checks after length and vocabulary (e.g. "is this a sentence of the grammar?").
+    grammar_check: Callable[[str], list[InputProblem]] = field(default=lambda text: [], repr=False)
 
     def split_of(self, source: str, target: str) -> str:
         """"train", "valid" or "test": a pure function of the pair, identical on every run."""
@@ -100,6 +123,32 @@ class Task:
             raise ValueError(f"task {self.name!r} is too large to enumerate; use sample()")
         pairs = _enumerate(self.generate)
         return list(pairs) if split is None else [p for p in pairs if self.split_of(*p) == split]
+
+    @functools.cached_property
+    def source_chars(self) -> frozenset[str]:
+        """Every character a source of this task can contain (from the coverage texts)."""
+        return frozenset("".join(self.coverage()[0]))
+
+    def input_problems(self, text: str) -> list[InputProblem]:
+        """Why the model cannot be expected to handle `text` (empty list = in its grammar).
+
+        Beyond [UNK]: characters it never saw, inputs longer than anything it trained on, and
+        sentences its grammar cannot produce (it will still output *something*, usually wrong).
+        """
+        text = text.strip()
+        if not text:
+            return [InputProblem("empty", N_("The input is empty."))]
+        out = []
+        unknown = sorted({c for c in text if c not in self.source_chars})
+        if unknown:
+            out.append(InputProblem("vocabulary", N_(
+                "Characters this model never saw in training: {chars}. It reads them as [UNK]."),
+                {"chars": " ".join(f"“{'␣' if c == ' ' else c}”" for c in unknown[:12])}))
+        if len(text) > self.max_src_len:
+            out.append(InputProblem("length", N_(
+                "The input has {n} characters; the longest training input had {max}."),
+                {"n": len(text), "max": self.max_src_len}))
+        return out + (self.grammar_check(text) if not unknown else [])
 
     def build_tokenizers(self, n: int = 5000) -> tuple[Tokenizer, Tokenizer]:
         """(source, target) tokenizers trained on `n` train pairs plus the task's coverage texts.
@@ -152,6 +201,13 @@ def _reverse(choose: Choose) -> Pair:
     return s, s[::-1]
 
 
+def _reverse_check(text: str) -> list[InputProblem]:
+    if len(text) < 3:
+        return [InputProblem("length", N_("Training strings had 3 to 12 characters; this one has {n}."),
+                             {"n": len(text)})]
+    return []
+
+
 REVERSE = Task(
     name="reverse",
     description="Reverse a string of letters and digits: cross-attention traces the anti-diagonal.",
@@ -164,6 +220,10 @@ REVERSE = Task(
     split_key=lambda s, t: min(s, t),  # a string and its reversal share a split
     split_salt="/3",  # puts the example in train
     coverage=lambda: ([_ALNUM], [_ALNUM]),
+    grammar=(N_("3 to 12 characters, each a lowercase letter a–z or a digit 0–9."),
+             N_("The output is the same characters in reverse order.")),
+    examples=("attention42", "hello", "abc123", "transformer"),
+    grammar_check=_reverse_check,
 )
 
 
@@ -228,6 +288,54 @@ def _dates_coverage() -> tuple[list[str], list[str]]:
     return [_render_date(d, *style) for d in days for style in styles], ["0123456789-"]
 
 
+_DATE_FIELDS = {  # format placeholder -> regex (case-insensitive)
+    "y": r"(?P<y>\d{4})", "m": r"(?P<m>\d{1,2})", "d": r"(?P<d>\d{1,2})",
+    "dth": r"(?P<d>\d{1,2})(?:st|nd|rd|th)", "month": "(?P<month>" + "|".join(_MONTHS) + ")",
+    "mon": "(?P<mon>" + "|".join(m[:3] for m in _MONTHS) + ")", "weekday": "(?:" + "|".join(_WEEKDAYS) + ")",
+    "wkd": "(?:" + "|".join(w[:3] for w in _WEEKDAYS) + ")", "zh_weekday": f"[{_ZH_WEEKDAYS}]",
+}
+
+
+@functools.cache
+def _date_patterns() -> list[re.Pattern]:
+    def compile_(fmt: str) -> re.Pattern:
+        parts = re.split(r"\{(\w+)\}", fmt)  # literal, field, literal, field, ...
+        return re.compile("".join(_DATE_FIELDS[p] if i % 2 else re.escape(p) for i, p in enumerate(parts)),
+                          re.IGNORECASE)
+    return [compile_(f) for f in _DATE_FORMATS]
+
+
+def parse_date(text: str) -> dt.date | None:
+    """The date a source of the dates task names, or None if no trained format matches (or no such day)."""
+    for pattern in _date_patterns():
+        m = pattern.fullmatch(text.strip())
+        if not m:
+            continue
+        g = m.groupdict()
+        name = (g.get("month") or g.get("mon") or "").lower()
+        month = int(g["m"]) if g.get("m") else next(i for i, n in enumerate(_MONTHS, 1) if n.startswith(name))
+        try:
+            return dt.date(int(g["y"]), month, int(g["d"]))
+        except ValueError:
+            return None
+    return None
+
+
+def _dates_check(text: str) -> list[InputProblem]:
+    day = parse_date(text)
+    if day is None and any(p.fullmatch(text.strip()) for p in _date_patterns()):
+        return [InputProblem("range", N_("The format is right, but there is no such day."))]
+    if day is None:
+        return [InputProblem("grammar", N_(
+            "This is not one of the date formats the model was trained on (e.g. \"3 november 2023\", "
+            "\"Nov 3, 2023\", \"2023/11/03\", \"2023年11月3日\"; numeric day/month orders are ambiguous and "
+            "not included)."))]
+    if not _FIRST_DAY <= day < _FIRST_DAY + dt.timedelta(days=_N_DAYS):
+        return [InputProblem("range", N_("Training dates run from 1950 to 2049; {year} is outside."),
+                             {"year": day.year})]
+    return []
+
+
 DATES = Task(
     name="dates",
     description="Rewrite a date written the way people write it (English or Chinese) as ISO YYYY-MM-DD.",
@@ -240,6 +348,17 @@ DATES = Task(
     split_key=lambda s, t: t,  # by date: a test date is unseen in training in every format
     split_salt="/1",  # puts the example's date in train
     coverage=_dates_coverage,
+    grammar=(
+        N_("Days from 1950-01-01 to 2049-12-31, written in one of 14 formats:"),
+        N_("day month year: \"3 november 2023\", \"3 nov 2023\", \"03-nov-2023\""),
+        N_("month day year: \"november 3 2023\", \"November 3rd, 2023\", \"nov 3, 2023\""),
+        N_("with ordinals and weekdays: \"the 3rd of november, 2023\", \"Friday, 3 November 2023\""),
+        N_("year first: \"2023/11/3\", \"2023年11月3日\", \"2023年11月3日星期五\""),
+        N_("lower case, Title Case or UPPER CASE; the output is always YYYY-MM-DD."),
+    ),
+    examples=("3 november 2023", "November 3rd, 2023", "2023年11月3日", "the 21st of march, 1987",
+              "Friday, 3 November 2023", "1999/12/31"),
+    grammar_check=_dates_check,
 )
 
 
@@ -402,6 +521,38 @@ def _zh_en_coverage() -> tuple[list[str], list[str]]:
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
+@functools.cache
+def _zh_sources() -> tuple[frozenset[str], dict[str, list[str]]]:
+    """Every source sentence of the zh-en grammar, and an index from character bigrams to them."""
+    sources = frozenset(s for s, _ in _enumerate(_zh_en))
+    index: dict[str, list[str]] = {}
+    for s in sources:
+        for bigram in {s[i:i + 2] for i in range(len(s) - 1)}:
+            index.setdefault(bigram, []).append(s)
+    return sources, index
+
+
+def closest_zh(text: str) -> str:
+    """The zh-en source sharing the most character bigrams with `text` (ties: the shortest, then sorted)."""
+    _, index = _zh_sources()
+    counts: dict[str, int] = {}
+    for bigram in {text[i:i + 2] for i in range(len(text) - 1)}:
+        for s in index.get(bigram, ()):
+            counts[s] = counts.get(s, 0) + 1
+    if not counts:
+        return ZH_EN.example
+    return min(counts, key=lambda s: (-counts[s], abs(len(s) - len(text)), s))
+
+
+def _zh_en_check(text: str) -> list[InputProblem]:
+    if text in _zh_sources()[0]:
+        return []
+    return [InputProblem("grammar", N_(
+        "All characters are known, but the toy grammar cannot produce this sentence, so the model was "
+        "never trained on anything like it. Closest sentence it knows: {closest}"),
+        {"closest": closest_zh(text)})]
+
+
 ZH_EN = Task(
     name="zh-en",
     description="Translate toy Chinese into English: time words move to the end, 了 becomes past tense.",
@@ -416,6 +567,22 @@ ZH_EN = Task(
     finite=True,
     split_salt="/4",  # puts the default example, "i love machine learning", in train
     tgt_vocab_size=270,  # most words whole, some split: "buy ##s", "watch ##ing", "studi ##es"
+    grammar=(
+        N_("One simple sentence: subject + (time word) + verb phrase; no punctuation, no spaces."),
+        N_("Subjects: 我 你 他 她 我们 他们 老师 我的朋友 孩子们"),
+        N_("Like or love: (不)爱 / (不)喜欢 + a thing or a person: 我爱机器学习, 她不喜欢咖啡"),
+        N_("Habits: (不) + verb + object, or 每天 + verb + object: 他不喝咖啡, 我每天喝一杯茶"),
+        N_("Past: verb + 了 + number + measure word + noun: 我昨天吃了一个苹果; negated with 没/没有: "
+           "他没有读书"),
+        N_("Future with 会 / 不会, progressive with 在 / 正在 (+ 现在): 我们明天会喝两杯茶, 老师正在看一部电影"),
+        N_("Time words (昨天 昨晚 上周 今天 明天 下周 每天 现在) go before or after the subject; "
+           "in English they move to the end."),
+        N_("Verbs: 吃 喝 读 写 看 买 学习 爱 喜欢; numbers 一 两 三 with measure words "
+           "个 根 碗 杯 瓶 本 份 封 部 只 辆."),
+    ),
+    examples=("我爱机器学习", "我昨天吃了一个苹果", "她不喜欢咖啡", "我们明天会喝两杯茶", "老师正在看一部电影",
+              "孩子们上周没有读书", "我每天喝一杯茶", "他们不会买车"),
+    grammar_check=_zh_en_check,
 )
 
 TASKS: dict[str, Task] = {t.name: t for t in (REVERSE, DATES, ZH_EN)}
