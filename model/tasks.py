@@ -210,7 +210,7 @@ def _reverse_check(text: str) -> list[InputProblem]:
 
 REVERSE = Task(
     name="reverse",
-    description="Reverse a string of letters and digits: cross-attention traces the anti-diagonal.",
+    description=N_("Reverse a string of letters and digits: cross-attention traces the anti-diagonal."),
     example="attention42",
     max_src_len=12,
     max_tgt_len=12,
@@ -321,6 +321,19 @@ def parse_date(text: str) -> dt.date | None:
     return None
 
 
+def date_fields(text: str) -> dict[str, tuple[int, int]]:
+    """Character spans of "year", "month" and "day" in a dates source ({} if no trained format matches)."""
+    stripped = text.strip()
+    lead = len(text) - len(text.lstrip())
+    for pattern in _date_patterns():
+        m = pattern.fullmatch(stripped)
+        if m:
+            spans = {"year": m.span("y"), "day": m.span("d"),
+                     "month": next(m.span(g) for g in ("m", "month", "mon") if m.groupdict().get(g))}
+            return {k: (a + lead, b + lead) for k, (a, b) in spans.items()}
+    return {}
+
+
 def _dates_check(text: str) -> list[InputProblem]:
     day = parse_date(text)
     if day is None and any(p.fullmatch(text.strip()) for p in _date_patterns()):
@@ -338,7 +351,7 @@ def _dates_check(text: str) -> list[InputProblem]:
 
 DATES = Task(
     name="dates",
-    description="Rewrite a date written the way people write it (English or Chinese) as ISO YYYY-MM-DD.",
+    description=N_("Rewrite a date written the way people write it (English or Chinese) as ISO YYYY-MM-DD."),
     example="3 november 2023",
     max_src_len=32,  # "wednesday, september 23rd, 2023" is 31
     max_tgt_len=10,
@@ -555,7 +568,7 @@ def _zh_en_check(text: str) -> list[InputProblem]:
 
 ZH_EN = Task(
     name="zh-en",
-    description="Translate toy Chinese into English: time words move to the end, 了 becomes past tense.",
+    description=N_("Translate toy Chinese into English: time words move to the end, 了 becomes past tense."),
     example="我爱机器学习",
     max_src_len=14,  # "我的朋友上周没有学习机器学习"
     max_tgt_len=56,  # "the children will drink three glasses of water next week"
