@@ -1,0 +1,393 @@
+"""Ten short lessons that follow the paper and the seeds: text, one live view, a task, a question.
+
+Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a
+decode, a schedule) into a `Live` — the figure drawn by the app's figure builders, the answer
+options and the correct one, computed from the same numbers (never hard-coded), and a feedback
+line. The page (viz/pages/lessons.py) loads `data` for the lesson's `source` and draws it.
+
+Every English string is a catalog msgid (N_ here, t() when drawn: see viz/locale/zh/lessons.po).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import plotly.graph_objects as go
+
+from model.tasks import date_fields
+from viz import figures as F
+from viz import figures_decode as FD
+from viz import figures_pretrained as FP
+from viz.i18n import N_, t
+
+
+@dataclass
+class Live:
+    """What a lesson shows for the current data: figure, question options, the correct option."""
+
+    figure: go.Figure
+    options: list[str]  # stable ids (the radio's values)
+    labels: dict[str, str]  # id -> text shown
+    correct: tuple[str, ...]  # every accepted option (near-ties count); empty: no question, see `note`
+    feedback: str  # shown after a correct answer: the model's numbers behind it
+    note: str = ""  # why the question does not apply
+    args: dict = field(default_factory=dict)  # fills the question's {placeholders}
+
+
+@dataclass(frozen=True)
+class Lesson:
+    slug: str
+    title: str
+    body: str  # a few sentences of markdown
+    try_this: str
+    question: str  # may hold {placeholders}: `Live.args` fills them
+    page: str  # the full page for more
+    page_query: dict = field(default_factory=dict)  # URL params that page reads
+    source: str = "trace"  # what the page loads: trace | decode | bert | none
+    checkpoint: str | None = None
+    text: str = ""  # the default input
+    param: tuple | None = None  # (kind, label, options, default): a second control (slider)
+    param_query: str | None = None  # the full page's URL parameter that takes the param's value
+    live: Callable[..., Live] = field(default=None, repr=False)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _options(values: Sequence) -> tuple[list[str], dict[str, str]]:
+    ids = [str(v) for v in dict.fromkeys(values)]
+    return ids, {i: i for i in ids}
+
+
+def _tokens(trace, side: str) -> list[str]:
+    toks = trace.meta.get(f"{side}_tokens") or []
+    return list(toks[0]) if toks and isinstance(toks[0], list) else list(toks)
+
+
+def closest(value: float, candidates: Mapping[str, float], log: bool = False) -> str:
+    """The id whose number is closest to `value` (on a log scale if `log`)."""
+    f = (lambda x: math.log(max(x, 1e-12))) if log else (lambda x: x)
+    return min(candidates, key=lambda k: abs(f(candidates[k]) - f(value)))
+
+
+# ---------------------------------------------------------------- 1. tokens and embeddings
+
+
+def live_tokens(trace, param=None) -> Live:
+    toks = _tokens(trace, "src")
+    fig = F.embedding_sum_figure(trace["encoder.embed.tok"][0], trace["encoder.embed.pos"],
+                                 trace["encoder.embed.out"][0], toks, scale_note=" ×√d_model")
+    n = len(toks)
+    ids, labels = _options(sorted({max(1, n - 1), n, n + 1, n + 2}))
+    return Live(fig, ids, labels, (str(n),), t("The encoder reads {n} tokens: {tokens}", n=n, tokens=" · ".join(toks)))
+
+
+# ---------------------------------------------------------------- 2. positional encoding
+
+
+def live_positions(trace, param=64) -> Live:
+    from model.transformer import sinusoidal_encoding  # the model's own PE function
+
+    d = trace["encoder.embed.pos"].shape[-1]
+    pe = sinusoidal_encoding(int(param), d).numpy()
+    diag = float(np.mean(np.einsum("pd,pd->p", pe.astype(np.float64), pe)))
+    cands = {"d": float(d), "half": d / 2, "one": 1.0, "sqrt": math.sqrt(d)}
+    labels = {"d": f"d_model = {d}", "half": f"d_model / 2 = {d // 2}", "one": "1",
+              "sqrt": f"√d_model ≈ {math.sqrt(d):.3g}"}
+    fb = t("Every sin/cos pair adds sin² + cos² = 1, and there are d_model/2 = {h} pairs: the diagonal is {v:.6g}.",
+           h=d // 2, v=diag)
+    return Live(F.pe_similarity(pe), list(cands), labels, (closest(diag, cands),), fb)
+
+
+# ---------------------------------------------------------------- 3. one head, step by step
+
+HEAD_MODULE = "encoder.layers.0.self_attn"
+
+
+def live_one_head(trace, param=0) -> Live:
+    head = int(param)
+    fig = F.score_pipeline(trace, HEAD_MODULE, head)
+    w = F.arr(trace[f"{HEAD_MODULE}.weights"])[0, head, 0]  # query 0's row, (Lk,)
+    labels = F.token_labels(_tokens(trace, "src"), len(w))
+    best = int(np.argmax(w))
+    fb = t("Query 0 gives {w:.3f} of its attention to key {k}; its row sums to {s:.6f}.",
+           w=float(w[best]), k=labels[best], s=float(w.sum()))
+    return Live(fig, labels, {x: x for x in labels}, (labels[best],), fb)
+
+
+# ---------------------------------------------------------------- 4. why √d_k
+
+VARIANCE_SAMPLES = 4000
+
+
+def dot_variance(d_k: int, n: int = VARIANCE_SAMPLES, seed: int = 0) -> float:
+    """Var(q·k) of the samples `figures.variance_demo(d_k, n, seed)` draws (same generator, same order)."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((n, d_k)), rng.standard_normal((n, d_k))
+    return float((q * k).sum(-1).var())
+
+
+def live_sqrt_dk(_data, param=64) -> Live:
+    d_k = int(param)
+    var = dot_variance(d_k)
+    cands = {"one": 1.0, "sqrt": math.sqrt(d_k), "d": float(d_k), "d2": float(d_k) ** 2}
+    labels = {"one": "1", "sqrt": f"√d_k ≈ {math.sqrt(d_k):.3g}", "d": f"d_k = {d_k}", "d2": f"d_k² = {d_k**2}"}
+    fb = t("The sampled variance of q·k is {v:.4g} ≈ d_k = {d}; divided by √d_k it is {s:.3g} ≈ 1.",
+           v=var, d=d_k, s=var / d_k)
+    return Live(F.variance_demo(d_k, VARIANCE_SAMPLES), list(cands), labels, (closest(var, cands, log=True),), fb)
+
+
+# ---------------------------------------------------------------- 5. multi-head: which head aligns the months?
+
+
+def month_share(trace, layer: int) -> np.ndarray | None:
+    """Per head of decoder layer `layer`'s cross-attention: the mean weight the queries that write
+    the month digits (ISO positions 5, 6) put on the source characters of the month. None when the
+    source is not a date in a trained format."""
+    src_text = trace.meta.get("text", "")
+    span = date_fields(src_text).get("month")
+    nxt = list(trace.meta.get("next_tokens") or [])
+    if span is None or len(nxt) < 7:
+        return None
+    w = F.arr(trace[f"decoder.layers.{layer}.cross_attn.weights"])[0]  # (H, T, S)
+    return w[:, 5:7, span[0]:span[1]].sum(-1).mean(-1)  # (H,)
+
+
+TIE = 0.02  # heads within 2 points of the best month share are right answers too
+
+
+def live_multi_head(trace, param=0) -> Live:
+    layer = min(int(param), trace.meta["config"]["n_decoder_layers"] - 1)
+    name = f"decoder.layers.{layer}.cross_attn"
+    fig = F.heads_grid(trace, name)
+    share = month_share(trace, layer)
+    ids = [str(h) for h in range(F.arr(trace[f"{name}.weights"]).shape[1])]
+    labels = {h: t("head {h}", h=h) for h in ids}
+    if share is None:
+        return Live(fig, ids, labels, (), "", t("Type a date in a trained format (e.g. 3 november 2023) "
+                                                 "to get this question."))
+    best = int(np.argmax(share))
+    accepted = tuple(str(h) for h in range(len(share)) if share[h] >= share[best] - TIE)
+    fb = t("Head {h} puts {w:.0%} of the month digits' attention on the month's characters "
+           "(the other heads: {others}).", h=best, w=float(share[best]),
+           others=", ".join(f"{v:.0%}" for i, v in enumerate(share) if i != best))
+    return Live(fig, ids, labels, accepted, fb)
+
+
+# ---------------------------------------------------------------- 6. masks
+
+MASK_MODULE = "decoder.layers.0.self_attn"
+
+
+def live_masks(trace, param=None) -> Live:
+    fig = F.mask_figure(trace, MASK_MODULE, 0)
+    blocked = F.arr(trace[f"{MASK_MODULE}.mask"])[0, 0] > 0.5  # (T, T)
+    T = blocked.shape[0]
+    n = int(blocked.sum())
+    w = F.arr(trace[f"{MASK_MODULE}.weights"])[0]  # (H, T, T)
+    ids, labels = _options(sorted({T * (T - 1) // 2, T * (T + 1) // 2, T * T, T}))
+    fb = t("{n} of the {T}×{T} cells are blocked (above the diagonal); the largest weight there is {m:g}.",
+           n=n, T=T, m=float(w[:, blocked].max(initial=0.0)))
+    return Live(fig, ids, labels, (str(n),), fb)
+
+
+# ---------------------------------------------------------------- 7. cross-attention alignment
+
+
+def alignment_rows(trace) -> np.ndarray:
+    """Last decoder layer's cross-attention, mean over heads: [T, S], row t = the position that wrote
+    next_tokens[t]."""
+    n = trace.meta["config"]["n_decoder_layers"]
+    return F.arr(trace[f"decoder.layers.{n - 1}.cross_attn.weights"])[0].mean(0)
+
+
+def live_alignment(trace, param=None) -> Live:
+    rows, src, nxt = alignment_rows(trace), _tokens(trace, "src"), list(trace.meta.get("next_tokens") or [])
+    fig = FD.alignment_figure(rows, nxt, src, title=t("Cross-attention, last layer, mean of the heads"))
+    words = [i for i, w in enumerate(nxt) if w != "[EOS]" and not w.startswith("##")]
+    if not words:
+        return Live(fig, [], {}, (), "", t("The model wrote no word for this input."))
+    q = words[-1]  # the last word: for a time word it is where the reordering shows
+    labels = F.token_labels(src, len(src))
+    best = int(np.argmax(rows[q]))
+    fb = t("Output “{w}” gives {p:.0%} of its cross-attention to source {k}.", w=nxt[q], p=float(rows[q, best]),
+           k=labels[best])
+    return Live(fig, labels, {x: x for x in labels}, (labels[best],), fb, args={"word": nxt[q]})
+
+
+# ---------------------------------------------------------------- 8. teacher forcing and step by step
+
+
+def forced_vs_free(trace, steps) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(tokens, step-by-step p, teacher-forced p) of each generated token, [EOS] included."""
+    logits = F.arr(trace["logits"])[0].astype(np.float64)  # (T, V)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    n = min(len(steps), probs.shape[0])
+    forced = np.array([probs[i, steps[i].token_id] for i in range(n)])
+    free = np.array([float(s.prob) for s in steps[:n]])
+    return [s.token for s in steps[:n]], free, forced
+
+
+TF_BINS = {"zero": 1e-4, "small": 1e-2, "large": 1.0}  # upper bounds of max |difference|
+
+
+def live_teacher_forcing(data, param=None) -> Live:
+    trace, steps = data
+    toks, free, forced = forced_vs_free(trace, steps)
+    fig = FD.agreement_figure(toks, free, forced)
+    diff = float(np.abs(free - forced).max(initial=0.0))
+    correct = next(k for k, hi in TF_BINS.items() if diff < hi or k == "large")
+    labels = {"zero": t("0, up to float rounding (< 0.0001)"), "small": t("small (0.0001 to 0.01)"),
+              "large": t("large (over 0.01)")}
+    fb = t("Largest difference over {n} tokens: {d:.2g}. One parallel pass under the look-ahead mask computes "
+           "what step-by-step decoding computes.", n=len(toks), d=diff)
+    return Live(fig, list(TF_BINS), labels, (correct,), fb)
+
+
+# ---------------------------------------------------------------- 9. Noam warmup
+
+NOAM_D_MODEL = 512
+
+
+def noam_peak(d_model: int, warmup: int) -> int:
+    steps = np.arange(1, 4 * warmup + 1)
+    return int(steps[np.argmax(F.noam_curve(steps, d_model, warmup))])
+
+
+def live_noam(_data, param=4000) -> Live:
+    warmup = int(param)
+    peak = noam_peak(NOAM_D_MODEL, warmup)
+    ids, labels = _options(sorted({warmup // 2, warmup, 2 * warmup, round(math.sqrt(warmup))}))
+    lr = float(F.noam_curve(np.array([peak]), NOAM_D_MODEL, warmup)[0])
+    fb = t("The curve rises linearly until step {p} = warmup, peaks at lr = {lr:.3g}, then decays as step^-0.5.",
+           p=peak, lr=lr)
+    return Live(F.noam_figure(NOAM_D_MODEL, warmup), ids, labels, (str(peak),), fb)
+
+
+# ---------------------------------------------------------------- 10. BERT: "it" -> "animal"
+
+BERT_TIRED = "The animal didn't cross the street because it was too tired"
+BERT_WIDE = "The animal didn't cross the street because it was too wide"
+
+
+def it_weights(trace) -> tuple[np.ndarray, np.ndarray]:
+    """([L, H] weight it→animal, [L, H] weight it→street), WordPiece pieces merged per word."""
+    groups = FP.word_groups(trace.meta["word_ids"])
+    words = [w.lower() for w in FP.group_labels(trace.meta["src_tokens"], groups, trace.meta["text"],
+                                                trace.meta["offsets"])]
+    rows = FP.attention_from(trace, groups[words.index("it")], groups)  # (L, H, G)
+    return rows[..., words.index("animal")], rows[..., words.index("street")]
+
+
+def live_bert(data, param=None) -> Live:
+    tired, wide = data
+    a1, s1 = it_weights(tired)
+    a2, s2 = it_weights(wide)
+    fig = FP.head_finder_figure(a1, s1, "it", "animal", "street", metric="difference")
+    layer, head = np.unravel_index(int(np.argmax(a1)), a1.shape)
+    more_street = bool(s2[layer, head] > a2[layer, head])
+    labels = {"street": t("yes: it moves to “street”"), "animal": t("no: it still looks at “animal”")}
+    fb = t("Layer {l}, head {h}: tired → animal {a1:.2f}, street {s1:.2f}; wide → animal {a2:.2f}, street {s2:.2f}.",
+           l=int(layer), h=int(head), a1=float(a1[layer, head]), s1=float(s1[layer, head]),
+           a2=float(a2[layer, head]), s2=float(s2[layer, head]))
+    return Live(fig, list(labels), labels, ("street" if more_street else "animal",), fb,
+                args={"layer": int(layer), "head": int(head)})
+
+
+# ---------------------------------------------------------------- the syllabus
+
+LESSONS: list[Lesson] = [
+    Lesson(
+        "tokens", N_("Tokens and embeddings"),
+        N_("A Transformer never sees text. A tokenizer cuts the sentence into tokens (for Chinese, best one "
+           "character each) and maps each to an id; the embedding table turns each id into a vector of d_model "
+           "numbers, multiplied by √d_model. Then the positional encoding is added: that sum is what layer 0 "
+           "reads."),
+        N_("Change the sentence to 我爱你 or type an English letter: which rows change, and what becomes [UNK]?"),
+        N_("How many tokens does the encoder read for this sentence, [EOS] included?"),
+        "viz/pages/tokens.py", source="trace", checkpoint="zh-en", text="我爱机器学习", live=live_tokens),
+    Lesson(
+        "positions", N_("Positional encoding"),
+        N_("Attention itself ignores order: shuffle the tokens and each one gets the same output. So the paper "
+           "adds PE(pos, 2i) = sin(pos / 10000^(2i/d)) and PE(pos, 2i+1) = cos(…) to the embeddings. The heatmap "
+           "is the dot product of every pair of position vectors: it depends only on the distance between them."),
+        N_("Slide the number of positions up: the stripes stay parallel to the diagonal (relative position)."),
+        N_("What is the value on the diagonal, PE_pos · PE_pos?"),
+        "viz/pages/tokens.py", source="trace", checkpoint="zh-en", text="我爱机器学习",
+        param=("slider", N_("positions"), (16, 256), 64), param_query="positions", live=live_positions),
+    Lesson(
+        "one-head", N_("One head, step by step"),
+        N_("One attention head: every token makes a query Q, a key K and a value V. The scores are QKᵀ, "
+           "divided by √d_k; the mask adds −∞ where attention is not allowed; softmax turns each row into "
+           "weights that sum to 1; the output is the weighted sum of the values."),
+        N_("Pick another head and compare its weights panel with head 0."),
+        N_("In this head, which key does query 0 (the first character) attend to most?"),
+        "viz/pages/attention.py", {"attn_kind": 0, "layer": 0}, source="trace", checkpoint="dates",
+        text="3 november 2023", param=("head", N_("head"), None, 0), param_query="head", live=live_one_head),
+    Lesson(
+        "sqrt-dk", N_("Why divide by √d_k"),
+        N_("If the entries of q and k are independent with variance 1, q·k is a sum of d_k such products and "
+           "has variance d_k. Large scores push softmax to one-hot and its gradients towards 0; dividing by "
+           "√d_k brings the variance back to 1, whatever d_k."),
+        N_("Move d_k from 4 to 512 and watch the red histogram widen while the blue one stays put."),
+        N_("What is the variance of q·k for random q, k?"),
+        "viz/pages/attention.py", {"attn_kind": 0}, source="none",
+        param=("select", N_("d_k"), (4, 16, 64, 256, 512), 64), live=live_sqrt_dk),
+    Lesson(
+        "multi-head", N_("Multi-head attention"),
+        N_("Instead of one attention over d_model dimensions, the model runs H heads of d_k = d_model / H side "
+           "by side (split the vector, attend, concatenate, multiply by W^O). Each head can look for something "
+           "else. Here: the decoder's cross-attention heads of the dates model, writing 2023-11-03."),
+        N_("Write the date another way (2023年11月3日, Nov 3, 2023): does the same head still find the month?"),
+        N_("Which head aligns the month names (where the month digits look at the month's characters)?"),
+        "viz/pages/attention.py", {"attn_kind": 2}, source="trace", checkpoint="dates", text="3 november 2023",
+        param=("layer", N_("decoder layer"), None, 0), param_query="layer", live=live_multi_head),
+    Lesson(
+        "masks", N_("Masks"),
+        N_("The decoder must not peek at the words it has not written yet: the look-ahead mask adds −∞ above "
+           "the diagonal, so after softmax those weights are exactly 0. The padding mask blocks the [PAD] keys "
+           "of shorter sentences in a batch the same way."),
+        N_("Make the sentence longer and count the blocked cells again."),
+        N_("How many cells of the decoder's self-attention are blocked?"),
+        "viz/pages/attention.py", {"attn_kind": 1}, source="trace", checkpoint="zh-en", text="我昨天吃了一个苹果",
+        live=live_masks),
+    Lesson(
+        "alignment", N_("Cross-attention alignment"),
+        N_("In encoder–decoder attention the queries come from the decoder and the keys and values from the "
+           "encoder's output. Each row shows where an English word looked in the Chinese source: time words "
+           "move to the end in English, and the alignment follows them."),
+        N_("Try 我们明天会喝两杯茶 and follow “tomorrow” back to 明天."),
+        N_("Which source token does the last output word “{word}” attend to most?"),
+        "viz/pages/decoder.py", source="trace", checkpoint="zh-en", text="我昨天吃了一个苹果", live=live_alignment),
+    Lesson(
+        "teacher-forcing", N_("Teacher forcing and step-by-step decoding"),
+        N_("At inference the decoder writes one token at a time, each step reading what it wrote so far. In "
+           "training, teacher forcing feeds the whole target at once under the look-ahead mask: one parallel "
+           "pass. Both compute the same probabilities for the same prefix."),
+        N_("Type a date the model gets wrong (e.g. 1 january 2060) and compare the two curves again."),
+        N_("How much do the two curves differ?"),
+        "viz/pages/decoder.py", source="decode", checkpoint="dates", text="3 november 2023",
+        live=live_teacher_forcing),
+    Lesson(
+        "noam", N_("Learning-rate warmup (Noam)"),
+        N_("The paper's schedule: lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5). It grows linearly "
+           "for `warmup` steps (Adam's statistics are still noisy at the start), then decays as 1/√step."),
+        N_("Move the warmup slider: the peak moves with it, and a longer warmup gives a lower peak."),
+        N_("At which step does the learning rate peak (d_model = 512)?"),
+        "viz/pages/schedule.py", {"d_model": 512}, source="none",
+        param=("slider", N_("warmup steps"), (500, 16000), 4000), param_query="warmup", live=live_noam),
+    Lesson(
+        "bert", N_("BERT: “it” → “animal”"),
+        N_("BERT keeps only the encoder. In “The animal didn't cross the street because it was too tired” some "
+           "heads link “it” to “animal”. Change tired to wide and “it” means the street — but does the same "
+           "head change its mind? Attention shows where information flows, not what the model concluded."),
+        N_("Open the full page and rank the heads for the wide sentence."),
+        N_("Take the head with the largest weight it → animal in the tired sentence (layer {layer}, head {head}). "
+           "In the wide sentence, does it look more at “street” than at “animal”?"),
+        "viz/pages/pretrained.py", source="bert", live=live_bert),
+]
+

