@@ -94,7 +94,7 @@ def load(lesson: LS.Lesson, text: str):
             return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
     problem = common.text_problems(text)
     if problem:
-        common.show_error(t(problem))
+        common.show_error(problem)
         return None
     ckpt = common.load_ckpt(lesson.checkpoint)
     task = task_of(ckpt)
