@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import assert_clean
 from streamlit.testing.v1 import AppTest
 
+from model.checkpoint import sampling_distribution
 from viz import common
 from viz import figures_decode as fd
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 DECODER, TRAINING = "viz/pages/decoder.py", "viz/pages/training.py"
 TIMEOUT = 180
-MAX_NEW = 64  # the decoder page's max_new_tokens
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +73,28 @@ def rows_of(w: np.ndarray, head: str) -> np.ndarray:
     return w.mean(0, keepdims=True) if head == "mean" else w[int(head): int(head) + 1]
 
 
-def check_step_figures(at: AppTest, out, step: int, layer: int, head: str) -> None:
+def check_step_figures(at: AppTest, ckpt, out, step: int, layer: int, head: str) -> None:
     """The step view's figures against the independent decode `out` (step is 1-based)."""
     t = step - 1
     rec = out.steps[t]
-    topk = figure(at, f"Step {step}: top-")["data"][0]
-    np.testing.assert_allclose(arr(topk["x"]), [p for _, p in rec.topk], rtol=0, atol=0)
-    assert topk["customdata"] == [tok for tok, _ in rec.topk]
+    bars = figure(at, f"Step {step}: the 5 most likely next tokens")["data"]
+    model_p = torch.softmax(rec.logits.double(), -1)
+    top = model_p.topk(5).indices.tolist()
+    ids = top if rec.token_id in top else [*top, rec.token_id]  # the chosen token is always drawn
+    assert bars[0]["customdata"] == [ckpt.tgt_tokenizer.id_to_token(i) for i in ids]
+    np.testing.assert_allclose(arr(bars[0]["x"]), model_p[ids].numpy(), rtol=0, atol=1e-6)
+    if out.strategy == "sample":  # the second series: the distribution the token was drawn from
+        opts = {k: out.options[k] for k in ("temperature", "top_k", "top_p")}
+        np.testing.assert_allclose(arr(bars[1]["x"]), sampling_distribution(rec.logits, **opts)[ids].numpy(),
+                                   rtol=0, atol=1e-6)
+    else:  # greedy and beam choose from the model's own softmax: the recorded top-k
+        assert len(bars) == 1 and bars[0]["customdata"] == [tok for tok, _ in rec.topk]
+        np.testing.assert_allclose(arr(bars[0]["x"]), [p for _, p in rec.topk], rtol=0, atol=1e-6)
 
+    rows = fd.step_labels(out.tgt_tokens[: t + 1], [s.token for s in out.steps[: t + 1]])
     mask = figure(at, "Look-ahead mask M")["data"][0]
     n = t + 1
-    assert mask["y"] == fd.labels(out.tgt_tokens[:n])
+    assert mask["y"] == fd.labels(rows) and mask["x"] == fd.labels(out.tgt_tokens[:n])
     np.testing.assert_array_equal(arr(mask["z"]), np.triu(np.ones((n, n)), 1))
     assert all(mask["text"][i][j] == ("−∞" if j > i else "0") for i in range(n) for j in range(n))
 
@@ -96,7 +107,9 @@ def check_step_figures(at: AppTest, out, step: int, layer: int, head: str) -> No
     np.testing.assert_array_equal(arr(cross["z"]), rows_of(rec.cross_attn[layer].numpy(), head))
     assert cross["x"] == fd.labels(out.src_tokens)
 
-    align = arr(figure(at, "Source–target alignment so far")["data"][0]["z"])
+    align_fig = figure(at, "Source–target alignment so far")["data"][0]
+    assert align_fig["y"] == fd.labels(fd.step_labels(out.tgt_tokens[: len(out.steps)], [s.token for s in out.steps]))
+    align = arr(align_fig["z"])
     want = np.stack([s.cross_attn[layer].numpy() for s in out.steps])
     want = want.mean(1) if head in ("all", "mean") else want[:, int(head)]
     np.testing.assert_array_equal(align[: t + 1], want[: t + 1].astype(np.float32))
@@ -110,11 +123,11 @@ def test_greedy_figures_are_the_step_records(shipped):
     name, ckpt = shipped
     at = run_page(DECODER)
     assert_clean(at)
-    out = ckpt.translate(ckpt.example, "greedy", max_new_tokens=MAX_NEW)
+    out = ckpt.translate(ckpt.example, "greedy")
     n = len(out.steps)
     assert at.slider(key="dec_step").value == n  # opens on the last step: the whole output
     L = ckpt.cfg.n_decoder_layers - 1
-    check_step_figures(at, out, n, L, "all")
+    check_step_figures(at, ckpt, out, n, L, "all")
     assert any(out.text in m.value for m in at.markdown)
     assert at.success and "They agree" in at.success[0].value  # teacher forcing == step by step
 
@@ -125,7 +138,7 @@ def test_greedy_figures_are_the_step_records(shipped):
     at.selectbox(key="dec_head").set_value(head)
     at.run()
     assert_clean(at)
-    check_step_figures(at, out, step, 0, head)
+    check_step_figures(at, ckpt, out, step, 0, head)
     q = at.query_params
     assert (q["dec_step"], q["dec_layer"], q["dec_head"]) == (str(step), "0", head)
 
@@ -133,7 +146,7 @@ def test_greedy_figures_are_the_step_records(shipped):
 def test_teacher_forced_pass_agrees_with_step_by_step(shipped):
     name, ckpt = shipped
     at = run_page(DECODER)
-    out = ckpt.translate(ckpt.example, "greedy", max_new_tokens=MAX_NEW)
+    out = ckpt.translate(ckpt.example, "greedy")
     agree = figure(at, "Teacher forcing vs free-running")["data"]
     forced, free = arr(agree[0]["y"]), arr(agree[1]["y"])
     np.testing.assert_allclose(forced, free, atol=1e-5)
@@ -163,8 +176,8 @@ def test_beam_search_tree_and_steps(shipped):
     name, ckpt = shipped
     at = run_page(DECODER, query={"dec_strategy": "beam", "dec_beam": "3", "dec_lp": "0.6"})
     assert_clean(at)
-    out = ckpt.translate(ckpt.example, "beam", beam_width=3, length_penalty=0.6, max_new_tokens=MAX_NEW)
-    check_step_figures(at, out, len(out.steps), ckpt.cfg.n_decoder_layers - 1, "all")
+    out = ckpt.translate(ckpt.example, "beam", beam_width=3, length_penalty=0.6)
+    check_step_figures(at, ckpt, out, len(out.steps), ckpt.cfg.n_decoder_layers - 1, "all")
     tree = figure(at, "Beam tree")["data"]
     nodes = tree[-1]
     assert [c[0] for c in nodes["customdata"]] == [n.token for n in out.beam_tree]
@@ -179,9 +192,8 @@ def test_sampling_is_reproducible_from_the_url(shipped):
              "dec_step": "1"}
     at = run_page(DECODER, query=query)
     assert_clean(at)
-    out = ckpt.translate(ckpt.example, "sample", temperature=1.5, top_k=5, top_p=0.9, seed=7,
-                         max_new_tokens=MAX_NEW)
-    check_step_figures(at, out, 1, ckpt.cfg.n_decoder_layers - 1, "all")
+    out = ckpt.translate(ckpt.example, "sample", temperature=1.5, top_k=5, top_p=0.9, seed=7)
+    check_step_figures(at, ckpt, out, 1, ckpt.cfg.n_decoder_layers - 1, "all")
     assert any(f"`{out.text}`" in m.value for m in at.markdown)
     assert at.success and "They agree" in at.success[0].value
 
@@ -195,12 +207,44 @@ def test_play_starts_from_the_first_step_and_pauses(shipped):
     assert_clean(at)
     assert at.slider(key="dec_step").value == 1  # replays from the start
     assert at.session_state["dec_playing"] is True
-    time.sleep(0.9)
+    at.run()  # a rerun before the tick is due (the fragment timer fired early) does not advance
+    assert at.slider(key="dec_step").value == 1
+    at.session_state["dec_tick"] = float("-inf")  # the injected clock: the last advance was long ago
     at.run()  # what the fragment's timer does in the browser: a rerun advances one step
     assert at.slider(key="dec_step").value == 2
     at.button(key="dec_pause").click().run()
     assert at.session_state["dec_playing"] is False
     assert at.button(key="dec_play")
+
+
+def test_sampling_says_which_distribution_each_probability_is_from(shipped):
+    """Issue 13 §5: at temperature 2 the sampled token can lie outside the 5 most likely ones; the bars
+    still show it, and every p names its distribution (sampled-from vs the model's softmax)."""
+    name, ckpt = shipped
+    opts = {"temperature": 2.0, "top_k": None, "top_p": None, "seed": 1}
+    out = ckpt.translate(ckpt.example, "sample", **opts)
+    sampled = [sampling_distribution(s.logits, 2.0) for s in out.steps]
+    outside = [i for i, (s, p) in enumerate(zip(out.steps, sampled, strict=True))
+               if s.token_id not in p.topk(5).indices.tolist()]
+    assert outside, "seed 1 at T=2 should sample a token outside the top 5 (the issue's example)"
+    step = outside[0] + 1
+    query = {"dec_strategy": "sample", "dec_temp": "2.0", "dec_topk": "0", "dec_topp": "1.0", "dec_seed": "1",
+             "dec_step": str(step)}
+    at = run_page(DECODER, query=query)
+    assert_clean(at)
+    rec = out.steps[step - 1]
+    model_p, sample_p = float(torch.softmax(rec.logits.double(), -1)[rec.token_id]), rec.prob
+    assert float(sampled[step - 1][rec.token_id]) == sample_p  # the page's distribution is the sampler's
+    bars = figure(at, f"Step {step}: the 5 most likely next tokens + the sampled one")["data"]
+    assert [b["name"] for b in bars] == ["model: softmax(logits)", "sampled from: after temperature, top-k, top-p"]
+    assert len(bars[0]["customdata"]) == 6 and bars[0]["customdata"][-1] == rec.token
+    np.testing.assert_allclose([arr(bars[0]["x"])[-1], arr(bars[1]["x"])[-1]], [model_p, sample_p], atol=1e-6)
+    header = next(h.proto.body for h in at.get("html") if "chosen:" in h.proto.body)
+    assert f"p = {sample_p:.4f} in the distribution it was sampled from" in header
+    assert f"p = {model_p:.4f} under the model" in header
+    table = at.dataframe[0].value.set_index("step")
+    assert table.loc[step, "p model, step by step"] == pytest.approx(model_p, abs=1e-6)
+    assert table.loc[step, "p sampled from (T, top-k, top-p)"] == pytest.approx(sample_p, abs=1e-6)
 
 
 @pytest.mark.parametrize("text, expect", [
@@ -270,13 +314,11 @@ def start_training(at: AppTest, steps: int) -> None:
     assert_clean(at)
 
 
-def wait_for_result(at: AppTest, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not at.success and time.monotonic() < deadline:
-        time.sleep(0.5)
-        at.run()  # in the browser the fragment polls; here each run polls once
+def wait_for_result(at: AppTest, seconds: float = 300) -> None:
+    """Wait on the job's own event (set when the training thread ends), then redraw once."""
+    assert at.session_state["train_job"].finished.wait(seconds), "training did not finish in time"
+    at.run()
     assert_clean(at)
-    assert at.success, "training did not finish in time"
 
 
 def test_live_training_runs_to_the_end(shipped):
@@ -284,7 +326,10 @@ def test_live_training_runs_to_the_end(shipped):
     start_training(at, 20)
     assert at.button(key="train_stop") and at.get("progress")  # live view while it runs
     wait_for_result(at)
-    assert "for 20 steps in" in at.success[0].value
+    job = at.session_state["train_job"]
+    acc = job.ckpt.meta["accuracy"]
+    outcome = at.success if acc >= 0.5 else at.warning  # a green tick only for a run that learned
+    assert "for 20 steps in" in outcome[0].value
     job = at.session_state["train_job"]
     assert job.log["step"] == list(range(1, 21))
     curves = figure(at, "Training curves of your run")["data"]
@@ -304,7 +349,64 @@ def test_stop_button_keeps_the_model_trained_so_far(shipped):
     at.button(key="train_stop").click()
     at.run()
     wait_for_result(at)
-    assert "stopped early" in at.success[0].value
+    assert not at.success  # a stopped run gets no green tick (issue 13 §8)
+    assert "Stopped after" in at.info[0].value and at.info[0].proto.icon == "⏹"
     job = at.session_state["train_job"]
     assert 0 < len(job.log["step"]) < 2000
     assert job.ckpt.film()[-1][0] == len(job.log["step"])
+
+
+class FakeJob:
+    """What the training page reads from its background job, without a thread (tests the drawing only)."""
+
+    def __init__(self, steps: int, done_steps: int, ckpt=None, task: str = "reverse"):
+        self.task, self.steps, self.warmup, self.ckpt, self.error = task, steps, 5, ckpt, None
+        self.log = {"step": list(range(1, done_steps + 1)), "loss": [2.0] * done_steps, "acc": [0.0] * done_steps,
+                    "lr": [1e-3] * done_steps}
+        self.frames, self.elapsed, self.done = [], 1.0, ckpt is not None
+
+    snapshot = lambda self: self.log  # noqa: E731
+    steps_done = property(lambda self: len(self.log["step"]))
+    model_name = property(lambda self: f"trained: {self.task} (step {self.steps_done})")
+
+
+def untrained(accuracy: float):
+    from model.checkpoint import Checkpoint
+
+    c = load_shipped("reverse")
+    meta = {"task": "reverse", "accuracy": accuracy, "probe": c.meta["probe"]}
+    return Checkpoint(c.model, c.src_tokenizer, c.tgt_tokenizer, meta=meta)
+
+
+def load_shipped(name: str):
+    from model.checkpoint import load_checkpoint
+
+    return load_checkpoint(name)
+
+
+def test_progress_at_step_zero_says_starting(shipped):
+    at = run_page(TRAINING, state={"train_job": FakeJob(10, 0)})
+    assert_clean(at)
+    text = at.get("progress")[0].proto.text
+    assert text == "step 0/10 · starting…" and "nan" not in text
+
+
+@pytest.mark.parametrize("done, icon, kind", [(10, "⚠️", "warning"), (4, "⏹", "info")])
+def test_a_run_that_did_not_learn_gets_no_green_tick(shipped, done, icon, kind):
+    """Issue 13 §8: finished at 0% exact match -> a warning; stopped early -> an info; never a ✅."""
+    job = FakeJob(10, done, untrained(0.0))
+    at = run_page(TRAINING, state={"train_job": job})
+    assert not at.exception and not at.success
+    msg = getattr(at, kind)[0]
+    assert msg.proto.icon == icon and "0.0%" in msg.value
+
+
+def test_trained_model_joins_the_session_models(shipped):
+    """Issue 13 §9: the trained checkpoint is offered under a clear name for the rest of the session."""
+    job = FakeJob(10, 10, untrained(1.0))
+    at = run_page(TRAINING, state={"train_job": job})
+    assert_clean(at)
+    assert at.session_state["session_models"] == {"trained: reverse (step 10)": job.ckpt}
+    assert at.success and "✅" == at.success[0].proto.icon
+    assert any("trained: reverse (step 10)" in c.value for c in at.caption)
+    assert any("24noitnetta" in m.value for m in at.markdown)  # it runs: its output on the probe

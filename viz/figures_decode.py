@@ -13,6 +13,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from viz.figures import ALLOWED, BLOCKED, WEIGHTS_SCALE
+from viz.i18n import t
+
+try:
+    from viz.figures import step_labels
+except ImportError:  # until viz.figures has it (same signature and format)
+    def step_labels(inputs: Sequence[str], predicted: Sequence[str]) -> list[str]:
+        return [f"{show(a)} → {show(b)}" for a, b in zip(inputs, predicted, strict=True)]
 
 BLUE, ORANGE, GREY, GREEN = "#4C78A8", "#F58518", "#BAB0AC", "#54A24B"
 ATTN_SCALE = WEIGHTS_SCALE  # one colour scale per quantity, app-wide
@@ -51,27 +58,30 @@ def _outline_row(fig: go.Figure, row: int, n_cols: int) -> None:
 # ---------------------------------------------------------------- decoder: one step
 
 
-def lookahead_mask_figure(tokens: Sequence[str], query: int | None = None) -> go.Figure:
+def lookahead_mask_figure(tokens: Sequence[str], predicted: Sequence[str] | None = None,
+                          query: int | None = None) -> go.Figure:
     """The additive look-ahead mask M over the decoder input: 0 on and below the diagonal, −∞ above.
 
-    `tokens` is the decoder input ([BOS] y1 .. yt); `query` (default: the last row) is the new
-    token's query row, outlined: it is the only row computed at this step (keys/values are cached).
+    `tokens` is the decoder input ([BOS] y1 .. yt), `predicted` what each position predicted (rows
+    are labelled "input → predicted"); `query` (default: the last row) is the new token's query row,
+    outlined: it is the only row computed at this step (keys/values are cached).
     """
     n = len(tokens)
-    names = labels(tokens)
+    rows = step_labels(tokens, predicted) if predicted is not None else list(tokens)
+    names, keys = labels(rows), labels(tokens)
     blocked = np.triu(np.ones((n, n), dtype=np.int8), 1)
     query = n - 1 if query is None else query
     fig = go.Figure(go.Heatmap(
-        z=blocked, x=names, y=names, zmin=0, zmax=1, showscale=False,
+        z=blocked, x=keys, y=names, zmin=0, zmax=1, showscale=False,
         colorscale=[[0, ALLOWED], [1, BLOCKED]], xgap=1, ygap=1,
         text=np.where(blocked == 1, "−∞", "0"), texttemplate="%{text}" if n <= 24 else None,
-        hovertemplate="query %{y} → key %{x}<br>M = %{text}<extra></extra>",
+        hovertemplate=t("query %{y} → key %{x}<br>M = %{text}") + "<extra></extra>",
     ))
     _outline_row(fig, query, n)
-    fig.update_yaxes(title="query (decoder position)", **_token_axis(names, tokens, 32))
+    fig.update_yaxes(title=t("query (decoder position: input → predicted)"), **_token_axis(names, rows, 32))
     fig.update_yaxes(range=[n - 0.5, -0.5])
-    fig.update_xaxes(title="key", side="top", scaleanchor="y", **_token_axis(names, tokens, 24))
-    fig.update_layout(title=f"Look-ahead mask M at this step ({n}×{n})", height=_size(n, 24, 240, 660),
+    fig.update_xaxes(title=t("key (decoder input)"), side="top", scaleanchor="y", **_token_axis(keys, tokens, 24))
+    fig.update_layout(title=t("Look-ahead mask M at this step ({n}×{n})", n=n), height=_size(n, 24, 240, 660),
                       **(_BASE | dict(margin=dict(l=10, r=10, t=100, b=10))))
     return fig
 
@@ -87,31 +97,53 @@ def attention_rows_figure(weights: np.ndarray, row_labels: Sequence[str], key_to
     query = show(query_token)
     fig = go.Figure(go.Heatmap(
         z=w, x=keys, y=list(row_labels), zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,
-        hovertemplate=f"%{{y}} · query “{query}” → key %{{x}}<br>weight = %{{z:.6f}}<extra></extra>",
-        colorbar=dict(title="weight", thickness=12),
+        hovertemplate=t("%{{y}} · query “{query}” → key %{{x}}<br>weight = %{{z:.6f}}", query=query)
+        + "<extra></extra>",
+        colorbar=dict(title=t("weight"), thickness=12),
     ))
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(title="key", **_token_axis(keys, key_tokens))
+    fig.update_xaxes(title=t("key"), **_token_axis(keys, key_tokens))
     fig.update_layout(title=title, height=_size(len(row_labels), 30, 170, 520), **_BASE)
     return fig
 
 
-def topk_figure(topk: Sequence[tuple[str, float]], chosen: str, title: str = "") -> go.Figure:
-    """Top-k next-token probabilities as horizontal bars (highest on top), the chosen one in orange."""
-    tokens = [t for t, _ in topk]
-    probs = np.array([p for _, p in topk], dtype=np.float64)
-    names = labels(tokens)
-    fig = go.Figure(go.Bar(
-        x=probs, y=names, orientation="h",
-        marker_color=[ORANGE if t == chosen else BLUE for t in tokens],
-        customdata=tokens, text=[f"{p:.3f}" for p in probs], textposition="auto",
-        hovertemplate="token “%{customdata}”<br>p = %{x:.6f}<extra></extra>",
-    ))
-    fig.update_yaxes(**_token_axis(names, tokens))
-    fig.update_yaxes(range=[len(tokens) - 0.5, -0.5])
-    fig.update_xaxes(title="probability", range=[0, 1])
-    fig.update_layout(title=title or f"Top-{len(tokens)} next tokens (chosen: “{chosen}”)",
-                      height=_size(len(tokens), 26, 150, 480), **_BASE)
+def next_token_ids(model_p: np.ndarray, chosen: int, k: int = 5) -> list[int]:
+    """The k most likely ids under the model, best first, plus the chosen id at the end when a sample
+    picked it from outside them (the chosen token must always be drawn)."""
+    p = np.asarray(model_p, dtype=np.float64)
+    top = [int(i) for i in np.argsort(-p, kind="stable")[:k]]
+    return top if chosen in top else [*top, int(chosen)]
+
+
+def next_token_figure(tokens: Sequence[str], model_p: Sequence[float], chosen: int,
+                      sample_p: Sequence[float] | None = None, title: str = "") -> go.Figure:
+    """Next-token probabilities as horizontal bars (best on top), the chosen token (index `chosen`)
+    outlined in orange and marked ▶.
+
+    `model_p` is the model's own softmax over the raw logits; `sample_p`, when sampling, is the
+    distribution the token was drawn from (softmax(logits / T) after top-k / top-p): one bar each,
+    so no number stands without saying where it comes from.
+    """
+    names = [f"{i}: {'▶ ' if i == chosen else ''}{show(tok)}" for i, tok in enumerate(tokens)]
+    series = [(t("model: softmax(logits)"), model_p, BLUE)]
+    if sample_p is not None:
+        series.append((t("sampled from: after temperature, top-k, top-p"), sample_p, ORANGE))
+    fig = go.Figure()
+    for name, probs, color in series:
+        probs = np.asarray(probs, dtype=np.float64)
+        fig.add_trace(go.Bar(
+            x=probs, y=names, orientation="h", name=name, marker_color=color,
+            marker_line=dict(color=[ORANGE if i == chosen else "rgba(0,0,0,0)" for i in range(len(tokens))],
+                             width=3),
+            customdata=list(tokens), text=[f"{p:.4f}" for p in probs], textposition="auto",
+            hovertemplate=t("token “%{customdata}”<br>p = %{x:.6f}") + f" ({name})<extra></extra>"))
+    fig.update_yaxes(type="category", tickmode="array", tickvals=names,
+                     ticktext=[("▶ " if i == chosen else "") + show(tok) for i, tok in enumerate(tokens)],
+                     range=[len(tokens) - 0.5, -0.5])
+    fig.update_xaxes(title=t("probability"), range=[0, 1])
+    fig.update_layout(title=title or t("Next tokens (chosen: “{token}”)", token=show(tokens[chosen])),
+                      barmode="group", height=_size(len(tokens) * len(series), 22, 170, 520),
+                      legend=dict(orientation="h", y=-0.25), **_BASE)
     return fig
 
 
@@ -119,26 +151,29 @@ def topk_figure(topk: Sequence[tuple[str, float]], chosen: str, title: str = "")
 
 
 def alignment_figure(cross: np.ndarray, tgt_tokens: Sequence[str], src_tokens: Sequence[str],
-                     current: int | None = None, title: str = "", row_title: str = "generated token",
-                     key_title: str = "source token") -> go.Figure:
+                     current: int | None = None, title: str = "", row_title: str = "",
+                     key_title: str = "") -> go.Figure:
     """Source–target alignment: the cross-attention row of each generated token, stacked over steps.
 
-    cross: [steps, src_len]; row t = what the position that produced tgt_tokens[t] attended to.
+    cross: [steps, src_len]; row t = what decoder position t attended to; tgt_tokens[t] labels it
+    (pass `step_labels(inputs, predicted)`: "[BOS] → i").
     """
+    row_title = row_title or t("decoder position (input → predicted)")
+    key_title = key_title or t("source token")
     c = np.asarray(cross, dtype=np.float32)
     T, S = c.shape
     rows, cols = labels(tgt_tokens), labels(src_tokens)
     fig = go.Figure(go.Heatmap(
         z=c, x=cols, y=rows, zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,
-        hovertemplate=f"{row_title} %{{y}} → {key_title} %{{x}}<br>weight = %{{z:.6f}}<extra></extra>",
-        colorbar=dict(title="weight", thickness=12),
+        hovertemplate=f"{row_title} %{{y}} · {key_title} %{{x}}<br>" + t("weight = %{z:.6f}") + "<extra></extra>",
+        colorbar=dict(title=t("weight"), thickness=12),
     ))
     if current is not None and 0 <= current < T:
         _outline_row(fig, current, S)
     fig.update_yaxes(title=row_title, **_token_axis(rows, tgt_tokens))
     fig.update_yaxes(range=[T - 0.5, -0.5])
     fig.update_xaxes(title=key_title, **_token_axis(cols, src_tokens))
-    fig.update_layout(title=title or "Source–target alignment (cross-attention rows stacked over steps)",
+    fig.update_layout(title=title or t("Source–target alignment (cross-attention rows stacked over steps)"),
                       height=_size(T, 24, 200, 800), **_BASE)
     return fig
 
@@ -174,50 +209,52 @@ def beam_tree_figure(nodes: Sequence, max_nodes: int = 400) -> go.Figure:
         x=[n.depth for n in nodes], y=[ypos[n.id] for n in nodes], mode="markers+text",
         text=[n.token for n in nodes], textposition="top center", showlegend=False,
         marker=dict(size=11, color=colors, line=dict(width=1, color="white")),
-        customdata=[[n.token, n.score, n.norm_score, "finished ([EOS])" if n.finished else "open"]
+        customdata=[[n.token, n.score, n.norm_score, t("finished ([EOS])") if n.finished else t("open")]
                     for n in nodes],
-        hovertemplate="depth %{x} · “%{customdata[0]}”<br>log p(prefix) = %{customdata[1]:.4f}"
-                      "<br>length-penalised = %{customdata[2]:.4f}<br>%{customdata[3]}<extra></extra>",
+        hovertemplate=t("depth %{x} · “%{customdata[0]}”<br>log p(prefix) = %{customdata[1]:.4f}"
+                        "<br>length-penalised = %{customdata[2]:.4f}<br>%{customdata[3]}") + "<extra></extra>",
     ))
     n_rows = max((len(g) for g in groups.values()), default=1)
-    fig.update_yaxes(autorange="reversed", title="rank within depth", dtick=1, zeroline=False)
-    fig.update_xaxes(title="tokens generated", dtick=1, zeroline=False)
-    fig.update_layout(title="Beam tree (orange: returned hypothesis, green: finished with [EOS])",
+    fig.update_yaxes(autorange="reversed", title=t("rank within depth"), dtick=1, zeroline=False)
+    fig.update_xaxes(title=t("tokens generated"), dtick=1, zeroline=False)
+    fig.update_layout(title=t("Beam tree (orange: returned hypothesis, green: finished with [EOS])"),
                       height=_size(n_rows, 40, 220, 600), **_BASE)
     return fig
 
 
-def agreement_figure(tokens: Sequence[str], free_p: Sequence[float], forced_p: Sequence[float],
+def agreement_figure(rows: Sequence[str], free_p: Sequence[float], forced_p: Sequence[float],
                      reference: tuple[Sequence[str], Sequence[float]] | None = None) -> go.Figure:
-    """Probability of each output token, step by step (free-running) vs one teacher-forced pass.
+    """The model's probability of each output token, step by step (free-running) vs one teacher-forced pass.
 
     The two must coincide: the decoder with a key/value cache, one token at a time, computes the
-    same numbers as one parallel pass under the lower-triangular mask. `reference`, if given, is
-    (reference tokens, their teacher-forced probabilities).
+    same numbers as one parallel pass under the lower-triangular mask. `rows` labels the decoder
+    positions ("input → predicted"); `reference`, if given, is (reference tokens, their
+    teacher-forced probabilities).
     """
     fig = go.Figure()
-    x = list(range(len(tokens)))  # numeric positions: the reference's tokens may differ at a position
-    fig.add_trace(go.Scatter(x=x, y=list(forced_p), name="teacher-forced (one parallel pass)",
-                             mode="lines+markers", line=dict(color=BLUE, width=6), opacity=0.45,
-                             customdata=list(tokens),
-                             hovertemplate="“%{customdata}”: p = %{y:.6f} (teacher-forced)<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=list(free_p), name="free-running (step by step)", mode="markers",
-                             marker=dict(color=ORANGE, size=9, symbol="x"), customdata=list(tokens),
-                             hovertemplate="“%{customdata}”: p = %{y:.6f} (step by step)<extra></extra>"))
+    x = list(range(len(rows)))  # numeric positions: the reference's tokens may differ at a position
+    forced, free = t("teacher-forced (one parallel pass)"), t("free-running (step by step)")
+    fig.add_trace(go.Scatter(x=x, y=list(forced_p), name=forced, mode="lines+markers",
+                             line=dict(color=BLUE, width=6), opacity=0.45, customdata=list(rows),
+                             hovertemplate=f"%{{customdata}}: p = %{{y:.6f}} ({forced})<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=list(free_p), name=free, mode="markers",
+                             marker=dict(color=ORANGE, size=9, symbol="x"), customdata=list(rows),
+                             hovertemplate=f"%{{customdata}}: p = %{{y:.6f}} ({free})<extra></extra>"))
     if reference is not None:
         rtoks, rp = reference
-        fig.add_trace(go.Scatter(x=list(range(len(rtoks))), y=list(rp), name="reference, teacher-forced",
+        name = t("reference, teacher-forced")
+        fig.add_trace(go.Scatter(x=list(range(len(rtoks))), y=list(rp), name=name,
                                  mode="lines+markers", line=dict(color=GREEN, dash="dot"),
                                  customdata=list(rtoks),
-                                 hovertemplate="reference “%{customdata}”: p = %{y:.6f}<extra></extra>"))
-    fig.update_yaxes(title="p(token | prefix, source)", range=[0, 1.05])
-    n = max(len(tokens), len(reference[0]) if reference else 0)
+                                 hovertemplate=f"“%{{customdata}}”: p = %{{y:.6f}} ({name})<extra></extra>"))
+    fig.update_yaxes(title=t("model p(token | prefix, source)"), range=[0, 1.05])
+    n = max(len(rows), len(reference[0]) if reference else 0)
     every = max(1, -(-n // 48))
-    ticks = list(range(0, len(tokens), every))
-    fig.update_xaxes(title="output token (the reference's tokens are in the hover)", tickmode="array",
-                     tickvals=ticks, ticktext=[show(tokens[i]) for i in ticks], range=[-0.5, n - 0.5])
-    fig.update_layout(title="Teacher forcing vs free-running: probability of each token",
-                      height=340, legend=dict(orientation="h", y=-0.3), **_BASE)
+    ticks = list(range(0, len(rows), every))
+    fig.update_xaxes(title=t("decoder position: input → predicted (the reference's tokens are in the hover)"),
+                     tickmode="array", tickvals=ticks, ticktext=[rows[i] for i in ticks], range=[-0.5, n - 0.5])
+    fig.update_layout(title=t("Teacher forcing vs free-running: the model's probability of each token"),
+                      height=360, legend=dict(orientation="h", y=-0.45), **_BASE)
     return fig
 
 
@@ -225,46 +262,42 @@ def agreement_figure(tokens: Sequence[str], free_p: Sequence[float], forced_p: S
 
 
 def training_curves_figure(log: dict, warmup: int | None = None, total_steps: int | None = None,
-                           title: str = "Training curves") -> go.Figure:
+                           title: str = "") -> go.Figure:
     """Loss, token accuracy and learning rate against step, stacked with a shared x axis.
 
     log: columns as in `Checkpoint.log`: step, loss, acc, lr (lists), optionally eval_step / eval_acc.
+    Each panel is named by its y-axis title (a title above a panel would sit on a line that starts at
+    the panel's top); "warmup ends" sits at the foot of the lr panel, away from the peak it marks.
     """
     steps = list(log.get("step", []))
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
-                        subplot_titles=["loss (label-smoothed cross-entropy, [PAD] ignored)",
-                                        "accuracy", "learning rate (Noam)"])
-    series = [("loss", "loss", BLUE), ("acc", "token accuracy (batch)", GREEN),
-              ("lr", "learning rate", ORANGE)]
-    for row, (key, name, color) in enumerate(series, start=1):
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    series = [("loss", t("loss (label-smoothed cross-entropy, [PAD] ignored)"), t("loss"), BLUE),
+              ("acc", t("token accuracy (batch)"), t("accuracy"), GREEN),
+              ("lr", t("learning rate (Noam)"), t("learning rate"), ORANGE)]
+    for row, (key, name, axis, color) in enumerate(series, start=1):
         fig.add_trace(go.Scatter(x=steps, y=list(log.get(key, [])), mode="lines", name=name,
-                                 line=dict(color=color), showlegend=row == 2,
-                                 hovertemplate=f"step %{{x}}<br>{name} = %{{y:.6g}}<extra></extra>"),
+                                 line=dict(color=color),
+                                 hovertemplate=t("step %{x}") + f"<br>{name} = %{{y:.6g}}<extra></extra>"),
                       row=row, col=1)
+        fig.update_yaxes(title=axis, row=row, col=1)
     if log.get("eval_step"):
+        name = t("exact match (validation, greedy)")
         fig.add_trace(go.Scatter(x=list(log["eval_step"]), y=list(log["eval_acc"]), mode="markers+lines",
-                                 name="exact match (validation, greedy)", line=dict(color=GREY, dash="dot"),
-                                 hovertemplate="step %{x}<br>exact match = %{y:.4f}<extra></extra>"),
+                                 name=name, line=dict(color=GREY, dash="dot"),
+                                 hovertemplate=t("step %{x}") + f"<br>{name} = %{{y:.4f}}<extra></extra>"),
                       row=2, col=1)
     if warmup:
         for row in (1, 2, 3):
             fig.add_vline(x=warmup, line=dict(color=GREY, dash="dash"), row=row, col=1)
-        fig.add_annotation(x=warmup, y=1, yref="y3 domain", text="warmup ends", showarrow=False,
-                           xanchor="left", yanchor="top")
+        fig.add_annotation(x=warmup, y=0, yref="y3 domain", text=t("warmup ends"), showarrow=False,
+                           xanchor="left", yanchor="bottom", xshift=4, font=dict(color="#666"))
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(range=[0, 1.02], row=2, col=1)
-    fig.update_xaxes(title="step", row=3, col=1)
-    fig.update_layout(height=580, title=title, legend=dict(orientation="h", y=-0.12),
-                      **(_BASE | dict(margin=dict(l=10, r=10, t=80, b=10))))
+    fig.update_xaxes(title=t("step"), row=3, col=1)
+    fig.update_layout(height=620, title=title or t("Training curves"), legend=dict(orientation="h", y=-0.14),
+                      **(_BASE | dict(margin=dict(l=10, r=10, t=60, b=10))))
     return fig
-
-
-def film_frame_figure(weights: np.ndarray, tgt_tokens: Sequence[str], src_tokens: Sequence[str],
-                      step: int, what: str) -> go.Figure:
-    """One frame of the film strip: the probe example's cross-attention [tgt, src] at a training step."""
-    return alignment_figure(weights, tgt_tokens, src_tokens,
-                            title=f"Probe example at training step {step}: {what}")
 
 
 def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], tgt_tokens: Sequence[str],
@@ -273,9 +306,9 @@ def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], tgt_tokens: Sequ
     n = len(frames)
     xs, ys = labels(src_tokens), labels(tgt_tokens)
     fig = make_subplots(rows=1, cols=max(n, 1), horizontal_spacing=0.012,
-                        subplot_titles=[f"step {s}" for s, _ in frames])
+                        subplot_titles=[t("step {step}", step=s) for s, _ in frames])
     for i, (step, w) in enumerate(frames, start=1):
-        hover = f"step {step}<br>%{{y}} → %{{x}}<br>weight = %{{z:.4f}}<extra></extra>"
+        hover = t("step {step}", step=step) + "<br>%{y} · %{x}<br>" + t("weight = %{z:.4f}") + "<extra></extra>"
         fig.add_trace(go.Heatmap(z=np.asarray(w, dtype=np.float32), x=xs, y=ys, zmin=0, zmax=1,
                                  colorscale=ATTN_SCALE, showscale=False, hovertemplate=hover),
                       row=1, col=i)
@@ -283,7 +316,7 @@ def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], tgt_tokens: Sequ
             fig.layout.annotations[i - 1].font = dict(color=ORANGE, size=14)
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
-    fig.update_layout(height=190, title="Film strip (cross-attention of the probe example)", **_BASE)
+    fig.update_layout(height=190, title=t("Film strip (cross-attention of the probe example)"), **_BASE)
     return fig
 
 
@@ -296,16 +329,18 @@ def alignment_sharpness(weights: np.ndarray) -> float:
 def sharpness_figure(steps: Sequence[int], sharpness: Sequence[float], current: int | None = None,
                      warmup: int | None = None, uniform: float | None = None) -> go.Figure:
     """How peaked the probe's cross-attention is over training (mean of each row's max weight)."""
+    what = t("mean max weight")
     fig = go.Figure(go.Scatter(x=list(steps), y=list(sharpness), mode="lines+markers",
-                               line=dict(color=BLUE), name="sharpness",
-                               hovertemplate="step %{x}<br>mean max weight = %{y:.4f}<extra></extra>"))
+                               line=dict(color=BLUE), name=t("sharpness"),
+                               hovertemplate=t("step %{x}") + f"<br>{what} = %{{y:.4f}}<extra></extra>"))
     if uniform is not None:
-        fig.add_hline(y=uniform, line=dict(color=GREY, dash="dot"), annotation_text="uniform")
+        fig.add_hline(y=uniform, line=dict(color=GREY, dash="dot"), annotation_text=t("uniform"))
     if warmup:
-        fig.add_vline(x=warmup, line=dict(color=GREY, dash="dash"), annotation_text="warmup ends")
+        fig.add_vline(x=warmup, line=dict(color=GREY, dash="dash"), annotation_text=t("warmup ends"),
+                      annotation_position="bottom right")
     if current is not None:
         fig.add_vline(x=current, line=dict(color=ORANGE, width=2))
-    fig.update_yaxes(title="mean max weight", range=[0, 1.05])
-    fig.update_xaxes(title="training step")
-    fig.update_layout(title="Alignment sharpness of the probe example over training", height=280, **_BASE)
+    fig.update_yaxes(title=what, range=[0, 1.05])
+    fig.update_xaxes(title=t("training step"))
+    fig.update_layout(title=t("Alignment sharpness of the probe example over training"), height=280, **_BASE)
     return fig

@@ -15,28 +15,32 @@ import numpy as np
 import streamlit as st
 import torch
 
+from model.checkpoint import sampling_distribution
 from viz import common
 from viz import figures_decode as fd
+from viz.i18n import N_, t
 
-STRATEGIES = {"greedy": "Greedy", "beam": "Beam search", "sample": "Sampling"}
+STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("Sampling")}
 PLAY_SECONDS = 0.9  # one step per tick while playing
 AGREE_ATOL = 1e-4  # cached step-by-step vs one parallel pass: float32 reassociation only
-MAX_NEW_TOKENS = 64  # the toy tasks' outputs are far shorter; bounds a runaway (untrained) decode
+N_TOP = 5  # next-token bars: the model's k most likely tokens, plus the chosen one when it is not among them
+# Table columns: every probability says which distribution it comes from.
+P_FREE, P_FORCED, P_SAMPLE = (N_("p model, step by step"), N_("p model, teacher-forced"),
+                              N_("p sampled from (T, top-k, top-p)"))
+DELTAS = (N_("max |Δ logits|"), N_("max |Δ self-attn|"), N_("max |Δ cross-attn|"))
 
 
 # ---------------------------------------------------------------- cached computations
 
 
-@st.cache_resource(show_spinner="Decoding…", max_entries=32)
-def translate(name: str, text: str, strategy: str, options: tuple):
-    """One recorded decode, shared read-only by every session (same inputs, same output)."""
-    return common.load_ckpt(name).translate(text, strategy, **dict(options))
+def decode(ckpt, text: str, strategy: str, options: tuple):
+    """One recorded decode, cut at the checkpoint's own generation limit (`ckpt.max_new_tokens`), the
+    same limit as every other page."""
+    return ckpt.translate(text, strategy, **dict(options))
 
 
-@st.cache_resource(show_spinner="Teacher-forced pass…", max_entries=32)
-def teacher_forced(name: str, text: str, out_ids: tuple[int, ...]):
+def teacher_forced(ckpt, text: str, out_ids: tuple[int, ...]):
     """One parallel pass over [BOS] + the decoded ids (ids, not text: re-tokenizing could differ)."""
-    ckpt = common.load_ckpt(name)
     bos = ckpt.tgt_tokenizer.bos_id
     tgt = torch.tensor([[bos, *out_ids][: ckpt.cfg.max_len]])
     names = ["logits", "decoder.layers.*.self_attn.weights", "decoder.layers.*.cross_attn.weights"]
@@ -44,11 +48,34 @@ def teacher_forced(name: str, text: str, out_ids: tuple[int, ...]):
         return ckpt.model.run_with_trace(ckpt.encode_source(text), tgt, names=names)[1]
 
 
+COMPUTATIONS = {"decode": decode, "teacher_forced": teacher_forced}
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _shared(what: str, name: str, *args):
+    return COMPUTATIONS[what](common.load_ckpt(name), *args)
+
+
+def computed(what: str, name: str, *args):
+    """COMPUTATIONS[what](checkpoint, *args). A shipped model's result is cached for every session (same
+    inputs, same read-only output); a model trained in this session is computed in a one-entry memo of
+    this session (another session may hold another model under the same name)."""
+    with st.spinner(t("Decoding…") if what == "decode" else t("Teacher-forced pass…")):
+        if name not in (st.session_state.get("session_models") or {}):
+            return _shared(what, name, *args)
+        ckpt = common.load_ckpt(name)
+        memo = st.session_state.setdefault("_dec_memo", {})
+        key = (ckpt, name, args)  # the object itself: a retrained model under the same name is another key
+        if memo.get(what, (None,))[0] != key:
+            memo[what] = (key, COMPUTATIONS[what](ckpt, *args))
+        return memo[what][1]
+
+
 # ---------------------------------------------------------------- widgets and state
 
 
 def head_label(h: str) -> str:
-    return {"all": "all heads (+ mean)", "mean": "mean over heads"}.get(h, f"head {h}")
+    return {"all": t("all heads (+ mean)"), "mean": t("mean over heads")}.get(h) or t("head {h}", h=h)
 
 
 def seed_state(n_layers: int, n_heads: int) -> list[str]:
@@ -75,28 +102,28 @@ def seed_state(n_layers: int, n_heads: int) -> list[str]:
 
 def strategy_controls() -> tuple[str, tuple]:
     """Strategy and its options, as a hashable tuple for the cache."""
-    strategy = st.segmented_control("Strategy", list(STRATEGIES), format_func=STRATEGIES.get,
+    strategy = st.segmented_control(t("Strategy"), list(STRATEGIES), format_func=lambda k: t(STRATEGIES[k]),
                                     key="dec_strategy", required=True)
-    opts: dict = {"max_new_tokens": MAX_NEW_TOKENS}
+    opts: dict = {}
     cols = st.columns(4)
     if strategy == "beam":
-        opts["beam_width"] = cols[0].slider("Beam width", 1, 8, key="dec_beam",
-                                            help="Hypotheses kept per step; width 1 is greedy.")
+        opts["beam_width"] = cols[0].slider(t("Beam width"), 1, 8, key="dec_beam",
+                                            help=t("Hypotheses kept per step; width 1 is greedy."))
         opts["length_penalty"] = cols[1].slider(
-            "Length penalty α", 0.0, 2.0, step=0.1, key="dec_lp",
-            help="Finished hypotheses are ranked by log p / ((5 + |Y|) / 6)^α (GNMT); the paper used 0.6.")
+            t("Length penalty α"), 0.0, 2.0, step=0.1, key="dec_lp",
+            help=t("Finished hypotheses are ranked by log p / ((5 + |Y|) / 6)^α (GNMT); the paper used 0.6."))
     elif strategy == "sample":
         opts["temperature"] = cols[0].slider(
-            "Temperature", 0.1, 3.0, step=0.1, key="dec_temp",
-            help="Sample from softmax(logits / T): T < 1 sharpens, T > 1 flattens.")
-        k = cols[1].slider("Top-k (0 = off)", 0, 50, key="dec_topk",
-                           help="Keep only the k most likely tokens.")
+            t("Temperature"), 0.1, 3.0, step=0.1, key="dec_temp",
+            help=t("Sample from softmax(logits / T): T < 1 sharpens, T > 1 flattens."))
+        k = cols[1].slider(t("Top-k (0 = off)"), 0, 50, key="dec_topk",
+                           help=t("Keep only the k most likely tokens."))
         opts["top_k"] = k or None
-        p = cols[2].slider("Top-p (nucleus)", 0.05, 1.0, step=0.05, key="dec_topp",
-                           help="Keep the fewest most likely tokens whose probability mass reaches p.")
+        p = cols[2].slider(t("Top-p (nucleus)"), 0.05, 1.0, step=0.05, key="dec_topp",
+                           help=t("Keep the fewest most likely tokens whose probability mass reaches p."))
         opts["top_p"] = None if p >= 1.0 else p
-        opts["seed"] = cols[3].number_input("Seed", 0, 2**31 - 1, key="dec_seed",
-                                            help="Same seed, same sample: the run is reproducible.")
+        opts["seed"] = cols[3].number_input(t("Seed"), 0, 2**31 - 1, key="dec_seed",
+                                            help=t("Same seed, same sample: the run is reproducible."))
     return strategy, tuple(sorted(opts.items()))
 
 
@@ -104,6 +131,8 @@ def start_play(n_steps: int) -> None:
     if st.session_state.get("dec_step", 1) >= n_steps:
         st.session_state["dec_step"] = 1  # replay from the start
     st.session_state["dec_playing"] = True
+    # The time of the last advance lives in the session, not in a module clock: a test moves it back
+    # instead of sleeping.
     st.session_state["dec_tick"] = time.monotonic()
 
 
@@ -117,10 +146,10 @@ def stop_play() -> None:
 def rows_of(w: np.ndarray, head: str) -> tuple[np.ndarray, list[str]]:
     """[H, K] weights of one layer -> the rows to draw for the head choice, with labels."""
     if head == "all":
-        return np.vstack([w, w.mean(0, keepdims=True)]), [f"head {h}" for h in range(len(w))] + ["mean"]
+        return np.vstack([w, w.mean(0, keepdims=True)]), [t("head {h}", h=h) for h in range(len(w))] + [t("mean")]
     if head == "mean":
-        return w.mean(0, keepdims=True), ["mean of heads"]
-    return w[int(head): int(head) + 1], [f"head {head}"]
+        return w.mean(0, keepdims=True), [t("mean of heads")]
+    return w[int(head): int(head) + 1], [t("head {h}", h=head)]
 
 
 def alignment_rows(out, layer: int, head: str, upto: int) -> np.ndarray:
@@ -132,17 +161,49 @@ def alignment_rows(out, layer: int, head: str, upto: int) -> np.ndarray:
     return rows
 
 
-def token_chips(tokens: list[str], new: str, p: float) -> None:
-    """The decoder input so far, then the token chosen at this step."""
+def decoder_rows(out, n: int) -> list[str]:
+    """Labels of the first n decoder positions: "input → predicted" ([BOS] → i, i → love, …)."""
+    return fd.step_labels(out.tgt_tokens[:n], [s.token for s in out.steps[:n]])
+
+
+def step_probs(rec, strategy: str, options: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's softmax over the raw logits, and (when sampling) the distribution the token was
+    drawn from: softmax(logits / T) after top-k / top-p. Greedy and beam choose from the model's own."""
+    model_p = torch.softmax(rec.logits.double(), -1).float()
+    if strategy != "sample":
+        return model_p, None
+    kw = {k: options.get(k) for k in ("temperature", "top_k", "top_p")}
+    return model_p, sampling_distribution(rec.logits, **kw)
+
+
+def token_chips(tokens: list[str], new: str, model_p: float, sample_p: float | None) -> None:
+    """The decoder input so far, then the token chosen at this step, with where its p comes from."""
     chip = ("<span style='display:inline-block;margin:2px;padding:2px 7px;border-radius:6px;"
             "font-family:monospace;background:{bg};color:{fg}'>{t}</span>")
-    seen = "".join(chip.format(bg="#E8F0FA", fg="#1F3B57", t=html.escape(t)) for t in tokens)
+    seen = "".join(chip.format(bg="#E8F0FA", fg="#1F3B57", t=html.escape(x)) for x in tokens)
     chosen = chip.format(bg=fd.ORANGE, fg="white", t=html.escape(new))
-    st.html(f"<div>Decoder input: {seen} &nbsp;→&nbsp; chosen: {chosen} "
-            f"<span style='color:#666'>(p = {p:.4f})</span></div>")
+    if sample_p is None:
+        where = t("p = {p} under the model (softmax of the logits)", p=f"{model_p:.4f}")
+    else:
+        where = t("p = {ps} in the distribution it was sampled from (after temperature, top-k, top-p); "
+                  "p = {pm} under the model (softmax of the raw logits)", ps=f"{sample_p:.4f}", pm=f"{model_p:.4f}")
+    st.html(f"<div>{html.escape(t('Decoder input:'))} {seen} &nbsp;→&nbsp; {html.escape(t('chosen:'))} {chosen} "
+            f"<span style='color:#666'>({html.escape(where)})</span></div>")
 
 
-def step_view(out, layer: int, head: str, playing: bool) -> None:
+def next_token_view(ckpt, rec, step: int, strategy: str, options: dict) -> None:
+    model_p, sample_p = step_probs(rec, strategy, options)
+    ids = fd.next_token_ids(model_p.numpy(), rec.token_id, N_TOP)
+    tokens = [ckpt.tgt_tokenizer.id_to_token(i) for i in ids]
+    title = t("Step {step}: the {k} most likely next tokens", step=step, k=N_TOP)
+    if len(ids) > N_TOP:
+        title += t(" + the sampled one")
+    fig = fd.next_token_figure(tokens, model_p[ids].tolist(), ids.index(rec.token_id),
+                               None if sample_p is None else sample_p[ids].tolist(), title)
+    common.show_figure(fig, key="dec_topk_fig", filename="next-tokens")
+
+
+def step_view(out, layer: int, head: str, playing: bool, ckpt, strategy: str, options: dict) -> None:
     """Everything that depends on the step (a fragment, so playing redraws only this)."""
     n = len(out.steps)
     if playing and time.monotonic() - st.session_state.get("dec_tick", 0.0) >= PLAY_SECONDS * 0.8:
@@ -152,32 +213,38 @@ def step_view(out, layer: int, head: str, playing: bool) -> None:
         else:
             stop_play()
             st.rerun()  # re-register the fragment without its timer
-    step = st.slider("Step", 1, n, key="dec_step", disabled=n == 1,
-                     help="Step t reads [BOS] y1 … y(t-1) and predicts y(t).") if n > 1 else 1
+    step = st.slider(t("Step"), 1, n, key="dec_step", disabled=n == 1,
+                     help=t("Step t reads [BOS] y1 … y(t-1) and predicts y(t).")) if n > 1 else 1
     common.write_query(dec_step=step)
-    t = step - 1
-    rec = out.steps[t]
-    inp = out.tgt_tokens[: t + 1]  # [BOS] + tokens generated before this step
-    token_chips(inp, rec.token, rec.prob)
-    where = f"layer {layer}, {head_label(head)}"
+    i = step - 1
+    rec = out.steps[i]
+    inp = out.tgt_tokens[: i + 1]  # [BOS] + tokens generated before this step
+    rows = decoder_rows(out, i + 1)
+    model_p, sample_p = step_probs(rec, strategy, options)
+    token_chips(inp, rec.token, float(model_p[rec.token_id]),
+                None if sample_p is None else float(sample_p[rec.token_id]))
+    where = t("layer {layer}, {head}", layer=layer, head=head_label(head))
     left, right = st.columns([3, 2])
     with left:
-        common.show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
+        common.show_figure(fd.lookahead_mask_figure(inp, [s.token for s in out.steps[: i + 1]]), key="dec_mask",
+                           filename="lookahead-mask")
     with right:
-        title = f"Step {step}: top-{len(rec.topk)} next tokens"
-        common.show_figure(fd.topk_figure(rec.topk, rec.token, title), key="dec_topk_fig", filename="topk")
+        next_token_view(ckpt, rec, step, strategy, options)
     z, labels = rows_of(rec.self_attn[layer].numpy(), head)
     common.show_figure(fd.attention_rows_figure(
-        z, labels, inp, f"Decoder self-attention of the new position ({where}): keys ≤ now only",
-        query_token=inp[-1]), key="dec_self", filename="decoder-self-attention")
+        z, labels, inp, t("Decoder self-attention of the new position {row} ({where}): keys ≤ now only",
+                          row=rows[-1], where=where),
+        query_token=rows[-1]), key="dec_self", filename="decoder-self-attention")
     z, labels = rows_of(rec.cross_attn[layer].numpy(), head)
     common.show_figure(fd.attention_rows_figure(
-        z, labels, out.src_tokens, f"Cross-attention of the new position ({where}): Q from the decoder, "
-        "K, V from the encoder", query_token=inp[-1]), key="dec_cross", filename="cross-attention")
-    which = "mean over heads" if head in ("all", "mean") else f"head {head}"
+        z, labels, out.src_tokens, t("Cross-attention of the new position {row} ({where}): Q from the decoder, "
+                                     "K, V from the encoder", row=rows[-1], where=where),
+        query_token=rows[-1]), key="dec_cross", filename="cross-attention")
+    which = t("mean over heads") if head in ("all", "mean") else t("head {h}", h=head)
     common.show_figure(fd.alignment_figure(
-        alignment_rows(out, layer, head, t), [s.token for s in out.steps], out.src_tokens, current=t,
-        title=f"Source–target alignment so far (cross-attention, layer {layer}, {which})"),
+        alignment_rows(out, layer, head, i), decoder_rows(out, n), out.src_tokens, current=i,
+        title=t("Source–target alignment so far (cross-attention, layer {layer}, {which})", layer=layer,
+                which=which)),
         key="dec_align", filename="alignment")
 
 
@@ -185,74 +252,82 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-def agreement_rows(out, trace, n_layers: int) -> list[dict]:
-    """Per step: step-by-step records vs the teacher-forced pass at the same position."""
+def agreement_rows(out, trace, n_layers: int, strategy: str, options: dict) -> list[dict]:
+    """Per step: step-by-step records vs the teacher-forced pass at the same position (the model's
+    own probabilities; when sampling, also the probability in the distribution it was drawn from)."""
     logits = trace["logits"][0]
     rows = []
-    for t, s in enumerate(out.steps[: logits.shape[0]]):
-        d_self = max(max_abs(s.self_attn[i], trace[f"decoder.layers.{i}.self_attn.weights"][0, :, t, : t + 1])
-                     for i in range(n_layers))
-        d_cross = max(max_abs(s.cross_attn[i], trace[f"decoder.layers.{i}.cross_attn.weights"][0, :, t])
-                      for i in range(n_layers))
-        rows.append({"step": t + 1, "token": s.token,
-                     "p step-by-step": float(torch.softmax(s.logits, -1)[s.token_id]),
-                     "p teacher-forced": float(torch.softmax(logits[t], -1)[s.token_id]),
-                     "max |Δ logits|": max_abs(s.logits, logits[t]),
-                     "max |Δ self-attn|": d_self, "max |Δ cross-attn|": d_cross})
+    for i, s in enumerate(out.steps[: logits.shape[0]]):
+        d_self = max(max_abs(s.self_attn[k], trace[f"decoder.layers.{k}.self_attn.weights"][0, :, i, : i + 1])
+                     for k in range(n_layers))
+        d_cross = max(max_abs(s.cross_attn[k], trace[f"decoder.layers.{k}.cross_attn.weights"][0, :, i])
+                      for k in range(n_layers))
+        model_p, sample_p = step_probs(s, strategy, options)
+        row = {"step": i + 1, "token": s.token, P_FREE: float(model_p[s.token_id]),
+               P_FORCED: float(torch.softmax(logits[i], -1)[s.token_id])}
+        if sample_p is not None:
+            row[P_SAMPLE] = float(sample_p[s.token_id])
+        rows.append(row | dict(zip(DELTAS, (max_abs(s.logits, logits[i]), d_self, d_cross), strict=True)))
     return rows
 
 
-def comparison_section(sel, out, n_layers: int) -> None:
-    st.subheader("Teacher forcing vs free-running")
-    st.caption("Training feeds the decoder the whole target at once: [BOS] y1 … yT in **one parallel "
-               "pass**, the lower-triangular (look-ahead) mask keeping position t from seeing t+1 …. "
-               "Generation feeds its own outputs back one step at a time (keys/values cached). Run the "
-               "parallel pass over the decoded output: every logit and attention weight must equal the "
-               "step-by-step record.")
+def comparison_section(sel, out, n_layers: int, strategy: str, options: dict) -> None:
+    st.subheader(t("Teacher forcing vs free-running"))
+    st.caption(t("Training feeds the decoder the whole target at once: [BOS] y1 … yT in **one parallel "
+                 "pass**, the lower-triangular (look-ahead) mask keeping position t from seeing t+1 …. "
+                 "Generation feeds its own outputs back one step at a time (keys/values cached). Run the "
+                 "parallel pass over the decoded output: every logit and attention weight must equal the "
+                 "step-by-step record."))
     ckpt = sel.ckpt
     try:
-        tf = teacher_forced(sel.name, sel.text, tuple(out.token_ids))
+        tf = computed("teacher_forced", sel.name, sel.text, tuple(out.token_ids))
     except ValueError as e:
         common.show_error(e)
         return
-    rows = agreement_rows(out, tf, n_layers)
-    worst = max((max(r["max |Δ logits|"], r["max |Δ self-attn|"], r["max |Δ cross-attn|"]) for r in rows),
-                default=0.0)
+    rows = agreement_rows(out, tf, n_layers, strategy, options)
+    worst = max((max(r[d] for d in DELTAS) for r in rows), default=0.0)
     if worst <= AGREE_ATOL:
-        st.success(f"They agree: the largest difference over {len(rows)} steps is {worst:.2e} "
-                   f"(≤ {AGREE_ATOL:g}, float32 rounding).", icon="✅")
+        st.success(t("They agree: the largest difference over {n} steps is {worst} (≤ {tol}, float32 rounding).",
+                     n=len(rows), worst=f"{worst:.2e}", tol=f"{AGREE_ATOL:g}"), icon="✅")
     else:
-        st.error(f"They disagree: max |Δ| = {worst:.3g} > {AGREE_ATOL:g}. The cached step-by-step decoder "
-                 "and the parallel pass should compute the same numbers.", icon="❌")
+        st.error(t("They disagree: max |Δ| = {worst} > {tol}. The cached step-by-step decoder and the parallel "
+                   "pass should compute the same numbers.", worst=f"{worst:.3g}", tol=f"{AGREE_ATOL:g}"), icon="❌")
     reference = None
     ref_rows: list[dict] = []
     if sel.target:
         problem = common.text_problems(sel.target)
         if problem:
-            common.show_error("Reference target: " + problem)
+            common.show_error(t("Reference target: {problem}", problem=problem))
         else:
             try:
                 ref_rows = reference_table(ckpt, sel, out)
                 reference = ([r["reference"] for r in ref_rows], [r["p(reference)"] for r in ref_rows])
             except ValueError as e:
-                common.show_error(e, "Shorten or change the target in the sidebar.")
-    common.show_figure(fd.agreement_figure([r["token"] for r in rows], [r["p step-by-step"] for r in rows],
-                                           [r["p teacher-forced"] for r in rows], reference),
+                common.show_error(e, t("Shorten or change the target in the sidebar."))
+    common.show_figure(fd.agreement_figure(decoder_rows(out, len(rows)), [r[P_FREE] for r in rows],
+                                           [r[P_FORCED] for r in rows], reference),
                        key="dec_agree", filename="teacher-forcing-vs-free-running")
-    st.dataframe(rows, hide_index=True, column_config={
-        k: st.column_config.NumberColumn(format="%.2e") for k in
-        ("max |Δ logits|", "max |Δ self-attn|", "max |Δ cross-attn|")})
+    if strategy == "sample":
+        st.caption(t("The model's probabilities are softmax(logits); the token was drawn from the distribution "
+                     "after temperature, top-k and top-p, whose probability is the last probability column."))
+    st.dataframe(translated_columns(rows), hide_index=True, column_config={
+        t(d): st.column_config.NumberColumn(format="%.2e") for d in DELTAS})
     if not sel.target:
-        st.caption("Type a reference in the sidebar's *Target (teacher forcing)* box to also see what the "
-                   "model predicts, position by position, when it is fed that reference.")
+        st.caption(t("Type a reference in the sidebar's *Target (teacher forcing)* box to also see what the "
+                     "model predicts, position by position, when it is fed that reference."))
     if ref_rows:
         hits = sum(r["teacher-forced argmax"] == r["reference"] for r in ref_rows)
         nll = -float(np.mean(np.log(np.maximum([r["p(reference)"] for r in ref_rows], 1e-12))))
-        st.markdown(f"**Reference** “{html.escape(sel.target)}”: teacher-forced token accuracy "
-                    f"{hits}/{len(ref_rows)}, cross-entropy {nll:.4f} nats/token. Where the free-running "
-                    "column differs, generation went its own way (exposure bias: at training time the "
-                    "decoder always saw the reference prefix).")
-        st.dataframe(ref_rows, hide_index=True)
+        st.markdown(t("**Reference** “{target}”: teacher-forced token accuracy {hits}/{n}, cross-entropy {nll} "
+                      "nats/token. Where the free-running column differs, generation went its own way (exposure "
+                      "bias: at training time the decoder always saw the reference prefix).",
+                      target=html.escape(sel.target), hits=hits, n=len(ref_rows), nll=f"{nll:.4f}"))
+        st.dataframe(translated_columns(ref_rows), hide_index=True)
+
+
+def translated_columns(rows: list[dict]) -> list[dict]:
+    """Column names in the session's language (the rows keep stable English keys for the code)."""
+    return [{t(k): v for k, v in r.items()} for r in rows]
 
 
 def reference_table(ckpt, sel, out) -> list[dict]:
@@ -262,11 +337,11 @@ def reference_table(ckpt, sel, out) -> list[dict]:
     want_ids = [*ckpt.target_ids(sel.target), tok.eos_id]
     free = [s.token for s in out.steps]
     rows = []
-    for t, want in enumerate(want_ids):
-        rows.append({"position": t + 1, "reference": tok.id_to_token(want),
-                     "p(reference)": float(probs[t, want]),
-                     "teacher-forced argmax": tok.id_to_token(int(probs[t].argmax())),
-                     "free-running": free[t] if t < len(free) else "—"})
+    for i, want in enumerate(want_ids):
+        rows.append({"position": i + 1, "reference": tok.id_to_token(want),
+                     "p(reference)": float(probs[i, want]),
+                     "teacher-forced argmax": tok.id_to_token(int(probs[i].argmax())),
+                     "free-running": free[i] if i < len(free) else "—"})
     return rows
 
 
@@ -274,13 +349,14 @@ def reference_table(ckpt, sel, out) -> list[dict]:
 
 
 def main() -> None:
-    st.title("Step-by-step decoder")
-    st.caption(
+    st.title(t("Step-by-step decoder"))
+    st.caption(t(
         "The decoder generates one token per step: step t reads [BOS] y1 … y(t-1) and predicts y(t). "
         "Its self-attention adds the look-ahead mask M, 0 on and below the diagonal and **−∞ above** it, "
         "to QKᵀ/√d_k, so softmax gives the future exactly 0 weight. Cross-attention takes Q from the decoder "
         "and K, V from the encoder output. Greedy takes the most likely token, beam search keeps the best W "
-        "prefixes, sampling draws from softmax(logits / T) after top-k / top-p filtering.")
+        "prefixes, sampling draws from softmax(logits / T) after top-k / top-p filtering. A decoder position "
+        "is labelled input → predicted: “[BOS] → i” reads [BOS] and predicts i."))
     sel = common.selection()
     if sel is None:
         st.stop()
@@ -294,43 +370,54 @@ def main() -> None:
     strategy, options = strategy_controls()
     try:
         note = common.unk_note(ckpt.src_tokenizer.pieces(sel.text))
-        out = translate(sel.name, sel.text, strategy, options)
+        out = computed("decode", sel.name, sel.text, strategy, options)
     except ValueError as e:
-        common.show_error(e, "Shorten or change the text in the sidebar.")
+        common.show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
     if note:
         st.warning(note, icon="🔤")
     n = len(out.steps)
     if n == 0:
-        st.info("The decoder produced no step.")
+        st.info(t("The decoder produced no step."))
         st.stop()
     if not 1 <= st.session_state["dec_step"] <= n:
         st.session_state["dec_step"] = n
-    ended = "ended with [EOS]" if out.finished else f"stopped at the {MAX_NEW_TOKENS}-token limit"
-    st.markdown(f"**Output:** `{out.text}` · {len(out.tokens)} tokens, {ended}, log p = {out.score:.3f}")
+    output_line(out, ckpt.max_new_tokens)
 
     c1, c2, c3 = st.columns([1, 1.5, 3])
-    layer = c1.selectbox("Decoder layer", range(cfg.n_decoder_layers), key="dec_layer")
-    head = c2.selectbox("Head", heads, format_func=head_label, key="dec_head")
+    layer = c1.selectbox(t("Decoder layer"), range(cfg.n_decoder_layers), key="dec_layer")
+    head = c2.selectbox(t("Head"), heads, format_func=head_label, key="dec_head")
     playing = bool(st.session_state.get("dec_playing")) and n > 1
     with c3:
         st.write("")  # align the button with the selects
         if playing:
-            st.button("⏸ Pause", on_click=stop_play, key="dec_pause")
+            st.button(t("⏸ Pause"), on_click=stop_play, key="dec_pause")
         else:
-            st.button("▶ Play", on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
-                      help=f"Step through the decode, one step every {PLAY_SECONDS:g} s.")
+            st.button(t("▶ Play"), on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
+                      help=t("Step through the decode, one step every {s} s.", s=f"{PLAY_SECONDS:g}"))
     common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, **query_options(strategy))
 
-    st.fragment(run_every=PLAY_SECONDS if playing else None)(step_view)(out, layer, head, playing)
-
+    opts = dict(options)
+    st.fragment(run_every=PLAY_SECONDS if playing else None)(step_view)(out, layer, head, playing, ckpt,
+                                                                       strategy, opts)
     if out.beam_tree is not None:
-        st.subheader("Beam tree")
-        st.caption("Each step extends every live hypothesis by every token and keeps the best by cumulative "
-                   "log-probability; a hypothesis ending in [EOS] is finished. The returned one has the best "
-                   "length-penalised score. The step records above follow the returned hypothesis.")
+        st.subheader(t("Beam tree"))
+        st.caption(t("Each step extends every live hypothesis by every token and keeps the best by cumulative "
+                     "log-probability; a hypothesis ending in [EOS] is finished. The returned one has the best "
+                     "length-penalised score. The step records above follow the returned hypothesis."))
         common.show_figure(fd.beam_tree_figure(out.beam_tree), key="dec_beam_tree", filename="beam-tree")
-    comparison_section(sel, out, cfg.n_decoder_layers)
+    comparison_section(sel, out, cfg.n_decoder_layers, strategy, opts)
+
+
+def output_line(out, limit: int) -> None:
+    """The output, and how the decode ended: [EOS], or the generation limit every page shares."""
+    stats = t("{n} tokens, log p = {score} (under the model)", n=len(out.tokens), score=f"{out.score:.3f}")
+    if out.finished:
+        st.markdown(t("**Output:** `{text}` · {stats}, ended with [EOS]", text=out.text, stats=stats))
+        return
+    st.markdown(t("**Output:** `{text}` · {stats}", text=out.text, stats=stats))
+    st.warning(t("The model did not stop: it produced no [EOS] and was stopped at the {limit}-token limit "
+                 "(the model's max_len − 1 positions; the same limit on every page).", limit=limit), icon="✂️")
 
 
 def query_options(strategy: str) -> dict:

@@ -3,7 +3,8 @@
 The training runs in a background thread (`model.train.train` with a callback that records
 metrics and honours the stop button); a fragment polls it every half second and redraws
 the progress bar, the curves and the latest film frame. The shipped checkpoint's own film
-strip is shown first, without training anything.
+strip is shown first, without training anything. A finished run joins the session's models
+(`st.session_state["session_models"]`), which the sidebar offers on every page.
 """
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ import streamlit as st
 
 from viz import common
 from viz import figures_decode as fd
+from viz.i18n import N_, t
 
 POLL_SECONDS = 0.5
 MAX_STEPS = 2000  # in-app training stays small: a shared CPU serves every session
-ATTN_KINDS = {"cross_attn": "cross-attention (decoder → encoder)", "self_attn": "decoder self-attention",
-              "encoder": "encoder self-attention"}
+LEARNED = 0.5  # held-out exact match from which a run counts as having learned its task
+ATTN_KINDS = {"cross_attn": N_("cross-attention (decoder → encoder)"), "self_attn": N_("decoder self-attention"),
+              "encoder": N_("encoder self-attention")}
 DEFAULTS = {"steps": 500, "warmup": 100, "d_model": 64, "layers": 2, "heads": 4, "batch": 32}
+CHOICES = {"batch": [16, 32, 64], "d_model": [32, 64, 128], "heads": [1, 2, 4, 8], "layers": [1, 2, 3]}
+FORM = {  # form setting -> (widget key, URL parameter)
+    "steps": ("train_steps", "train_steps"), "warmup": ("train_warmup", "train_warmup"),
+    "batch": ("train_batch", "train_batch"), "d_model": ("train_d", "train_d"),
+    "heads": ("train_heads", "train_heads"), "layers": ("train_layers", "train_layers"),
+}
 
 
 # ---------------------------------------------------------------- the training job
@@ -44,6 +53,7 @@ class Job:
     log: dict = field(default_factory=lambda: {"step": [], "loss": [], "acc": [], "lr": []})
     frames: list = field(default_factory=list)  # (step, Trace) of the probe, as they come
     stop: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)  # set once done (tests wait on it)
     done: bool = False
     error: str | None = None
     ckpt: object = None
@@ -63,6 +73,15 @@ class Job:
         self.elapsed = m["elapsed"]
         return not self.stop.is_set()  # False ends training; the checkpoint keeps the steps done
 
+    @property
+    def steps_done(self) -> int:
+        return len(self.log["step"])
+
+    @property
+    def model_name(self) -> str:
+        """The name the sidebar offers the trained model under (stable: not translated)."""
+        return f"trained: {self.task} (step {self.steps_done})"
+
 
 def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None:
     from model.train import train  # imported here: the page must draw even if training is unavailable
@@ -78,6 +97,7 @@ def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None
         job.done = True
         job.elapsed = time.monotonic() - job.started
         slot.release()
+        job.finished.set()
 
 
 def start_job(task: str, cfg: dict) -> None:
@@ -100,6 +120,14 @@ def stop_job() -> None:
         job.stop.set()
 
 
+def register(job: Job) -> str:
+    """Offer the trained model in the sidebar's model selector for the rest of the session."""
+    models = st.session_state.setdefault("session_models", {})
+    if models.get(job.model_name) is not job.ckpt:
+        models[job.model_name] = job.ckpt
+    return job.model_name
+
+
 # ---------------------------------------------------------------- film strip
 
 
@@ -112,16 +140,21 @@ def frame_weights(trace, kind: str, layer: int, head: str) -> np.ndarray:
 
 
 def frame_axes(trace, kind: str) -> tuple[list[str], list[str], str, str]:
-    """Row tokens, column tokens and their axis titles for one attention kind of a film frame.
+    """Row labels, column tokens and their axis titles for one attention kind of a film frame.
 
-    Decoder rows are labelled with what each position predicts (the next token), as on the decoder page.
+    A decoder row is labelled "input → predicted" (`fd.step_labels`), the convention of every page.
     """
     src, tgt = common.tokens_of(trace, "src"), common.tokens_of(trace, "tgt")
-    nxt = [str(t) for t in trace.meta.get("next_tokens") or []]
-    nxt = nxt if len(nxt) == len(tgt) else tgt
-    return {"cross_attn": (nxt, src, "decoder position (predicts)", "source token"),
-            "self_attn": (nxt, tgt, "decoder position (predicts)", "decoder input token"),
-            "encoder": (src, src, "source token (query)", "source token (key)")}[kind]
+    nxt = [str(x) for x in trace.meta.get("next_tokens") or []]
+    rows = fd.step_labels(tgt, nxt) if len(nxt) == len(tgt) else tgt
+    dec = t("decoder position (input → predicted)")
+    return {"cross_attn": (rows, src, dec, t("source token")),
+            "self_attn": (rows, tgt, dec, t("decoder input token")),
+            "encoder": (src, src, t("source token (query)"), t("source token (key)"))}[kind]
+
+
+def head_name(h: str) -> str:
+    return t("mean over heads") if h == "mean" else t("head {h}", h=h)
 
 
 def film_controls(prefix: str, n_layers: int, n_heads: int) -> tuple[str, int, str]:
@@ -137,17 +170,17 @@ def film_controls(prefix: str, n_layers: int, n_heads: int) -> tuple[str, int, s
         if key in st.session_state and not ok(st.session_state[key]):
             st.session_state[key] = default  # another model may have fewer layers or heads
     c1, c2, c3 = st.columns([2, 1, 1])
-    kind = c1.selectbox("Attention", list(ATTN_KINDS), format_func=ATTN_KINDS.get, key=f"{prefix}_kind")
-    layer = c2.selectbox("Layer", range(n_layers), index=n_layers - 1, key=f"{prefix}_layer")
-    head = c3.selectbox("Head", heads, key=f"{prefix}_head",
-                        format_func=lambda h: "mean over heads" if h == "mean" else f"head {h}")
+    kind = c1.selectbox(t("Attention"), list(ATTN_KINDS), format_func=lambda k: t(ATTN_KINDS[k]),
+                        key=f"{prefix}_kind")
+    layer = c2.selectbox(t("Layer"), range(n_layers), index=n_layers - 1, key=f"{prefix}_layer")
+    head = c3.selectbox(t("Head"), heads, key=f"{prefix}_head", format_func=head_name)
     return kind, layer, head
 
 
 def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int | None) -> None:
     """Slider over the saved frames, the chosen frame, a strip of a few frames, and the sharpness curve."""
     if not film:
-        st.info("This checkpoint has no film strip (it was trained without film frames).")
+        st.info(t("This checkpoint has no film strip (it was trained without film frames)."))
         return
     kind, layer, head = film_controls(prefix, n_layers, n_heads)
     steps = [s for s, _ in film]
@@ -156,16 +189,17 @@ def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int 
         common.seed_from_query(key, "film_frame", steps[-1], int, lambda v: v in steps)
     if st.session_state.get(key) not in steps:
         st.session_state[key] = steps[-1]
-    step = st.select_slider("Training step (film frame)", steps, key=key,
-                            help="The probe example's attention as saved at this training step.")
+    step = st.select_slider(t("Training step (film frame)"), steps, key=key,
+                            help=t("The probe example's attention as saved at this training step."))
     if prefix == "film":
         common.write_query(film_frame=step, film_attn=kind, film_layer=layer, film_head=head)
     trace = dict(film)[step]
     rows, cols, row_title, key_title = frame_axes(trace, kind)
-    what = f"{ATTN_KINDS[kind]}, layer {layer}, {'mean over heads' if head == 'mean' else 'head ' + head}"
+    what = t("{kind}, layer {layer}, {head}", kind=t(ATTN_KINDS[kind]), layer=layer, head=head_name(head))
     weights = [frame_weights(tr, kind, layer, head) for _, tr in film]
     common.show_figure(fd.alignment_figure(weights[steps.index(step)], rows, cols,
-                                           title=f"Probe example at training step {step}: {what}",
+                                           title=t("Probe example at training step {step}: {what}",
+                                                   step=step, what=what),
                                            row_title=row_title, key_title=key_title),
                        key=f"{prefix}_frame_fig", filename=f"{prefix}-step-{step}")
     picks = sorted(set(np.linspace(0, len(film) - 1, min(8, len(film))).round().astype(int)))
@@ -183,105 +217,136 @@ def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int 
 def shipped_section(sel) -> None:
     ckpt = sel.ckpt
     meta = ckpt.meta
-    st.subheader(f"The shipped “{ckpt.name}” model: how it learned")
+    st.subheader(t("The shipped “{name}” model: how it learned", name=ckpt.name))
     probe = meta.get("probe", {})
     acc = meta.get("accuracy")
-    facts = [f"{meta.get('steps', '?')} steps", f"warmup {meta.get('warmup', '?')}",
-             f"{ckpt.model.num_parameters():,} parameters"]
+    facts = [t("{n} steps", n=meta.get("steps", "?")), t("warmup {n}", n=meta.get("warmup", "?")),
+             t("{n} parameters", n=f"{ckpt.model.num_parameters():,}")]
     if isinstance(acc, float):
-        facts.append(f"held-out exact match {acc:.1%}")
-    st.markdown(" · ".join(facts) + (f" · probe: `{probe.get('source')}` → `{probe.get('target')}`"
-                                     if probe else ""))
+        facts.append(t("held-out exact match {acc}", acc=f"{acc:.1%}"))
+    if probe:
+        facts.append(t("probe: `{source}` → `{target}`", source=probe.get("source"), target=probe.get("target")))
+    st.markdown(" · ".join(facts))
     if ckpt.log.get("step"):
-        with st.expander("Training curves of the shipped model", expanded=False):
+        with st.expander(t("Training curves of the shipped model"), expanded=False):
             common.show_figure(fd.training_curves_figure(ckpt.log, meta.get("warmup"),
-                                                         title=f"Training curves of “{ckpt.name}”"),
-                               key="film_curves",
-                               filename=f"{ckpt.name}-training-curves")
+                                                         title=t("Training curves of “{name}”", name=ckpt.name)),
+                               key="film_curves", filename=f"{ckpt.name}-training-curves")
     show_film(ckpt.film(), "film", ckpt.cfg.n_decoder_layers, ckpt.cfg.n_heads, meta.get("warmup"))
 
 
+def seed_form(tasks: list[str], default_task: str) -> None:
+    """The form's starting values from the URL (a shared link reopens the same training setup)."""
+    q = common.seed_from_query
+    q("train_task", "train_task", default_task, valid=lambda v: v in tasks)
+    q("train_steps", "train_steps", DEFAULTS["steps"], int, common.int_in(20, MAX_STEPS))
+    q("train_warmup", "train_warmup", DEFAULTS["warmup"], int, common.int_in(1, MAX_STEPS))
+    for name in ("batch", "d_model", "heads", "layers"):
+        key, param = FORM[name]
+        q(key, param, DEFAULTS[name], int, lambda v, ok=CHOICES[name]: v in ok)
+
+
 def train_form(tasks: list[str], default_task: str) -> None:
+    seed_form(tasks, default_task)
     with st.form("train_form", border=True):
         c = st.columns(4)
-        task = c[0].selectbox("Task", tasks, index=tasks.index(default_task), key="train_task")
-        steps = c[1].number_input("Steps", 20, MAX_STEPS, DEFAULTS["steps"], step=50, key="train_steps",
-                                  help="About 10–30 steps a second here: the default takes under a minute.")
-        warmup = c[2].number_input("Warmup steps", 1, MAX_STEPS, DEFAULTS["warmup"], step=10,
-                                   key="train_warmup",
-                                   help="Noam: lr rises linearly for this many steps, then decays "
-                                        "as 1/√step.")
-        batch = c[3].select_slider("Batch size", [16, 32, 64], DEFAULTS["batch"], key="train_batch")
+        task = c[0].selectbox(t("Task"), tasks, key="train_task")
+        steps = c[1].number_input(t("Steps"), 20, MAX_STEPS, step=50, key="train_steps",
+                                  help=t("About 10–30 steps a second here: the default takes under a minute."))
+        warmup = c[2].number_input(t("Warmup steps"), 1, MAX_STEPS, step=10, key="train_warmup",
+                                   help=t("Noam: lr rises linearly for this many steps, then decays as 1/√step."))
+        batch = c[3].select_slider(t("Batch size"), CHOICES["batch"], key="train_batch")
         c = st.columns(4)
-        d_model = c[0].select_slider("d_model", [32, 64, 128], DEFAULTS["d_model"], key="train_d",
-                                     help="d_ff = 4 d_model.")
-        heads = c[1].select_slider("Heads", [1, 2, 4, 8], DEFAULTS["heads"], key="train_heads")
-        layers = c[2].select_slider("Layers (encoder = decoder)", [1, 2, 3], DEFAULTS["layers"],
-                                    key="train_layers")
-        submitted = st.form_submit_button("🏋️ Train", type="primary")
+        d_model = c[0].select_slider("d_model", CHOICES["d_model"], key="train_d", help=t("d_ff = 4 d_model."))
+        heads = c[1].select_slider(t("Heads"), CHOICES["heads"], key="train_heads")
+        layers = c[2].select_slider(t("Layers (encoder = decoder)"), CHOICES["layers"], key="train_layers")
+        submitted = st.form_submit_button(t("🏋️ Train"), type="primary")
+    cfg = {"steps": int(steps), "warmup": int(warmup), "batch": batch, "d_model": d_model, "heads": heads,
+           "layers": layers}
+    common.write_query(train_task=task, **{FORM[k][1]: v for k, v in cfg.items()})
     if submitted:
-        start_job(task, {"steps": int(steps), "warmup": int(warmup), "batch": batch, "d_model": d_model,
-                         "heads": heads, "layers": layers})
+        start_job(task, cfg)
+
+
+def progress_text(job: Job, log: dict) -> str:
+    n = len(log["step"])
+    if not n:  # no step finished yet: there is no loss to show
+        return t("step 0/{total} · starting…", total=job.steps)
+    return t("step {n}/{total} · loss {loss} · token accuracy {acc} · lr {lr} · {s} s", n=n, total=job.steps,
+             loss=f"{log['loss'][-1]:.3f}", acc=f"{log['acc'][-1]:.1%}", lr=f"{log['lr'][-1]:.2e}",
+             s=f"{job.elapsed:.0f}")
 
 
 def live_view(job: Job) -> None:
     """Progress, curves and the latest frame; reruns itself every POLL_SECONDS while training."""
     log = job.snapshot()
-    n = len(log["step"])
-    last = {k: v[-1] for k, v in log.items() if v}
-    status = (f"step {n}/{job.steps} · loss {last.get('loss', float('nan')):.3f} · "
-              f"token accuracy {last.get('acc', 0):.1%} · lr {last.get('lr', 0):.2e} · {job.elapsed:.0f} s")
-    st.progress(min(n / job.steps, 1.0), text=status)
+    st.progress(min(len(log["step"]) / job.steps, 1.0), text=progress_text(job, log))
     cols = st.columns([3, 2])
     with cols[0]:
-        fig = fd.training_curves_figure(log, job.warmup, job.steps, "Training curves of your run (live)")
+        fig = fd.training_curves_figure(log, job.warmup, job.steps, t("Training curves of your run (live)"))
         common.show_figure(fig, key="train_curves", filename="training-curves")
     with cols[1]:
         if job.frames:
             step, trace = job.frames[-1]
-            rows, cols, row_title, key_title = frame_axes(trace, "cross_attn")
+            rows, keys, row_title, key_title = frame_axes(trace, "cross_attn")
             last_layer = sum(1 for k in trace.names() if k.endswith("cross_attn.weights")) - 1
             w = frame_weights(trace, "cross_attn", last_layer, "mean")
             common.show_figure(fd.alignment_figure(
-                w, rows, cols, title=f"Probe at step {step}: cross-attention",
+                w, rows, keys, title=t("Probe at step {step}: cross-attention", step=step),
                 row_title=row_title, key_title=key_title), key="train_live_frame", filename="live-frame")
     if job.done:
         st.rerun()  # leave polling: the full page shows the result
 
 
+def outcome(job: Job, acc: float | None) -> None:
+    """What happened, honestly: a green tick only for a run that finished and learned its task."""
+    n = job.steps_done
+    acc_s = t(", held-out exact match {acc} (100 test pairs, greedy)", acc=f"{acc:.1%}") if acc is not None else ""
+    if n < job.steps:
+        st.info(t("Stopped after {n} of {total} steps ({s} s){acc}.", n=n, total=job.steps,
+                  s=f"{job.elapsed:.0f}", acc=acc_s), icon="⏹")
+    elif acc is not None and acc < LEARNED:
+        st.warning(t("Trained “{task}” for {n} steps in {s} s{acc}: it has not learned the task yet. "
+                     "Train longer, or with a larger model.", task=job.task, n=n, s=f"{job.elapsed:.0f}",
+                     acc=acc_s), icon="⚠️")
+    else:
+        st.success(t("Trained “{task}” for {n} steps in {s} s{acc}.", task=job.task, n=n, s=f"{job.elapsed:.0f}",
+                     acc=acc_s), icon="✅")
+
+
 def result_view(job: Job) -> None:
     if job.error:
-        common.show_error(f"Training failed: {job.error}")
+        common.show_error(t("Training failed: {error}", error=job.error))
         return
     ckpt = job.ckpt
-    n = len(job.log["step"])
-    stopped = " (stopped early)" if n < job.steps else ""
     acc = ckpt.meta.get("accuracy")
-    acc_s = f", held-out exact match {acc:.1%} (100 test pairs, greedy)" if isinstance(acc, float) else ""
-    st.success(f"Trained “{job.task}” for {n} steps{stopped} in {job.elapsed:.0f} s{acc_s}.", icon="✅")
-    common.show_figure(fd.training_curves_figure(job.log, job.warmup, title="Training curves of your run"),
-                       key="train_curves_done",
-                       filename="training-curves")
-    probe = ckpt.meta.get("probe", {})
-    try:
-        out = ckpt.translate(probe.get("source", ckpt.example), max_new_tokens=64)
-        st.markdown(f"Your model on the probe `{probe.get('source')}`: **`{out.text}`** "
-                    f"(expected `{probe.get('target')}`)")
-    except ValueError as e:
-        common.show_error(e)
-    st.markdown("**Film strip of your run**")
+    outcome(job, acc if isinstance(acc, float) else None)
+    name = register(job)
+    st.caption(t("Your model is now in the sidebar's model selector as “{name}”, on every page, for the rest "
+                 "of this session.", name=name))
+    common.show_figure(fd.training_curves_figure(job.log, job.warmup, title=t("Training curves of your run")),
+                       key="train_curves_done", filename="training-curves")
+    probe = ckpt.meta.get("probe") or {}
+    if probe.get("source"):
+        try:
+            out = ckpt.translate(probe["source"])
+            st.markdown(t("Your model on the probe `{source}`: **`{output}`** (expected `{target}`)",
+                          source=probe["source"], output=out.text, target=probe.get("target")))
+        except ValueError as e:
+            common.show_error(e)
+    st.markdown(t("**Film strip of your run**"))
     show_film(ckpt.film(), "mine", ckpt.cfg.n_decoder_layers, ckpt.cfg.n_heads, job.warmup)
 
 
 def main() -> None:
-    st.title("Training, live")
-    st.caption(
+    st.title(t("Training, live"))
+    st.caption(t(
         "Training uses **teacher forcing**: the decoder reads [BOS] + target and predicts target + [EOS] "
         "at every position in one parallel pass (the look-ahead mask hides each position's own answer). "
         "The loss is cross-entropy with label smoothing that ignores [PAD]; Adam (β₂ = 0.98) follows "
         "the **Noam schedule** lr = d_model^−0.5 · min(step^−0.5, step · warmup^−1.5): it rises "
         "linearly during warmup, then decays as 1/√step. The film strip shows a fixed probe example's "
-        "attention at saved steps: the alignment appears as warmup ends.")
+        "attention at saved steps: the alignment appears as warmup ends."))
     sel = common.selection()
     if sel is None:
         st.stop()
@@ -291,22 +356,21 @@ def main() -> None:
         common.show_error(e)
 
     st.divider()
-    st.subheader("Train your own")
+    st.subheader(t("Train your own"))
     from model.tasks import TASKS
 
     tasks = sorted(TASKS)
     task_of_ckpt = sel.ckpt.meta.get("task")
     job: Job | None = st.session_state.get("train_job")
-    running = job is not None and not job.done
-    if running:
-        st.button("⏹ Stop", on_click=stop_job, key="train_stop",
-                  help="Ends training after the current step; you keep the model trained so far.")
+    if job is not None and not job.done:
+        st.button(t("⏹ Stop"), on_click=stop_job, key="train_stop",
+                  help=t("Ends training after the current step; you keep the model trained so far."))
         st.fragment(run_every=POLL_SECONDS)(live_view)(job)
         return
     train_form(tasks, task_of_ckpt if task_of_ckpt in tasks else "dates")
     if st.session_state.get("train_busy"):
-        st.warning("Another session is training a model right now (one at a time on this shared CPU). "
-                   "Try again in a minute.", icon="⏳")
+        st.warning(t("Another session is training a model right now (one at a time on this shared CPU). "
+                     "Try again in a minute."), icon="⏳")
     job = st.session_state.get("train_job")
     if job is not None and not job.done:
         st.rerun()  # just started: switch to the live view
