@@ -9,10 +9,18 @@ and heads, captured with `model.capture`), the top-k next-token probabilities an
 Step t reads the decoder input [BOS, y_1 .. y_t-1] and predicts y_t; so with
 tgt_tokens = [BOS] + tokens, step t's self-attention keys are tgt_tokens[:t+1], and a
 teacher-forced pass over [BOS] + tokens gives steps[t].logits at position t.
+
+Decoding runs under `torch.inference_mode()` (no autograd bookkeeping: a cached step is a few
+hundred tiny ops, so that bookkeeping is a real share of its cost); the math is unchanged.
+
+Loops: a small model can fall into repeating itself ("i love study study study ..."). Greedy and
+sampled decoding stop when the output ends with one n-gram repeated `stop_loops` times, more often
+than the source repeats it (reversing "aaaa" is not a loop), and say so in `Translation.loop`.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +79,11 @@ class Translation:
     score: float = 0.0  # log-probability of the output (with [EOS]) under the model
     beam_tree: list[BeamNode] | None = None
     options: dict = field(default_factory=dict)  # the strategy's options, seed included
+    loop: Loop | None = None  # set when decoding stopped because the output repeated itself
+
+    @property
+    def looped(self) -> bool:
+        return self.loop is not None
 
     @property
     def tgt_tokens(self) -> list[str]:
@@ -78,12 +91,83 @@ class Translation:
         return ["[BOS]", *self.tokens]
 
 
+# ------------------------------------------------------------------ loops
+
+MAX_LOOP_NGRAM = 4  # longest repeating unit looked for (in tokens)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The output ended with `ngram` repeated `repeats` times, so decoding stopped there."""
+
+    ngram: tuple[str, ...]
+    repeats: int
+    at_step: int  # index of the step that completed the last repeat
+
+
+def _canon(block: Sequence) -> tuple:
+    """The same cycle whatever its phase: ("b", "a") and ("a", "b") both give ("a", "b")."""
+    block = tuple(block)
+    return min(block[i:] + block[:i] for i in range(len(block)))
+
+
+def _periodic_runs(tokens: Sequence, max_n: int) -> dict[tuple, int]:
+    """(n, cycle) -> the longest stretch of `tokens` that repeats that n-token cycle (in tokens),
+    read in either direction."""
+    best: dict[tuple, int] = {}
+    for n in range(1, max_n + 1):
+        run = 0  # positions i with tokens[i] == tokens[i - n], consecutive
+        for i in range(n, len(tokens) + 1):
+            if i < len(tokens) and tokens[i] == tokens[i - n]:
+                run += 1
+                continue
+            if run:
+                block = tokens[i - run - n : i - run]
+                for key in ((n, _canon(block)), (n, _canon(block[::-1]))):  # reversed too: "abcabc" -> "cbacba"
+                    best[key] = max(best.get(key, 0), run + n)
+            run = 0
+    return best
+
+
+class LoopGuard:
+    """Watches an output token by token; `push` returns a `Loop` once the output ends with one
+    n-gram (n <= max_n) repeated `repeats` times over a longer stretch than any the source has.
+
+    O(max_n) per token: for each n it keeps how many trailing tokens equal the token n before.
+    """
+
+    def __init__(self, src_tokens: Sequence[str], repeats: int = 3, max_n: int = MAX_LOOP_NGRAM):
+        if not isinstance(repeats, int) or repeats < 2:
+            raise ValueError(f"stop_loops must be an integer >= 2 (or None to never stop), got {repeats!r}")
+        self.repeats, self.max_n = repeats, max_n
+        self.src = _periodic_runs(list(src_tokens), max_n)
+        self.out: list[str] = []
+        self.run = [0] * (max_n + 1)
+
+    def push(self, token: str) -> Loop | None:
+        out = self.out
+        out.append(token)
+        for n in range(1, self.max_n + 1):
+            self.run[n] = self.run[n] + 1 if len(out) > n and out[-1] == out[-1 - n] else 0
+            span = self.run[n] + n  # the trailing stretch with period n
+            if span >= n * self.repeats:
+                block = tuple(out[-n:])
+                if span > self.src.get((n, _canon(block)), 0):
+                    return Loop(block, span // n, len(out) - 1)
+        return None
+
+
 # ------------------------------------------------------------------ one decoder step
 
 
-def _attn_names(model: Transformer) -> list[str]:
-    L = model.cfg.n_decoder_layers
-    return [f"decoder.layers.{i}.{kind}.weights" for kind in ("self_attn", "cross_attn") for i in range(L)]
+@functools.lru_cache(maxsize=16)
+def _attn_names_for(n_layers: int) -> tuple[str, ...]:
+    kinds = ("self_attn", "cross_attn")
+    return tuple(f"decoder.layers.{i}.{kind}.weights" for kind in kinds for i in range(n_layers))
+
+
+def _attn_names(model: Transformer) -> tuple[str, ...]:
+    return _attn_names_for(model.cfg.n_decoder_layers)
 
 
 def decoder_step(model, y, memory, src_pad, cache, offset: int, record: bool = False, use_cache: bool = True):
@@ -97,11 +181,23 @@ def decoder_step(model, y, memory, src_pad, cache, offset: int, record: bool = F
     if not record:
         return model.decode(y, memory, src_pad, **kw)[:, -1], None, None
     names = _attn_names(model)
-    with capturing(set(names)) as rec:
+    with capturing(frozenset(names)) as rec:
         logits = model.decode(y, memory, src_pad, **kw)[:, -1]
     L = model.cfg.n_decoder_layers
     w = [rec.tensors[n][:, :, -1] for n in names]  # each (B, H, keys)
     return logits, torch.stack(w[:L], 1), torch.stack(w[L:], 1)
+
+
+def _steps(ids: list[int], probs: torch.Tensor, logits: list[torch.Tensor], attn: list, n_top: int,
+           tok: Callable[[int], str]) -> list[Step]:
+    """Step records from per-step rows: probs (steps, V) the distributions the tokens were chosen from."""
+    p_top, i_top = probs.topk(min(n_top, probs.shape[1]))
+    p_chosen = probs.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+    return [
+        Step(tok(i), i, p, [(tok(j), q) for j, q in zip(ti, tp, strict=True)], sa, ca, row)
+        for i, p, ti, tp, row, (sa, ca) in zip(
+            ids, p_chosen, i_top.tolist(), p_top.tolist(), logits, attn, strict=True)
+    ]
 
 
 def _topk(probs: torch.Tensor, k: int, tok: Callable[[int], str]) -> list[tuple[str, float]]:
@@ -124,7 +220,7 @@ def _prepare(model: Transformer, src: torch.Tensor, max_new_tokens: int | None):
 # ------------------------------------------------------------------ greedy and sampling
 
 
-@torch.no_grad()
+@torch.no_grad()  # not inference_mode: evaluation runs between training steps of the same model
 def greedy_batch(
     model: Transformer,
     src: torch.Tensor,
@@ -132,26 +228,49 @@ def greedy_batch(
     eos: int,
     max_new_tokens: int | None = None,
     use_cache: bool = True,
+    *,
+    src_tokens: Sequence[Sequence[str]] | None = None,
+    id_to_token: Callable[[int], str] = str,
+    stop_loops: int | None = 3,
 ) -> list[list[int]]:
-    """Fast batched greedy decoding (no records): token ids per row, without [EOS]."""
+    """Fast batched greedy decoding (no records): token ids per row, without [EOS].
+
+    With `src_tokens` (one list per row), a row that falls into a loop stops as `generate` would
+    (same rule, same output), so a trace of the greedy output shows what the decoder page shows.
+    """
     src, limit = _prepare(model, src, max_new_tokens)
     B = src.shape[0]
     memory, src_pad = model.encode(src)
     cache = model.new_cache() if use_cache else None
     ys = torch.full((B, 1), bos, dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool)
+    guards = _guards(src_tokens, stop_loops, B)
+    stops: dict[int, int] = {}  # row -> its length when its loop guard stopped it
     for t in range(limit):
         y = ys[:, -1:] if use_cache else ys
         logits, _, _ = decoder_step(model, y, memory, src_pad, cache, t, use_cache=use_cache)
         nxt = logits.argmax(-1)
         ys = torch.cat([ys, nxt[:, None]], 1)
         done |= nxt == eos
+        if guards:
+            for b, (tok, over) in enumerate(zip(nxt.tolist(), done.tolist(), strict=True)):
+                if not over and guards[b].push(id_to_token(tok)) is not None:
+                    done[b], stops[b] = True, t + 1
         if bool(done.all()):
             break
     out = []
-    for row in ys[:, 1:].tolist():
+    for b, row in enumerate(ys[:, 1:].tolist()):
+        row = row[: stops[b]] if b in stops else row
         out.append(row[: row.index(eos)] if eos in row else row)
     return out
+
+
+def _guards(src_tokens, stop_loops: int | None, batch: int) -> list[LoopGuard]:
+    if stop_loops is None or src_tokens is None:
+        return []
+    if len(src_tokens) != batch:
+        raise ValueError(f"src_tokens has {len(src_tokens)} rows for a batch of {batch}")
+    return [LoopGuard(row, stop_loops) for row in src_tokens]
 
 
 def _filter(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -171,7 +290,7 @@ def _filter(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
     return probs
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model: Transformer,
     src: torch.Tensor,
@@ -189,8 +308,16 @@ def generate(
     n_top: int = 5,
     id_to_token: Callable[[int], str] = str,
     detok: Callable[[Sequence[int]], str] | None = None,
+    src_tokens: Sequence[str] | None = None,
+    stop_loops: int | None = 3,
 ) -> Translation:
-    """Greedy or sampled decoding of one source (1, S), recording every step."""
+    """Greedy or sampled decoding of one source (1, S), recording every step.
+
+    stop_loops: stop once the output ends with one n-gram repeated this many times, more than the
+    source repeats it (`Translation.loop` says so; None: never). It needs `src_tokens` (the source's
+    token strings, compared with `id_to_token` of the output) to tell a loop from a repeat the input
+    asks for, and is off without them.
+    """
     if strategy not in ("greedy", "sample"):
         raise ValueError(f"generate() does greedy or sample; use beam_search() for beams (got {strategy!r})")
     options: dict = {}
@@ -208,39 +335,42 @@ def generate(
     src, limit = _prepare(model, src, max_new_tokens)
     if src.shape[0] != 1:
         raise ValueError(f"generate() decodes one source at a time, got a batch of {src.shape[0]}")
+    guards = _guards(None if src_tokens is None else [src_tokens], stop_loops, 1)
+    guard = guards[0] if guards else None
     memory, src_pad = model.encode(src)
     cache = model.new_cache() if use_cache else None
     ys = torch.full((1, limit + 1), bos, dtype=torch.long)  # the decoder input, filled as we go
-    steps, score, finished, n = [], 0.0, False, 0
+    rows, chosen, attn, sampled = [], [], [], []  # per step: logits, token id, (self, cross), probs
+    finished, loop = False, None
     for t in range(limit):
         y = ys[:, t : t + 1] if use_cache else ys[:, : t + 1]
         logits, sa, ca = decoder_step(model, y, memory, src_pad, cache, t, record, use_cache)
-        logits = logits[0]
-        logp = F.log_softmax(logits, -1)
+        logits = logits[0]  # (V,)
         if strategy == "greedy":
-            nxt = int(logp.argmax())
-            probs = logp.exp() if record else None
+            nxt = int(logits.argmax())  # as greedy_batch: the same tokens
         else:
             probs = _filter(logits, temperature, top_k, top_p)
             nxt = int(torch.multinomial(probs, 1, generator=gen))
-        score += float(logp[nxt])  # log-probability under the model itself (no temperature)
+            sampled.append(probs)
+        rows.append(logits)
+        chosen.append(nxt)
         if record:
-            steps.append(
-                Step(
-                    id_to_token(nxt),
-                    nxt,
-                    float(probs[nxt]),
-                    _topk(probs, n_top, id_to_token),
-                    sa[0],
-                    ca[0],
-                    logits.clone(),
-                )
-            )
+            attn.append((sa[0], ca[0]))
         if nxt == eos:
             finished = True
             break
         ys[0, t + 1] = nxt
-        n += 1
+        if guard is not None and (loop := guard.push(id_to_token(nxt))) is not None:
+            break
+    # Per-step bookkeeping in one batch after the loop: fewer, larger ops (row-wise, so the same numbers).
+    logp = F.log_softmax(torch.stack(rows), -1)  # (steps, V)
+    ids = torch.tensor(chosen)
+    score = sum(logp.gather(1, ids[:, None])[:, 0].tolist())  # log-probability under the model (no temperature)
+    steps = []
+    if record:
+        probs = logp.exp() if strategy == "greedy" else torch.stack(sampled)  # what each token was chosen from
+        steps = _steps(chosen, probs, rows, attn, n_top, id_to_token)
+    n = len(chosen) - finished
     out = ys[0, 1 : n + 1].tolist()
     return Translation(
         detok(out) if detok else " ".join(map(id_to_token, out)),
@@ -251,6 +381,7 @@ def generate(
         finished=finished,
         score=score,
         options=options,
+        loop=loop,
     )
 
 
@@ -272,7 +403,7 @@ def _reorder(cache, index: torch.Tensor):
     return [_reorder(v, index) for v in cache]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Transformer,
     src: torch.Tensor,

@@ -9,6 +9,7 @@ import torch
 
 from model import decode as dec
 from model import load_checkpoint
+from model.tasks import TASKS
 
 TEXTS = {"reverse": "attention42", "dates": "3 november 2023", "zh-en": "我昨天吃了一个苹果"}
 
@@ -161,3 +162,70 @@ def test_bad_inputs():
     assert not short.finished and short.text == "2023" and len(short.steps) == 4
     cut = c.translate("3 november 2023", strategy="beam", max_new_tokens=4)
     assert not cut.finished and cut.text == "2023"
+
+
+def test_step_bookkeeping_matches_each_step_alone():
+    """Probabilities, top-k and score are computed in one batch after the loop: same numbers as per step."""
+    c = ckpt("zh-en")
+    for strategy, opts in (("greedy", {}), ("sample", {"seed": 3, "temperature": 1.3, "top_k": 10})):
+        out = c.translate(TEXTS["zh-en"], strategy=strategy, **opts)
+        score = 0.0
+        for s in out.steps:
+            logp = torch.nn.functional.log_softmax(s.logits, -1)
+            probs = logp.exp() if strategy == "greedy" else dec._filter(s.logits, 1.3, 10, None)
+            assert s.prob == float(probs[s.token_id])
+            assert s.topk == dec._topk(probs, 5, c.tgt_tokenizer.id_to_token)
+            score += float(logp[s.token_id])
+        assert out.score == score
+
+
+def _decode_zh(text: str, **kw_):
+    c = ckpt("zh-en")
+    t = c.tgt_tokenizer
+    src = c.encode_source(text)
+    src_tokens = c.src_tokenizer.tokens(src[0].tolist())
+    out = dec.generate(c.model, src, t.bos_id, t.eos_id, src_tokens=src_tokens, **kw(c), **kw_)
+    batch = dec.greedy_batch(c.model, src, t.bos_id, t.eos_id, src_tokens=[src_tokens], id_to_token=t.id_to_token,
+                             **kw_)
+    return c, out, batch[0]
+
+
+def test_a_repeated_token_loop_stops_and_says_so():
+    c, out, batch_ids = _decode_zh("我爱学习")  # unlearned: the model says "study" over and over
+    assert out.text == "i love study study study" and out.looped and not out.finished
+    assert out.loop == dec.Loop(("study",), 3, 4)
+    assert len(out.steps) == len(out.tokens) == 5  # every step shown is a step the model took
+    assert batch_ids == out.token_ids  # the batched greedy (the trace's target) stops at the same place
+    logits, _ = c.trace("我爱学习", out.text)  # the numbers shown are the model's: teacher forcing agrees
+    torch.testing.assert_close(logits[0, :5], torch.stack([s.logits for s in out.steps]), atol=1e-4, rtol=0)
+    free = _decode_zh("我爱学习", stop_loops=None)[1]  # off: it runs on
+    assert free.tokens[:5] == out.tokens and len(free.tokens) > 5 and not free.looped
+
+
+def test_loop_guard_rule():
+    def first_loop(src, out, repeats=3):
+        g = dec.LoopGuard(list(src), repeats)
+        return next((loop for tok in out if (loop := g.push(tok)) is not None), None)
+
+    assert first_loop("", ["a", "b", "b", "b"]) == dec.Loop(("b",), 3, 3)
+    assert first_loop("", ["x", "a", "b", "a", "b", "a", "b"]) == dec.Loop(("a", "b"), 3, 6)
+    assert first_loop("", ["a", "b", "b"]) is None and first_loop("", "abb", repeats=2) == dec.Loop(("b",), 2, 2)
+    # a repeat the source has is no loop (reverse: "aaaa" -> "aaaa", "abcabc" -> "cbacba")
+    assert first_loop("aaaa", "aaaa") is None and first_loop("aaaa", "aaaaa") == dec.Loop(("a",), 5, 4)
+    assert first_loop("abcabcabc", "cbacbacba") is None and first_loop("abab", "bababa") is not None
+    with pytest.raises(ValueError, match="stop_loops"):
+        dec.LoopGuard([], 1)
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_loop_guard_never_stops_a_correct_output(name):
+    """On held-out test pairs the guard changes nothing: the shipped models' right answers never loop."""
+    c = ckpt(name)
+    t = c.tgt_tokenizer
+    pairs = TASKS[name].sample(300, seed=0, split="test")
+    rows = [c.encode_source(s)[0] for s, _ in pairs]
+    src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=c.cfg.pad_id)
+    src_tokens = [c.src_tokenizer.tokens(r.tolist()) for r in rows]
+    plain = dec.greedy_batch(c.model, src, t.bos_id, t.eos_id)
+    guarded = dec.greedy_batch(c.model, src, t.bos_id, t.eos_id, src_tokens=src_tokens, id_to_token=t.id_to_token)
+    assert guarded == plain
