@@ -1,0 +1,396 @@
+"""Experiments: break one piece of the running Transformer and see, side by side, what changes.
+
+Four views (one runs at a time, `?exp_view=`): before/after under chosen interventions (kept in the
+URL as `?exp=spec;spec`, see model.interventions), head importance with a per-head summary, the
+attribution panel, and two inputs compared on the pretrained MiniLM encoder.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+import numpy as np
+import streamlit as st
+
+from model import analysis as an
+from model import interventions as iv
+from model import pretrained
+from model.analysis import cheating, compare, heads, runs
+from viz import common
+from viz import figures_experiments as FX
+from viz.i18n import N_, current_lang, t
+
+VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
+         "attribution": N_("Attribution"), "compare": N_("Two inputs (MiniLM)")}
+KIND_INDEX = {"encoder.self_attn": 0, "decoder.self_attn": 1, "decoder.cross_attn": 2}  # Attention page's order
+SIDES = {"*": N_("both"), "encoder": N_("encoder"), "decoder": N_("decoder")}
+MODE_LABELS = {"zero": N_("zero"), "mean": N_("mean over positions"), "uniform": N_("uniform attention")}
+PAIR_A = "The animal didn't cross the street because it was too tired"
+PAIR_B = "The animal didn't cross the street because it was too wide"
+N_HELD_OUT = 100
+
+
+# ---------------------------------------------------------------- cached computations (read-only results)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _before_after(name: str, text: str, specs: tuple[str, ...]):
+    ckpt = common.load_ckpt(name)
+    return an.before_after(ckpt, text, iv.build(list(specs), ckpt.cfg))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _importance(name: str, text: str, target: str | None, mode: str):
+    return heads.importance_for(common.load_ckpt(name), common.get_trace(name, text, target), mode)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _em_importance(name: str, n: int):
+    ckpt = common.load_ckpt(name)
+    return heads.exact_match_importance(ckpt, runs.held_out(ckpt, n))
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _attribution(name: str, text: str, target: str | None, position: int):
+    return an.attribution_for(common.load_ckpt(name), common.get_trace(name, text, target), position)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _loss(name: str, specs: tuple[str, ...]):
+    ckpt = common.load_ckpt(name)
+    return runs.teacher_forced_loss(ckpt, runs.held_out(ckpt, N_HELD_OUT), iv.build(list(specs), ckpt.cfg))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _cheating(name: str, steps: int):
+    return cheating.train_without_mask(common.load_ckpt(name), steps)
+
+
+@st.cache_resource(show_spinner=False)
+def _encoder():
+    return pretrained.load_minilm()
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _compare(a: str, b: str, q: str, k1: str, k2: str):
+    return compare.compare_inputs(_encoder(), a, b, q, k1, k2)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _preference(text: str, q: str, k1: str, k2: str):
+    return compare.preference_importance(_encoder(), text, q, k1, k2)
+
+
+# ---------------------------------------------------------------- choosing interventions
+
+
+def _seed_from_url() -> None:
+    """First render: the interventions and their arguments from `?exp=` (a bad spec says why)."""
+    if "exp_iv" in st.session_state:
+        return
+    chosen = []
+    for spec in filter(None, (st.query_params.get("exp") or "").split(";")):
+        try:
+            ident, kwargs = iv.parse(spec)
+        except iv.SpecError as e:
+            common.show_error(t("This link's intervention could not be read: {e}", e=e))
+            continue
+        chosen.append(ident)
+        for k, v in kwargs.items():
+            st.session_state[f"exp_{ident}_{k}"] = v
+    st.session_state["exp_iv"] = list(dict.fromkeys(chosen))
+
+
+def _args(ident: str, modules: list[str], n_heads: int, src_tokens: list[str]) -> dict:
+    """The argument widgets of one intervention; values are stable ids (the URL works in any language)."""
+    key = f"exp_{ident}_{{}}".format
+    if ident in ("ablate_head", "scale_head"):
+        if st.session_state.get(key("module")) not in modules:
+            st.session_state[key("module")] = modules[-1]
+        common.clamp_state(key("head"), 0, n_heads - 1)
+        c1, c2, c3 = st.columns([3, 1, 2])
+        out = {"module": c1.selectbox(t("Attention module"), modules, key=key("module")),
+               "head": c2.selectbox(t("Head"), range(n_heads), key=key("head"))}
+        if ident == "ablate_head":
+            st.session_state.setdefault(key("mode"), "zero")
+            out["mode"] = c3.segmented_control(t("Ablation"), iv.MODES, key=key("mode"),
+                                               format_func=lambda m: t(MODE_LABELS[m])) or "zero"
+        else:
+            st.session_state.setdefault(key("factor"), 2.0)
+            out["factor"] = c3.slider(t("Factor"), -2.0, 4.0, key=key("factor"), step=0.5)
+        return out
+    if ident == "block_source_token":
+        common.clamp_state(key("position"), 0, len(src_tokens) - 1)
+        labels = [f"{i}: {tok}" for i, tok in enumerate(src_tokens)]
+        return {"position": st.selectbox(t("Source token to hide"), range(len(src_tokens)), key=key("position"),
+                                         format_func=labels.__getitem__)}
+    if ident == "shuffle_source":
+        st.session_state.setdefault(key("seed"), 0)
+        return {"seed": int(st.number_input(t("Shuffle seed"), 0, 10_000, key=key("seed")))}
+    if ident == "no_positional":
+        st.session_state.setdefault(key("side"), "*")
+        return {"side": st.segmented_control(t("Where"), list(SIDES), key=key("side"),
+                                             format_func=lambda s: t(SIDES[s])) or "*"}
+    return {}
+
+
+def choose_specs(ckpt, trace) -> list[str]:
+    _seed_from_url()
+    ids = st.multiselect(t("Interventions"), list(iv.REGISTRY), key="exp_iv",
+                         format_func=lambda i: t(iv.REGISTRY[i].label),
+                         placeholder=t("Choose one or more interventions"))
+    modules = heads.attention_modules(ckpt.model)
+    specs = []
+    for ident in ids:
+        with st.container(border=True):
+            st.markdown(f"**{t(iv.REGISTRY[ident].label)}**")
+            st.caption(t(_DOCS[ident]))
+            specs.append(iv.spec_of(ident, **_args(ident, modules, ckpt.cfg.n_heads, trace.meta["src_tokens"])))
+    common.write_query(exp=";".join(specs) or None)
+    return specs
+
+
+_DOCS = {
+    "ablate_head": N_("Knock out one head: zero its output, replace it by its mean over positions, or make it "
+                      "attend uniformly to every visible key."),
+    "scale_head": N_("Multiply one head's output z by a factor (0 = removed, 1 = unchanged)."),
+    "block_source_token": N_("Hide one source token as a key everywhere, as if it were [PAD]: nothing can read it."),
+    "no_scaling": N_("Use QKᵀ instead of QKᵀ/√d_k: the scores spread √d_k times wider and softmax saturates."),
+    "no_positional": N_("Add no positional encoding: the model sees a bag of tokens and cannot tell their order."),
+    "shuffle_source": N_("Give each source token the position of another one: the encoder reads a shuffled "
+                         "sentence."),
+    "no_lookahead_mask": N_("Remove the look-ahead mask: every target position may read the later ones."),
+    "no_padding_mask": N_("Stop masking [PAD] keys. A single sentence has no padding, so look at the held-out "
+                          "exact match below: it runs in padded batches."),
+    "seed_qk_swap_concat": N_("The multi-head attention of seed 001, bugs included."),
+    "inverted_mask": N_("Masks read with the opposite convention."),
+    "pe_base_1000": N_("Positional encoding with base 1000, as written in seed 004."),
+}
+
+
+# ---------------------------------------------------------------- view: before / after
+
+
+def _decoded(col, title: str, dec) -> None:
+    col.markdown(f"**{title}**")
+    col.code(dec.text or "∅", language=None)
+    if not dec.finished:
+        col.caption(t("Stopped at the length limit without [EOS]."))
+
+
+def before_after_view(sel, ckpt, trace) -> None:
+    st.caption(t("Choose interventions; the model decodes the sidebar's source text with and without them "
+                 "(greedy, every step a full pass under the hooks)."))
+    specs = choose_specs(ckpt, trace)
+    if not specs:
+        st.info(t("Choose an intervention above to see what changes."))
+        return
+    try:
+        ba = _before_after(sel.name, sel.text, tuple(specs))
+    except ValueError as e:
+        common.show_error(e)
+        return
+    for ident in dict.fromkeys(s.partition(":")[0] for s in specs):
+        bug = iv.REGISTRY[ident].bug
+        if bug:
+            st.info(f"**{t(iv.REGISTRY[ident].label)}.** {t(bug[0])} {t(bug[1])}", icon="🐞")
+    c1, c2 = st.columns(2)
+    _decoded(c1, t("Before"), ba.before)
+    _decoded(c2, t("After"), ba.after)
+    common.show_figure(FX.token_diff(ba.before, ba.after), key="exp_tokens", filename="experiment-tokens")
+    modules = heads.attention_modules(ckpt.model)
+    st.subheader(t("What the attention does differently"))
+    st.caption(t("Both runs read the same tokens here (the output from before), so each cell can be "
+                 "subtracted: green = more attention after the intervention, pink = less."))
+    module = st.selectbox(t("Attention module"), modules, index=len(modules) - 1, key="exp_diff_module")
+    common.show_figure(FX.attention_diff(ba.trace_before, ba.trace_same, module, ba.trace_before.meta),
+                       key="exp_diff", filename=f"experiment-diff-{module}")
+    cross = [m for m in modules if m.endswith("cross_attn")]
+    if cross:
+        st.caption(t("The alignment each run produced for its own output: which source tokens each output "
+                     "token looked at."))
+        common.show_figure(FX.alignment_pair(ba.trace_before, ba.trace_after, cross[-1]), key="exp_align",
+                           filename="experiment-alignment")
+    damage(sel, ckpt, specs)
+
+
+def damage(sel, ckpt, specs: list[str]) -> None:
+    st.subheader(t("The damage on the task"))
+    try:
+        pairs = runs.held_out(ckpt, N_HELD_OUT)
+    except ValueError as e:
+        st.info(str(e))
+        return
+    before, after = _loss(sel.name, ()), _loss(sel.name, tuple(specs))
+    c1, c2 = st.columns(2)
+    c1.metric(t("Teacher-forced loss, {n} held-out pairs", n=N_HELD_OUT), f"{after['loss']:.3f}",
+              f"{after['loss'] - before['loss']:+.3f}", delta_color="inverse")
+    c2.metric(t("Teacher-forced token accuracy"), f"{after['token_accuracy']:.1%}",
+              f"{after['token_accuracy'] - before['token_accuracy']:+.1%}")
+    store = st.session_state.setdefault("exp_em", {})
+    if st.button(t("Measure exact match on {n} held-out samples", n=N_HELD_OUT), key="exp_em_button"):
+        bar = st.progress(0.0, text=t("Decoding…"))
+        for label, spec in ((("before", ())), ("after", tuple(specs))):
+            if (sel.name, spec) not in store:
+                hooks = iv.build(list(spec), ckpt.cfg)
+                store[(sel.name, spec)] = runs.exact_match(
+                    ckpt, pairs, hooks, progress=lambda d, n, lab=label: bar.progress(
+                        (d / n) / 2 + (0.5 if lab == "after" else 0.0), text=t("Decoding ({which})…", which=t(lab))))
+        bar.empty()
+    em0, em1 = store.get((sel.name, ())), store.get((sel.name, tuple(specs)))
+    if em0 is not None and em1 is not None:
+        st.metric(t("Exact match (greedy), before → after"), f"{em0:.0%} → {em1:.0%}", f"{em1 - em0:+.0%}")
+    if "no_lookahead_mask" in " ".join(specs):
+        cheating_panel(sel)
+    with st.expander(t("Seed 001's loss over [PAD]")):
+        st.markdown(f"{t(iv.SEED_LOSS_BUG[0])} {t(iv.SEED_LOSS_BUG[1])}")
+        st.caption(t("On these {n} held-out pairs (padded to one batch): right loss {a:.4f}, seed 001's loss "
+                     "{b:.4f}, real tokens {s:.1%} of the positions.", n=N_HELD_OUT, a=after["loss"],
+                     b=after["seed_loss"], s=after["real_share"]))
+
+
+def cheating_panel(sel) -> None:
+    st.markdown(t("**Why the mask exists.** Removing it from a model trained *with* it only confuses that "
+                  "model (above). Train *without* it and the model learns to cheat: position t reads token "
+                  "t+1 of its input, exactly what it must predict."))
+    steps = 60
+    if st.button(t("Fine-tune a copy for {n} steps without the mask", n=steps), key="exp_cheat_button"):
+        with st.spinner(t("Training a copy of the model…")):
+            st.session_state["exp_cheat"] = (sel.name, _cheating(sel.name, steps))
+    got = st.session_state.get("exp_cheat")
+    if got and got[0] == sel.name:
+        c = got[1]
+        c1, c2 = st.columns(2)
+        c1.metric(t("Teacher-forced loss (no mask)"), f"{c.teacher_forced['loss']:.3f}")
+        c2.metric(t("Exact match, free-running (no mask)"), f"{c.exact_match:.0%}")
+        st.caption(t("Teacher forcing lets it copy the next token, so its loss is almost perfect; decoding on "
+                     "its own there is no next token to copy, and the output breaks."))
+
+
+# ---------------------------------------------------------------- view: heads
+
+
+def _attention_link(sel, module: str, head: int) -> str:
+    kind, layer = heads.kind_of(module)
+    q = {"checkpoint": sel.name, "text": sel.text, "attn_kind": KIND_INDEX[kind], "layer": layer, "head": head,
+         "lang": current_lang()}
+    if sel.target:
+        q["target"] = sel.target
+    return "/attention?" + urllib.parse.urlencode(q)
+
+
+def heads_view(sel, ckpt, trace) -> None:
+    st.caption(t("Each head of every attention module is knocked out in turn, all in one batched forward pass "
+                 "(one ablation per batch row); the map shows how much the log-prob of the output changes."))
+    st.session_state.setdefault("exp_imp_mode", "zero")
+    mode = st.segmented_control(t("Ablation"), iv.MODES, key="exp_imp_mode",
+                                format_func=lambda m: t(MODE_LABELS[m])) or "zero"
+    hi = _importance(sel.name, sel.text, sel.target, mode)
+    common.show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
+    st.markdown(t("**Top heads** (open one in the Attention page):"))
+    for module, head, delta in hi.top(5):
+        st.markdown(f"- [{module}, {t('head {h}', h=head)}]({_attention_link(sel, module, head)}): "
+                    f"Δ = {delta:+.4f}")
+    if st.button(t("Also: change in exact match per head (20 held-out samples)"), key="exp_em_heads"):
+        st.session_state["exp_em_heads_for"] = sel.name
+    if st.session_state.get("exp_em_heads_for") == sel.name:
+        try:
+            with st.spinner(t("Decoding every ablation…")):
+                em = _em_importance(sel.name, 20)
+            common.show_figure(FX.importance_maps(em), key="exp_em_importance", filename="head-importance-em")
+        except ValueError as e:
+            st.info(str(e))
+    st.subheader(t("What each head does"))
+    q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q",
+                             format_func=lambda k: t(FX.SUMMARY_LABELS[k])) or "entropy"
+    st.caption(t("Entropy: 0 = all weight on one key, log n = spread evenly. Distance: how far (in positions) "
+                 "a query looks on average (self-attention only). Special tokens: [BOS], [EOS], [CLS], [SEP], "
+                 "where heads often park attention they do not need."))
+    common.show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
+
+
+# ---------------------------------------------------------------- view: attribution
+
+
+def attribution_view(sel, ckpt, trace) -> None:
+    st.caption(t("Is attention an explanation? For one output token, four measures of how much each source "
+                 "token mattered, each with its Spearman rank correlation ρ against blank-out (hide the token, "
+                 "measure the drop in log-prob). The literature finds rollout closer to blank-out than raw "
+                 "attention in deep layers; see what these models do."))
+    outs = trace.meta.get("next_tokens") or []
+    common.clamp_state("exp_attr_pos", 0, max(len(outs) - 1, 0))
+    pos = st.selectbox(t("Output token"), range(len(outs)), key="exp_attr_pos",
+                       format_func=lambda i: f"{i}: {outs[i]}")
+    attr = _attribution(sel.name, sel.text, sel.target, pos)
+    common.show_figure(FX.attribution_bars(attr), key="exp_attr", filename="attribution")
+    st.dataframe([{t("method"): t(FX.METHOD_LABELS[m]), "ρ": round(r, 3)} for m, r in attr.spearman.items()],
+                 hide_index=True)
+
+
+# ---------------------------------------------------------------- view: two inputs (MiniLM)
+
+
+def compare_view() -> None:
+    st.caption(t("Two sentences side by side on the pretrained encoder all-MiniLM-L6-v2: how does every head's "
+                 "attention from one query token change when one word changes?"))
+    if not pretrained.is_available():
+        st.info(t("The pretrained encoder is not installed: {hint}", hint=pretrained.INSTALL_HINT))
+        return
+    c1, c2 = st.columns(2)
+    a = c1.text_input(t("Sentence A"), PAIR_A, key="exp_cmp_a")
+    b = c2.text_input(t("Sentence B"), PAIR_B, key="exp_cmp_b")
+    c1, c2, c3 = st.columns(3)
+    q = c1.text_input(t("Query token"), "it", key="exp_cmp_q")
+    k1 = c2.text_input(t("Key token 1"), "animal", key="exp_cmp_k1")
+    k2 = c3.text_input(t("Key token 2"), "street", key="exp_cmp_k2")
+    try:
+        with st.spinner(t("Running MiniLM…")):
+            hf = _compare(a, b, q, k1, k2)
+    except (ValueError, RuntimeError) as e:
+        common.show_error(e)
+        return
+    common.show_figure(FX.flip_maps(hf, (q, k1, k2)), key="exp_flip", filename="head-flip")
+    st.markdown(t("**Head finder**: heads ranked by how much their preference flips between the sentences. "
+                  "A head that follows the meaning flips; one that keeps high weight on “{k}” in both does "
+                  "not.", k=k1))
+    st.dataframe([{t("layer"): r["layer"], t("head"): r["head"], t("w[{k}] in A", k=k1): round(r["to1_a"], 3),
+                   t("w[{k}] in B", k=k1): round(r["to1_b"], 3), t("flip"): round(r["flip"], 3)}
+                  for r in hf.ranking()[:10]], hide_index=True)
+    steady = max(hf.ranking(), key=lambda r: min(r["to1_a"], r["to1_b"]))
+    st.caption(t("Steadiest head on “{k}”: layer {l}, head {h} ({a:.2f} in A, {b:.2f} in B).", k=k1,
+                 l=steady["layer"], h=steady["head"], a=steady["to1_a"], b=steady["to1_b"]))
+    if hf.aligned:
+        common.show_figure(FX.row_diff(hf), key="exp_rowdiff", filename="row-diff")
+    else:
+        st.info(t("The sentences have different numbers of tokens, so their rows cannot be subtracted "
+                  "position by position; the preference maps above still compare them."))
+    if st.button(t("Ablate each of the {n} heads (sentence A)", n=int(np.prod(hf.pref_a.shape))),
+                 key="exp_cmp_imp"):
+        st.session_state["exp_cmp_imp_on"] = True
+    if st.session_state.get("exp_cmp_imp_on"):
+        try:
+            hi = _preference(a, q, k1, k2)
+        except ValueError as e:
+            common.show_error(e)
+            return
+        st.caption(t("Preference = cos(h_{q}, h_{a}) − cos(h_{q}, h_{b}) on the final hidden states; the map "
+                     "shows its change when each head is zeroed.", q=q, a=k1, b=k2))
+        common.show_figure(FX.importance_maps(hi), key="exp_cmp_importance", filename="minilm-head-importance")
+
+
+# ---------------------------------------------------------------- page
+
+
+st.title(t("Experiments"))
+st.caption(t("Every attention tool only watches. Here you change the running Transformer, one piece at a time, "
+             "and see what changes: breaking a piece is the fastest way to see why it is there."))
+common.seed_from_query("exp_view", "exp_view", "before_after", valid=lambda v: v in VIEWS)
+view = st.segmented_control(t("View"), list(VIEWS), key="exp_view", format_func=lambda v: t(VIEWS[v]))
+view = view or "before_after"
+common.write_query(exp_view=view)
+if view == "compare":
+    compare_view()
+else:
+    sel, trace = common.require_trace()
+    ckpt = common.load_ckpt(sel.name)
+    {"before_after": before_after_view, "heads": heads_view, "attribution": attribution_view}[view](sel, ckpt, trace)
