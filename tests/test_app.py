@@ -82,6 +82,13 @@ def figure(at: AppTest, title_start: str) -> dict:
     return found[0]
 
 
+def show_view(at: AppTest, view: str, key: str = "attn") -> AppTest:
+    """Switch the attention explorer to `view` (heads, model, pipeline, masks, qkvz, sqrt) and rerun."""
+    at.button_group(key=f"{key}_view").set_value(view).run()
+    assert_clean(at)
+    return at
+
+
 def z_of(trace_json: dict) -> np.ndarray:
     """A heatmap's z from plotly JSON: base64 typed array ({dtype, bdata, shape}) or nested lists."""
     z = trace_json["z"]
@@ -131,11 +138,11 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, 0].numpy())
     hover = head_fig["data"][0]["hovertemplate"]
     assert "%{z:.6g}" in hover and "%{y}" in hover  # exact value and the token names
-    assert head_fig["data"][0]["y"][0].endswith(trace.meta["tgt_tokens"][0].replace(" ", "␣"))
+    assert head_fig["data"][0]["y"][0] == f"0: {trace.meta['tgt_tokens'][0]} → {trace.meta['next_tokens'][0]}"
     assert head_fig["data"][0]["x"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
 
     # Encoder self-attention, another layer and head: the figure follows the widgets.
-    at.radio(key="attn_kind").set_value(0)
+    at.radio(key="attn_kind").set_value("enc")
     at.run()
     name = f"encoder.layers.{shipped.cfg.n_encoder_layers - 1}.self_attn"
     at.selectbox(key="attn_head").set_value(shipped.cfg.n_heads - 1)
@@ -147,7 +154,7 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
 
     # Back to cross-attention in the last layer.
-    at.radio(key="attn_kind").set_value(2)
+    at.radio(key="attn_kind").set_value("cross")
     at.selectbox(key="attn_layer").set_value(shipped.cfg.n_decoder_layers - 1)
     at.run()
     assert_clean(at)
@@ -157,7 +164,7 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
     assert at.query_params["layer"] == str(L) and at.query_params["head"] == str(H)
 
-    pipeline = figure(at, f"{name} · head {H}: softmax")
+    pipeline = figure(show_view(at, "pipeline"), f"{name} · head {H}: softmax")
     zs = [z_of(t) for t in pipeline["data"] if t["type"] == "heatmap"]
     np.testing.assert_array_equal(zs[1], trace[f"{name}.scores"][0, H].numpy())
     np.testing.assert_array_equal(zs[-1], trace[f"{name}.weights"][0, H].numpy())
@@ -166,10 +173,10 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
 def test_query_string_opens_a_shared_view(shipped):
     L, H = shipped.cfg.n_decoder_layers - 1, 1
     at = run_app("viz/pages/attention.py", query={"checkpoint": shipped.name, "text": shipped.example,
-                                                   "attn_kind": "1", "layer": str(L), "head": str(H)})
+                                                   "attn_kind": "dec", "layer": str(L), "head": str(H)})
     assert_clean(at)
     assert (at.radio(key="attn_kind").value, at.selectbox(key="attn_layer").value,
-            at.selectbox(key="attn_head").value) == (1, L, H)
+            at.selectbox(key="attn_head").value) == ("dec", L, H)
     trace = shipped.trace(shipped.example)[1]
     fig = figure(at, f"decoder.layers.{L}.self_attn · head {H}")
     want = trace[f"decoder.layers.{L}.self_attn.weights"][0, H].numpy()
@@ -317,7 +324,7 @@ def test_page_bytes_under_20_mb_at_256_tokens(long_checkpoint, monkeypatch, page
     n = page_bytes(at._tree)
     assert n < MAX_PAGE_BYTES, f"{page} sends {n / 2**20:.1f} MB"
     if page.endswith("attention.py"):
-        model_view = figure(at, "model view")
+        model_view = figure(show_view(at, "model"), "model view")
         assert "max over" in model_view["layout"]["title"]["text"]  # downsampled thumbnails
 
 
@@ -339,10 +346,10 @@ def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeyp
     trace = ckpt.trace(src, target=tgt)[1]
     at = run_app("viz/pages/attention.py", text=src, target=tgt, checkpoint=name)
     assert_clean(at)
-    for kind, mod in enumerate(["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
-                                "decoder.layers.0.cross_attn"]):
+    for kind, mod in zip(["enc", "dec", "cross"], ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
+                                                 "decoder.layers.0.cross_attn"], strict=True):
         at.radio(key="attn_kind").set_value(kind).run()
-        assert_clean(at)
+        show_view(at, "heads")
         n = page_bytes(at._tree)
         assert n < MAX_PAGE_BYTES, f"{mod}: the page sends {n / 2**20:.1f} MB"
         w = trace[f"{mod}.weights"][0].numpy()
@@ -354,13 +361,13 @@ def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeyp
         for h, t in enumerate(grid["data"]):
             np.testing.assert_array_equal(z_of(t), _max_pool(w[h], 2))
         assert "max of 2×2" in grid["data"][0]["hovertemplate"]
-        pipe = figure(at, f"{mod} · head 0: softmax")
-        assert pipe["layout"]["title"]["text"].endswith(f"query rows 0–63 of {n_q}")
+        pipe = figure(show_view(at, "pipeline"), f"{mod} · head 0: softmax")
+        assert f"query rows 0–63 of {n_q}" in pipe["layout"]["title"]["text"]
         np.testing.assert_array_equal(z_of(pipe["data"][-1]), w[0, :64])
-        masks = figure(at, f"{mod}: mask")
+        masks = figure(show_view(at, "masks"), f"{mod}: mask")
         np.testing.assert_array_equal(z_of(masks["data"][-1]), w[0, :64])
     # Another window of query rows: the pipeline follows the selector.
-    at.selectbox(key="attn_pipe_rows").set_value(2).run()
+    show_view(at, "pipeline").selectbox(key="attn_pipe_rows").set_value(2).run()
     assert_clean(at)
     pipe = figure(at, "decoder.layers.0.cross_attn · head 0: softmax")
     assert "query rows 128–191" in pipe["layout"]["title"]["text"]
@@ -406,7 +413,7 @@ def test_attention_views_work_on_an_encoder_only_trace():
     at = AppTest.from_function(_encoder_only_page, default_timeout=TIMEOUT)
     at.run()
     assert_clean(at)
-    assert at.radio(key="pre_kind").options == ["Encoder self-attention"]
+    assert at.radio(key="pre_kind").options == ["Encoder self-attention"]  # labels; the value is "enc"
     at.selectbox(key="pre_layer").set_value(2)
     at.selectbox(key="pre_head").set_value(3)
     at.run()
@@ -418,10 +425,11 @@ def test_attention_views_work_on_an_encoder_only_trace():
     fig = figure(at, "encoder.layers.2.self_attn · head 3")
     want = trace["encoder.layers.2.self_attn.weights"][0, 3].numpy()
     np.testing.assert_array_equal(z_of(fig["data"][0]), want)
-    assert fig["data"][0]["y"][2] == "2 animal"
-    masks = figure(at, "encoder.layers.2.self_attn: mask")
+    assert fig["data"][0]["y"][2] == "2: animal"
+    masks = figure(show_view(at, "masks", key="pre"), "encoder.layers.2.self_attn: mask")
     pad = z_of(masks["data"][0])
     assert pad[:, -1].all() and not pad[:, :-1].any()  # the [PAD] key column is blocked, for every query
+    show_view(at, "model", key="pre")
     assert len([f for f in figures(at) if f["layout"]["title"]["text"].startswith("model view")]) == 1
 
 
@@ -434,3 +442,140 @@ def test_figures_export_as_png_or_svg(shipped):
     configs = [json.loads(c.proto.config) for c in at.get("plotly_chart")]
     assert all(c["toImageButtonOptions"]["format"] == "svg" for c in configs)
     assert configs[0]["toImageButtonOptions"]["filename"] == "decoder.layers.0.cross_attn-head0"
+
+
+# ---------------------------------------------------------------- issue 13: the app keeps its word
+
+
+def _view(at: AppTest) -> tuple:
+    return (at.radio(key="attn_kind").value, at.selectbox(key="attn_layer").value,
+            at.selectbox(key="attn_head").value, at.button_group(key="attn_view").value)
+
+
+def _choose_view(at: AppTest, kind="dec", layer=1, head=3, view="pipeline") -> AppTest:
+    at.radio(key="attn_kind").set_value(kind).run()
+    at.selectbox(key="attn_layer").set_value(layer)
+    at.selectbox(key="attn_head").set_value(head).run()
+    return show_view(at, view)
+
+
+def test_controls_and_chart_agree_after_an_input_error(shipped):
+    """#1: decoder self-attention, layer 1, head 3; clear the text (an error); type a new one."""
+    at = _choose_view(run_app("viz/pages/attention.py"))
+    at.sidebar.text_area(key="source_text").set_value("").run()
+    assert at.error and not at.exception
+    at.sidebar.text_area(key="source_text").set_value(shipped.example).run()
+    assert_clean(at)
+    assert _view(at) == ("dec", 1, 3, "pipeline")
+    figure(at, "decoder.layers.1.self_attn · head 3 · softmax weights")
+    figure(at, "decoder.layers.1.self_attn · head 3: softmax")  # the pipeline view, same module and head
+
+
+def test_attention_tokens_attention_keeps_the_view(shipped):
+    """#4: leaving the page and coming back reopens the same kind, layer, head and view."""
+    at = _choose_view(run_app("viz/pages/attention.py"), "enc", 1, 2, "qkvz")
+    at.switch_page("viz/pages/tokens.py").run()
+    assert_clean(at)
+    at.switch_page("viz/pages/attention.py").run()
+    assert_clean(at)
+    assert _view(at) == ("enc", 1, 2, "qkvz")
+    figure(at, "encoder.layers.1.self_attn · head 2: per-head projections")
+
+
+def test_the_url_carries_the_whole_view(shipped):
+    """#4: a link (the URL after some clicks) reopens the same view in a fresh session, tab included."""
+    at = _choose_view(run_app("viz/pages/attention.py"), "cross", 1, 2, "masks")
+    link = {k: at.query_params[k] for k in at.query_params}
+    assert {"checkpoint", "text", "attn_kind", "layer", "head", "view"} <= set(link)
+    fresh = run_app("viz/pages/attention.py", query=link)
+    assert_clean(fresh)
+    assert _view(fresh) == ("cross", 1, 2, "masks")
+    assert fresh.sidebar.text_area(key="source_text").value == shipped.example
+
+
+def test_a_long_text_is_said_to_stay_out_of_the_link(shipped):
+    text = (shipped.example + " ") * (common.MAX_URL_TEXT // len(shipped.example) + 1)
+    at = run_app("viz/pages/tokens.py", text=text)
+    assert "text" not in at.query_params
+    assert any("does not carry" in c.value for c in at.sidebar.caption)
+    short = run_app("viz/pages/tokens.py")
+    assert not any("does not carry" in c.value for c in short.sidebar.caption)
+
+
+def test_unk_warning_shows_the_original_characters():
+    """#7: 量子力学很难 on zh-en names the characters the vocabulary lacks, not '[UNK]@0'."""
+    ckpt = load_checkpoint("zh-en")
+    text = "量子力学很难"
+    unknown = [p for p in ckpt.src_tokenizer.pieces(text) if p.is_unk]
+    assert unknown, "the example needs characters outside the zh-en vocabulary"
+    at = run_app("viz/pages/attention.py", checkpoint="zh-en", text=text)
+    assert not at.exception
+    (warning,) = [w.value for w in at.warning if "[UNK]" in w.value]
+    assert "[UNK]@" not in warning
+    assert all(f"'{text[p.span[0]:p.span[1]]}'" in warning for p in unknown)
+
+
+def test_unk_warning_shortens_a_huge_token():
+    """#8: a 5,000-character unknown word is quoted by its start and its length, not in full."""
+    piece = type("P", (), {"is_unk": True, "span": (0, 5000), "token": "[UNK]"})()
+    note = common.unk_note([piece], "x" * 5000)
+    assert "(5000 characters)" in note and "x" * (common.MAX_SHOWN + 1) not in note
+
+
+def test_attention_page_shows_the_model_output(shipped):
+    """#10: the translation, one line under the controls."""
+    at = run_app("viz/pages/attention.py")
+    out = shipped.translate(shipped.example).text
+    assert any(m.value == f"**Model output (greedy):** {out}" for m in at.markdown)
+
+
+def test_chinese_ui_opens_on_the_chinese_model():
+    at = run_app(query={"lang": "zh"})
+    assert_clean(at)
+    assert at.sidebar.selectbox(key="checkpoint").value == "zh-en"
+    assert at.sidebar.text_area(key="source_text").value == "我爱机器学习"
+    linked = run_app(query={"lang": "zh", "checkpoint": "dates"})  # a link keeps its model in any language
+    assert linked.sidebar.selectbox(key="checkpoint").value == "dates"
+
+
+def test_a_model_trained_in_the_session_is_offered_and_traced(shipped, tmp_path):
+    """#9: a checkpoint in st.session_state["session_models"] is in the selector on every page, and
+    its trace is its own (not a shipped model's, not another session's)."""
+    mine = Checkpoint.load(_random_clone(shipped.ckpt, tmp_path / "mine", shipped.cfg.max_len))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["session_models"] = {"my run": mine}
+    at.run()
+    box = at.sidebar.selectbox(key="checkpoint")
+    assert box.options[-1] == "my run"
+    at.session_state["checkpoint"] = "my run"  # as choosing it does (AppTest can't pick a formatted option)
+    at.run()
+    at.switch_page("viz/pages/attention.py").run()
+    assert_clean(at)
+    want = mine.trace(shipped.example)[1]["decoder.layers.0.cross_attn.weights"][0, 0].numpy()
+    np.testing.assert_array_equal(z_of(figure(at, "decoder.layers.0.cross_attn · head 0")["data"][0]), want)
+    at.switch_page("viz/pages/tokens.py").run()
+    assert_clean(at)
+    assert at.sidebar.selectbox(key="checkpoint").value == "my run"
+    other = run_app()  # another session: no such model
+    assert "my run" not in other.sidebar.selectbox(key="checkpoint").options
+
+
+def test_score_pipeline_has_one_colour_scale_for_the_score_panels(shipped):
+    """#8: the QKᵀ panels have a colour bar (one, shared), the weights their own."""
+    at = show_view(run_app("viz/pages/attention.py"), "pipeline")
+    pipe = figure(at, "decoder.layers.0.cross_attn · head 0: softmax")
+    shown = [tr for tr in pipe["data"] if tr["type"] == "heatmap" and tr.get("showscale", True)]
+    assert len(shown) == 2
+    scores = [tr for tr in shown if tr["colorscale"] != pipe["data"][-1]["colorscale"]]
+    assert scores and scores[0]["colorbar"]["orientation"] == "h"
+
+
+def test_exported_figure_names_model_and_sentence_and_fits_the_heatmap(shipped):
+    """#8: the head heatmap's figure is sized to the heatmap (no wide margins) and its title says
+    which model and sentence it shows."""
+    at = run_app("viz/pages/attention.py")
+    head = figure(at, "decoder.layers.0.cross_attn · head 0")
+    assert f"model {shipped.name}" in head["layout"]["title"]["text"] and shipped.example in \
+        head["layout"]["title"]["text"]
+    w, h = head["layout"]["width"], head["layout"]["height"]
+    assert w < 2 * h  # not a 2080×760 strip

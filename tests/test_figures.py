@@ -13,6 +13,7 @@ from viz import figures as F
 
 SRC = ["a", "b", "a", "c", "d", "[PAD]", "[PAD]"]
 TGT = ["[BOS]", "x", "y", "x", "z"]
+NEXT = ["x", "y", "x", "z", "[EOS]"]  # what each decoder position predicts
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,8 @@ def trace():
     model = Transformer(small_config()).eval()
     src = torch.tensor([[3, 4, 3, 5, 6, 0, 0]])  # two [PAD] keys at the end
     tgt = torch.tensor([[5, 7, 8, 7, 9]])
-    return model.run_with_trace(src, tgt, meta={"src_tokens": SRC, "tgt_tokens": TGT})[1]
+    return model.run_with_trace(src, tgt, meta={"src_tokens": SRC, "tgt_tokens": TGT,
+                                                             "next_tokens": NEXT})[1]
 
 
 def heatmaps(fig: go.Figure) -> list[go.Heatmap]:
@@ -41,7 +43,8 @@ def test_head_heatmap_is_the_captured_weights(trace, name):
     assert (h.zmin, h.zmax) == (0.0, 1.0)
     assert h.colorscale == go.Heatmap(colorscale=F.WEIGHTS_SCALE).colorscale
     q_tok, k_tok = F.attention_tokens(trace.meta, name)
-    assert list(h.y) == F.token_labels(q_tok, h.z.shape[0])
+    rows = F.step_labels(TGT, NEXT) if name.startswith("decoder.") else F.token_labels(q_tok, h.z.shape[0])
+    assert list(h.y) == rows
     assert list(h.x) == F.token_labels(k_tok, h.z.shape[1])
     assert "%{z:.6g}" in h.hovertemplate and "%{x}" in h.hovertemplate
 
@@ -53,7 +56,28 @@ def test_cross_attention_axes_are_target_by_source(trace):
 
 def test_token_labels_are_unique_for_repeated_tokens():
     labels = F.token_labels(["a", " ", "a", "\n"], 5)
-    assert len(set(labels)) == 5 and labels[1] == "1 ␣" and labels[3] == "3 ⏎" and labels[4] == "4"
+    assert len(set(labels)) == 5 and labels[1] == "1: ␣" and labels[3] == "3: ⏎" and labels[4] == "4"
+
+
+def test_position_and_token_labels_do_not_run_together():
+    assert F.token_labels([str(i % 10) for i in range(11)], 11)[10] == "10: 0"  # not "100"
+
+
+def test_step_labels_show_input_and_predicted_token():
+    assert F.step_labels(["[BOS]", "i", "love"], ["i", "love", "[EOS]"]) == [
+        "0: [BOS] → i", "1: i → love", "2: love → [EOS]"]
+    assert F.step_labels(["[BOS]", "a"], ["a"]) == ["0: [BOS] → a", "1: a"]  # nothing predicted yet
+
+
+@pytest.mark.parametrize("build", [
+    lambda tr, n: F.attention_heatmap(tr, n, 0), lambda tr, n: F.heads_grid(tr, n),
+    lambda tr, n: F.score_pipeline(tr, n, 0), lambda tr, n: F.mask_figure(tr, n, 0),
+    lambda tr, n: F.qkvz_figure(tr, n, 0)])
+def test_every_decoder_query_axis_uses_step_labels(trace, build):
+    fig = build(trace, "decoder.layers.1.cross_attn")
+    assert all(list(h.y) == F.step_labels(TGT, NEXT) for h in heatmaps(fig)
+               if len(h.y) == len(TGT) and h.y[0].startswith("0: [BOS]")), "a decoder row is labelled by input only"
+    assert any(list(h.y) == F.step_labels(TGT, NEXT) for h in heatmaps(fig))
 
 
 def test_heads_grid_has_every_head(trace):

@@ -7,6 +7,11 @@ checkpoints (encoder self / decoder self / cross attention) and encoder-only tra
     from viz.attention_views import render_attention
     render_attention(trace, key="pre")      # key: a prefix for widget keys and URL params
 
+Cheap per click (issue 12): the explorer is an `st.fragment`, so changing the kind, layer, head or
+view reruns only the explorer, not the page; only the chosen view is built (a segmented control,
+kept in the URL, instead of tabs that build every view on every run); figures that do not depend on
+the head are cached in the session (bounded), so a head switch rebuilds two figures.
+
 Long inputs (up to 512 tokens) stay light: the chosen head's heatmap is at full resolution, the
 all-heads grid and the model view are max-pooled (said in their titles and captions), and the
 score pipeline and masks show a window of query rows picked with a selector.
@@ -16,64 +21,78 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import OrderedDict
 
 import streamlit as st
 
 from viz import common
 from viz import figures as F
+from viz.i18n import N_, current_lang, t
 
-KINDS = {  # label -> (module name pattern, what it teaches)
-    "Encoder self-attention": ("encoder.layers.{i}.self_attn",
-                               "Q, K and V all come from the source: every source token looks at every "
-                               "source token (only [PAD] keys are masked)."),
-    "Decoder self-attention (masked)": ("decoder.layers.{i}.self_attn",
-                                        "Q, K and V come from the target; the look-ahead mask M (−∞ above "
-                                        "the diagonal) keeps position t from seeing t+1, t+2, …"),
-    "Cross-attention (encoder–decoder)": ("decoder.layers.{i}.cross_attn",
-                                          "Q comes from the decoder (target), K and V from the encoder "
-                                          "output (source): each target token looks up the source tokens "
-                                          "it needs."),
+KINDS = {  # stable id (URL value) -> (label, module name pattern, what it teaches)
+    "enc": (N_("Encoder self-attention"), "encoder.layers.{i}.self_attn",
+            N_("Q, K and V all come from the source: every source token looks at every source token (only "
+               "[PAD] keys are masked).")),
+    "dec": (N_("Decoder self-attention (masked)"), "decoder.layers.{i}.self_attn",
+            N_("Q, K and V come from the target; the look-ahead mask M (−∞ above the diagonal) keeps position "
+               "t from seeing t+1, t+2, …")),
+    "cross": (N_("Cross-attention (encoder–decoder)"), "decoder.layers.{i}.cross_attn",
+              N_("Q comes from the decoder (target), K and V from the encoder output (source): each target "
+                 "token looks up the source tokens it needs.")),
 }
+VIEWS = {  # stable id (URL value) -> label
+    "heads": N_("All heads"), "model": N_("Model view"), "pipeline": N_("Score pipeline"),
+    "masks": N_("Masks"), "qkvz": N_("Q · K · V · z"), "sqrt": N_("Why √d_k"),
+}
+FIGURE_CACHE = 8  # head-independent figures kept per session (each a few hundred kB at most)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def attention_modules(trace) -> dict[str, list[str]]:
-    """Kind label -> the attention modules of that kind present in `trace`, by layer."""
+    """Kind id -> the attention modules of that kind present in `trace`, by layer."""
     out = {}
-    for label, (pattern, _) in KINDS.items():
+    for kind, (_, pattern, _) in KINDS.items():
         prefix, suffix = pattern.split("{i}")
         layers = sorted({int(m.group(1)) for n in trace.names()
                          if n.startswith(prefix) and n.endswith(f"{suffix}.weights")
                          and (m := _LAYER.search(n))})
         if layers:
-            out[label] = [pattern.format(i=i) for i in layers]
+            out[kind] = [pattern.format(i=i) for i in layers]
     return out
 
 
 def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
-    """Kind, layer and head widgets (seeded from the URL, written back to it)."""
+    """Kind, layer and head widgets (seeded from the URL or the session, written back to the URL)."""
     mods = attention_modules(trace)
     if not mods:
-        st.info("This trace holds no attention weights (capture '*.weights' to see them).")
+        st.info(t("This trace holds no attention weights (capture '*.weights' to see them)."))
         st.stop()
-    labels = list(mods)
+    kinds = list(mods)
     # Open on cross-attention when there is one: it is where a trained model's alignment shows.
-    default = next((i for i, label in enumerate(labels) if label.startswith("Cross")), 0)
-    common.seed_from_query(f"{key}_kind", f"{key}_kind", default, int, common.int_in(0, len(labels) - 1))
+    common.seed_from_query(f"{key}_kind", f"{key}_kind", "cross" if "cross" in mods else kinds[0],
+                           valid=lambda v: v in mods)
     c1, c2, c3 = st.columns([2, 1, 1])
-    k = c1.radio("Attention", range(len(labels)), format_func=labels.__getitem__, key=f"{key}_kind",
-                 horizontal=True)
-    names = mods[labels[k]]
-    n_heads = F.arr(trace[f"{names[0]}.weights"]).shape[1]
+    kind = c1.radio(t("Attention"), kinds, format_func=lambda k: t(KINDS[k][0]), key=f"{key}_kind",
+                    horizontal=True)
+    names = mods[kind]
+    n_heads = trace[f"{names[0]}.weights"].shape[1]
     common.seed_from_query(f"{key}_layer", "layer", 0, int, common.int_in(0, len(names) - 1))
     common.seed_from_query(f"{key}_head", "head", 0, int, common.int_in(0, n_heads - 1))
     # Another kind or model may have fewer layers/heads than the value remembered in the session.
     common.clamp_state(f"{key}_layer", 0, len(names) - 1)
     common.clamp_state(f"{key}_head", 0, n_heads - 1)
-    layer = c2.selectbox("Layer", range(len(names)), key=f"{key}_layer")
-    head = c3.selectbox("Head", range(n_heads), key=f"{key}_head")
-    common.write_query(**{f"{key}_kind": k, "layer": layer, "head": head})
-    return labels[k], names, layer, head
+    layer = c2.selectbox(t("Layer"), range(len(names)), key=f"{key}_layer")
+    head = c3.selectbox(t("Head"), range(n_heads), key=f"{key}_head")
+    common.write_query(**{f"{key}_kind": kind, "layer": layer, "head": head})
+    return kind, names, layer, head
+
+
+def _choose_view(key: str) -> str:
+    common.seed_from_query(f"{key}_view", "view", "heads", valid=lambda v: v in VIEWS)
+    view = st.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v]), key=f"{key}_view",
+                                required=True, label_visibility="collapsed")
+    common.write_query(view=view)
+    return view
 
 
 def _on_model_view_click(key: str, chart_key: str) -> None:
@@ -94,105 +113,148 @@ def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
         return None
     windows = F.query_windows(n_q)
     common.clamp_state(key, 0, len(windows) - 1)  # another module may have fewer query rows
-    i = st.selectbox(f"Query rows ({F.QUERY_WINDOW} at a time)", range(len(windows)), key=key,
-                     format_func=lambda j: f"rows {windows[j][0]}–{windows[j][1] - 1} of {n_q}")
+    i = st.selectbox(t("Query rows ({n} at a time)", n=F.QUERY_WINDOW), range(len(windows)), key=key,
+                     format_func=lambda j: t("rows {a}–{b} of {n}", a=windows[j][0], b=windows[j][1] - 1, n=n_q))
     a, b = windows[i]
-    st.caption(f"A long input ({n_q} queries): this view shows query rows {a}–{b - 1}, each with all {n_k} "
-               "keys and exact values, to keep the page light. Pick other rows above; the head heatmap at "
-               "the top shows every row.")
+    st.caption(t("A long input ({n} queries): this view shows query rows {a}–{b}, each with all {k} keys and "
+                 "exact values, to keep the page light. Pick other rows above; the head heatmap at the top "
+                 "shows every row.", n=n_q, a=a, b=b - 1, k=n_k))
     return a, b
 
 
-def render_attention(trace, key: str = "attn") -> None:
-    """The full attention explorer for `trace` (see the module docstring)."""
+def cached_figure(trace, build, *args, **kwargs):
+    """`build(trace, *args, **kwargs)` for this session's trace, cached in the session (bounded LRU).
+
+    For figures that do not depend on the head: a head switch then costs nothing for them. The key
+    holds the trace object itself, so a new trace never meets an old trace's figure."""
+    cache = st.session_state.setdefault("_al_figures", OrderedDict())
+    key = (id(trace), build.__name__, args, tuple(sorted(kwargs.items())), current_lang())
+    hit = cache.get(key)
+    if hit is None or hit[0] is not trace:
+        hit = cache[key] = (trace, build(trace, *args, **kwargs))
+        while len(cache) > FIGURE_CACHE:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return hit[1]
+
+
+def render_attention(trace, key: str = "attn", output: str | None = None) -> None:
+    """The full attention explorer for `trace` (see the module docstring). `output`: one line shown
+    under the controls (e.g. the model's translation)."""
+    _explorer(trace, key, output)
+
+
+@st.fragment
+def _explorer(trace, key: str, output: str | None) -> None:
     meta = trace.meta
-    label, names, layer, head = _choose(trace, key)
+    kind, names, layer, head = _choose(trace, key)
+    if output:
+        st.markdown(output)
     name = names[layer]
-    d_k = F.arr(trace[f"{name}.q"]).shape[-1] if f"{name}.q" in trace else None
+    d_k = trace[f"{name}.q"].shape[-1] if f"{name}.q" in trace else None
     st.caption(
-        f"**{label}**, `{name}`. {KINDS[label][1]} Each row is one query's softmax distribution over the "
-        f"keys (rows sum to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V"
-        + (f", with d_k = d_model / h = {d_k}." if d_k else ".")
-    )
+        t("**{label}**, `{name}`. {what} Each row is one query's softmax distribution over the keys (rows sum "
+          "to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V.", label=t(KINDS[kind][0]), name=name,
+          what=t(KINDS[kind][2]))
+        + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
+        + (" " + t("Rows are labelled “position: input → predicted”: the token the decoder reads there and "
+                   "the token it predicts from there.") if name.startswith("decoder.") else ""))
     common.show_figure(F.attention_heatmap(trace, name, head, meta=meta), key=f"{key}_head_fig",
-                       filename=f"{name}-head{head}")
-    tabs = st.tabs(["All heads", "Model view", "Score pipeline", "Masks", "Q · K · V · z", "Why √d_k"])
-    with tabs[0]:
-        st.caption("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at "
-                   "the same tokens in different ways. Their outputs are concatenated and mixed by W^O: "
-                   "MultiHead = Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H).")
-        block = F.pool_factor(trace[f"{name}.weights"].shape[2:], F.MAX_GRID)
-        if block > 1:
-            st.caption(f"A long input: each panel is downsampled {block}×, each cell is the max of a "
-                       f"{block}×{block} block of weights (a single sharp weight stays visible); hover shows "
-                       "the positions a cell covers. The head heatmap above is at full resolution.")
-        common.show_figure(F.heads_grid(trace, name, meta=meta), key=f"{key}_heads_fig",
-                           filename=f"{name}-heads")
-    with tabs[1]:
-        chart_key = f"{key}_model_view"
-        st.caption("Every layer (row) × head (column) of this attention kind. Click a thumbnail (or pick the "
-                   "layer and head above) to enlarge it. Long inputs are shown as the maximum over small "
-                   "blocks (the title says how big), to keep the page light; hover shows the positions a "
-                   "cell covers.")
-        common.show_figure(F.model_view(trace, names, selected=(layer, head)), key=chart_key,
-                           filename=f"model-view-{names[0].split('.')[0]}", selection_mode="points",
-                           on_select=functools.partial(_on_model_view_click, key, chart_key))
-    with tabs[2]:
-        st.caption("The score pipeline of one head, left to right: the raw dot products QKᵀ; divided by √d_k "
-                   "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus "
-                   "the mask M (−∞ where blocked); softmax over each row. Both score panels share one colour "
-                   "range.")
-        rows = _query_rows(trace, name, f"{key}_pipe_rows")
-        common.show_figure(F.score_pipeline(trace, name, head, meta=meta, rows=rows), key=f"{key}_pipe_fig",
-                           filename=f"{name}-head{head}-pipeline")
-    with tabs[3]:
-        _masks_caption(name)
-        if f"{name}.mask" in trace:
-            rows = _query_rows(trace, name, f"{key}_mask_rows")
-            common.show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
-                               filename=f"{name}-masks")
-        else:
-            st.info("No mask was captured for this module.")
-    with tabs[4]:
-        st.caption("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) "
-                   "→ transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
-                   "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before "
-                   "W^O.")
-        common.show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
-                           filename=f"{name}-head{head}-qkvz")
-    with tabs[5]:
-        _scaling_lesson(trace, name, key)
+                       filename=f"{name}-head{head}", width="content")
+    view = _choose_view(key)
+    VIEW_BUILDERS[view](trace, key, names, layer, head)
+
+
+def _all_heads(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    name = names[layer]
+    st.caption(t("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at the "
+                 "same tokens in different ways. Their outputs are concatenated and mixed by W^O: MultiHead = "
+                 "Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H)."))
+    block = F.pool_factor(trace[f"{name}.weights"].shape[2:], F.MAX_GRID)
+    if block > 1:
+        st.caption(t("A long input: each panel is downsampled {b}×, each cell is the max of a {b}×{b} block of "
+                     "weights (a single sharp weight stays visible); hover shows the positions a cell covers. "
+                     "The head heatmap above is at full resolution.", b=block))
+    common.show_figure(cached_figure(trace, F.heads_grid, name), key=f"{key}_heads_fig",
+                       filename=f"{name}-heads")
+
+
+def _model_view(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    chart_key = f"{key}_model_view"
+    st.caption(t("Every layer (row) × head (column) of this attention kind. Click a thumbnail (or pick the "
+                 "layer and head above) to enlarge it. Long inputs are shown as the maximum over small blocks "
+                 "(the title says how big), to keep the page light; hover shows the positions a cell covers."))
+    fig = F.select_thumbnail(cached_figure(trace, F.model_view, tuple(names)), layer, head)
+    common.show_figure(fig, key=chart_key, filename=f"model-view-{names[0].split('.')[0]}",
+                       selection_mode="points", on_select=functools.partial(_on_model_view_click, key, chart_key))
+
+
+def _pipeline(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    name = names[layer]
+    st.caption(t("The score pipeline of one head, left to right: the raw dot products QKᵀ; divided by √d_k "
+                 "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus the "
+                 "mask M (−∞ where blocked); softmax over each row. The three score panels share one colour "
+                 "scale (below them)."))
+    rows = _query_rows(trace, name, f"{key}_pipe_rows")
+    common.show_figure(F.score_pipeline(trace, name, head, meta=trace.meta, rows=rows), key=f"{key}_pipe_fig",
+                       filename=f"{name}-head{head}-pipeline")
+
+
+def _masks(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    name = names[layer]
+    _masks_caption(name)
+    if f"{name}.mask" in trace:
+        rows = _query_rows(trace, name, f"{key}_mask_rows")
+        common.show_figure(F.mask_figure(trace, name, head, meta=trace.meta, rows=rows), key=f"{key}_mask_fig",
+                           filename=f"{name}-masks")
+    else:
+        st.info(t("No mask was captured for this module."))
+
+
+def _qkvz(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    name = names[layer]
+    st.caption(t("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) → "
+                 "transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
+                 "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before W^O."))
+    common.show_figure(F.qkvz_figure(trace, name, head, meta=trace.meta), key=f"{key}_qkvz_fig",
+                       filename=f"{name}-head{head}-qkvz")
 
 
 def _masks_caption(name: str) -> None:
     if name.startswith("decoder.") and ".self_attn" in name:
-        text = ("Decoder self-attention uses the look-ahead mask OR the target padding mask. The look-ahead "
-                "mask M has 0 on and below the diagonal and −∞ above it, so softmax gives the future exactly "
-                "0: this is what lets training feed the whole target at once (teacher forcing, one parallel "
-                "pass) while each position still only sees its past.")
+        text = t("Decoder self-attention uses the look-ahead mask OR the target padding mask. The look-ahead "
+                 "mask M has 0 on and below the diagonal and −∞ above it, so softmax gives the future exactly "
+                 "0: this is what lets training feed the whole target at once (teacher forcing, one parallel "
+                 "pass) while each position still only sees its past.")
     elif ".cross_attn" in name:
-        text = ("Cross-attention masks only the source's [PAD] keys: every target position may look at every "
-                "real source token.")
+        text = t("Cross-attention masks only the source's [PAD] keys: every target position may look at every "
+                 "real source token.")
     else:
-        text = ("The padding mask blocks [PAD] *keys* (a query at a padding position still attends to real "
-                "tokens; its output is ignored). A single unpadded sentence has no padding, so the mask is "
-                "empty here; in a padded batch the [PAD] columns would be dark.")
-    st.caption(text + " Dark = blocked: −∞ is added before softmax, so the weight there is exactly 0.")
+        text = t("The padding mask blocks [PAD] *keys* (a query at a padding position still attends to real "
+                 "tokens; its output is ignored). A single unpadded sentence has no padding, so the mask is "
+                 "empty here; in a padded batch the [PAD] columns would be dark.")
+    st.caption(text + " " + t("Dark = blocked: −∞ is added before softmax, so the weight there is exactly 0."))
 
 
-def _scaling_lesson(trace, name: str, key: str) -> None:
-    st.caption(
+def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int) -> None:
+    name = names[layer]
+    st.caption(t(
         "Why divide by √d_k? If the entries of q and k are independent with mean 0 and variance 1, "
-        "q·k = Σ_{i=1}^{d_k} q_i k_i has mean 0 and Var(q·k) = Σ Var(q_i k_i) = d_k. Large scores push "
+        "q·k = Σ_{{i=1}}^{{d_k}} q_i k_i has mean 0 and Var(q·k) = Σ Var(q_i k_i) = d_k. Large scores push "
         "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
         "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
-        "the softmax rows would be (entropy 0 = one-hot, log n = uniform).")
-    common.show_figure(F.scaling_figure(trace, name), key=f"{key}_scale_fig", filename=f"{name}-sqrt-dk")
+        "the softmax rows would be (entropy 0 = one-hot, log n = uniform)."))
+    common.show_figure(cached_figure(trace, F.scaling_figure, name), key=f"{key}_scale_fig",
+                       filename=f"{name}-sqrt-dk")
     s = F.scaling_stats(trace, name)
-    st.caption(f"Measured on this module: Var(q) = {s['var_q']:.3g}, Var(k) = {s['var_k']:.3g}, "
-               f"Var(QKᵀ) = {s['var_qk']:.3g}, Var(QKᵀ/√d_k) = {s['var_qk'] / s['d_k']:.3g} "
-               f"(d_k = {s['d_k']}). A trained model's q and k are not unit-variance, so these need not be "
-               "d_k and 1.")
-    d_k = st.select_slider("d_k for the random-vector demo", [1, 4, 8, 16, 32, 64, 128, 256, 512],
+    st.caption(t("Measured on this module: Var(q) = {vq}, Var(k) = {vk}, Var(QKᵀ) = {vqk}, Var(QKᵀ/√d_k) = "
+                 "{vs} (d_k = {d_k}). A trained model's q and k are not unit-variance, so these need not be d_k "
+                 "and 1.", vq=f"{s['var_q']:.3g}", vk=f"{s['var_k']:.3g}", vqk=f"{s['var_qk']:.3g}",
+                 vs=f"{s['var_qk'] / s['d_k']:.3g}", d_k=s["d_k"]))
+    d_k = st.select_slider(t("d_k for the random-vector demo"), [1, 4, 8, 16, 32, 64, 128, 256, 512],
                            value=64, key=f"{key}_demo_dk")
     common.show_figure(F.variance_demo(d_k), key=f"{key}_demo_fig", filename=f"sqrt-dk-demo-{d_k}")
+
+
+VIEW_BUILDERS = {"heads": _all_heads, "model": _model_view, "pipeline": _pipeline, "masks": _masks,
+                 "qkvz": _qkvz, "sqrt": _scaling_lesson}

@@ -1,10 +1,19 @@
-"""Streamlit glue shared by every page: cached models and traces, the sidebar, URL sync,
-figure rendering with export, and friendly error messages.
+"""Streamlit glue shared by every page: models and traces (shared or per session), the sidebar,
+URL sync, figure rendering with export, and friendly error messages.
 
 State rules (Streamlit serves many sessions from threads of one process):
-- loaded checkpoints and traces live in `st.cache_resource`: shared, read-only (a `Trace`
-  is immutable; nothing here writes into a model);
+- shipped checkpoints and their traces live in bounded `st.cache_resource` caches: shared,
+  read-only (a `Trace` is immutable; nothing here writes into a model);
+- a model trained in this session lives in `st.session_state["session_models"][name]` (the
+  training page puts it there); its traces are cached in the session, never process-wide;
 - everything a user chose or uploaded lives in `st.session_state` (per session).
+
+URL rules (issue 13): the URL carries the view (model, text, page controls) so a link reopens it.
+`write_query` is the one place that writes it. Streamlit's frontend *pushes* a history entry for
+every query-string change; `_history_patch` (injected by the sidebar) turns a push that keeps the
+page path into a replace, so only a page change adds an entry and Back leaves a page in one press.
+`seed_from_query` gives a widget its first value: the URL, else the value this session last had
+(so Attention -> Tokens -> Attention keeps the view, and so does an input error), else a default.
 
 Pages call `selection()` / `require_trace()`; `app.py` draws the sidebar once, before the
 page runs, so the checkpoint and text widgets keep their state across pages.
@@ -15,16 +24,23 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
+from viz.i18n import current_lang, t
+
 PREFERRED = ("dates", "zh-en", "reverse")  # default checkpoint: attention is readable on these
+LANG_DEFAULT = {"zh": "zh-en"}  # a Chinese UI opens on the Chinese model (its example: 我爱机器学习)
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
+SESSION_TRACES = 4  # traces of session-trained models kept per session
 MAX_URL_TEXT = 1000  # characters of source/target text mirrored into the URL
+SESSION_MODELS = "session_models"  # st.session_state key: name -> Checkpoint trained in this session
 _SEL_KEY = "_al_selection"
+_KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while it is not drawn
 
 
 # ---------------------------------------------------------------- models and traces
@@ -41,26 +57,55 @@ def _checkpoint_api():
     return list_checkpoints, load_checkpoint
 
 
+def session_models() -> dict:
+    """name -> Checkpoint trained in this session (see the training page); {} outside a session."""
+    try:
+        return st.session_state.get(SESSION_MODELS) or {}
+    except Exception:  # no Streamlit session (bare scripts)
+        return {}
+
+
 def checkpoint_names() -> list[str]:
-    """Shipped checkpoint names, then any directories listed in $ATTENTION_LAB_CHECKPOINTS."""
+    """Shipped checkpoint names, any directories listed in $ATTENTION_LAB_CHECKPOINTS, then the
+    models trained in this session."""
     list_checkpoints, _ = _checkpoint_api()
     extra = [p for p in os.environ.get(EXTRA_ENV, "").split(os.pathsep) if p.strip()]
-    return list(list_checkpoints()) + extra
+    names = list(list_checkpoints()) + extra
+    return names + [n for n in session_models() if n not in names]
 
 
-@st.cache_resource(show_spinner="Loading the model…", max_entries=8)
-def load_ckpt(name: str):
-    """A loaded checkpoint (shipped name or directory), shared read-only by all sessions:
-    never train or mutate it."""
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load_shared(name: str):
     _, load_checkpoint = _checkpoint_api()
     ckpt = load_checkpoint(name)
     ckpt.model.eval()
     return ckpt
 
 
-@st.cache_resource(show_spinner="Running the model…", max_entries=TRACE_CACHE_ENTRIES, ttl=3600)
+def load_ckpt(name: str):
+    """The checkpoint `name`: a model trained in this session, else a shipped name or directory,
+    loaded once and shared read-only by all sessions (never train or mutate it)."""
+    own = session_models().get(name)
+    return own if own is not None else _load_shared(name)
+
+
+@st.cache_resource(show_spinner=False, max_entries=TRACE_CACHE_ENTRIES, ttl=3600)
 def _cached_trace(name: str, text: str, target: str | None):
-    return load_ckpt(name).trace(text, target=target)
+    return _load_shared(name).trace(text, target=target)
+
+
+def _session_trace(name: str, text: str, target: str | None):
+    """A session model's trace, in a small per-session LRU keyed by the model object too (a model
+    retrained under the same name must not show the old one's trace)."""
+    ckpt = session_models()[name]
+    cache = st.session_state.setdefault("_al_session_traces", OrderedDict())
+    key = (id(ckpt), name, text, target)
+    if key not in cache:
+        cache[key] = ckpt.trace(text, target=target)
+        while len(cache) > SESSION_TRACES:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return cache[key]
 
 
 def get_trace(name: str, text: str, target: str | None = None):
@@ -69,6 +114,8 @@ def get_trace(name: str, text: str, target: str | None = None):
     Cached per (checkpoint, text, target): the same input always gives the same read-only trace.
     Raises ValueError (and subclasses) for input the model cannot take.
     """
+    if name in session_models():
+        return _session_trace(name, text, target or None)[1]
     return _cached_trace(name, text, target or None)[1]
 
 
@@ -78,35 +125,50 @@ def get_trace(name: str, text: str, target: str | None = None):
 # ZWJ/ZWNJ (U+200C/D) are allowed: emoji sequences and some scripts need them.
 _CONTROL = re.compile(
     r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+MAX_SHOWN = 24  # characters of one token shown in a message (a 5,000-character word is cut)
 
 
 def text_problems(text: str) -> str | None:
     """Why `text` cannot be run, in words a student understands; None when it can."""
     if not text:
-        return "The input is empty: type a sentence in the sidebar."
+        return t("The input is empty: type a sentence in the sidebar.")
     if not text.strip():
-        return "The input is only whitespace: type a sentence in the sidebar."
+        return t("The input is only whitespace: type a sentence in the sidebar.")
     bad = _CONTROL.search(text)
     if bad:
         ch = bad.group()
         name = unicodedata.name(ch, "control character")
-        return (f"The input contains an invisible control character U+{ord(ch):04X} ({name}) at "
-                f"position {bad.start()}. Remove it (it was probably pasted) and try again.")
+        return t("The input contains an invisible control character U+{code} ({name}) at position {pos}. "
+                 "Remove it (it was probably pasted) and try again.",
+                 code=f"{ord(ch):04X}", name=name, pos=bad.start())
     return None
 
 
-def unk_note(pieces) -> str | None:
-    """A warning listing what the tokenizer could not represent (e.g. emoji -> [UNK])."""
+def shorten(s: str, limit: int = MAX_SHOWN) -> str:
+    """`s` for a message: at most `limit` characters, the rest counted, never silently dropped."""
+    from viz.figures import show_token
+
+    if len(s) <= limit:
+        return show_token(s)
+    return t("{start}… ({n} characters)", start=show_token(s[:limit]), n=len(s))
+
+
+def unk_note(pieces, text: str | None = None) -> str | None:
+    """A warning listing what the tokenizer could not represent (e.g. emoji -> [UNK]), by the
+    original characters of `text` (the text `pieces` were cut from), at most 8 of them."""
     unk = [p for p in pieces if p.is_unk]
     if not unk:
         return None
-    shown = ", ".join(repr(p_text) for p_text in _unk_texts(unk)[:8])
-    return (f"{len(unk)} token(s) are not in this model's vocabulary and became [UNK]: {shown}. "
-            "The model still runs, but it sees only the [UNK] embedding there.")
+    shown = ", ".join(f"'{shorten(_original(p, text))}'" for p in unk[:8]) + (", …" if len(unk) > 8 else "")
+    return t("{n} token(s) are not in this model's vocabulary and became [UNK]: {shown}. "
+             "The model still runs, but it sees only the [UNK] embedding there.", n=len(unk), shown=shown)
 
 
-def _unk_texts(unk) -> list[str]:
-    return [p.token if p.token != "[UNK]" else f"[UNK]@{p.span[0]}" for p in unk]
+def _original(piece, text: str | None) -> str:
+    a, b = piece.span
+    if text is not None and 0 <= a < b <= len(text):
+        return text[a:b]
+    return piece.token if piece.token != "[UNK]" else f"[UNK]@{a}"
 
 
 def show_error(err: BaseException | str, hint: str | None = None) -> None:
@@ -117,36 +179,64 @@ def show_error(err: BaseException | str, hint: str | None = None) -> None:
 
 # ---------------------------------------------------------------- URL (query string) sync
 
+# Streamlit's frontend calls history.pushState for every query-string change (one entry per
+# click, several per rerun). Keep pushes that change the page path (a page change); turn the
+# others into replaceState. Installed once per browser tab; st.html is not iframed.
+_HISTORY_PATCH = """<script>
+(() => {
+  const h = window.history;
+  if (h.__attentionLabReplace) return;
+  h.__attentionLabReplace = true;
+  const push = h.pushState.bind(h);
+  h.pushState = (state, title, url) => {
+    const next = new URL(url ?? location.href, location.href);
+    return next.pathname === location.pathname ? h.replaceState(state, title, url) : push(state, title, url);
+  };
+})();
+</script>"""
+
+
+def _history_patch() -> None:
+    st.sidebar.html(_HISTORY_PATCH, unsafe_allow_javascript=True)
+
 
 def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], Any] = str,
                     valid: Callable[[Any], bool] | None = None) -> None:
-    """Give widget `key` its starting value from the URL (`?param=...`) on first render.
-
-    Only when the session has no value yet, so the URL sets the view once and the user's
-    later choices win. An unusable URL value silently falls back to `default`.
+    """Give widget `key` its starting value when the session has none: the URL's `?param=`,
+    else the value this session last gave it (Streamlit forgets a widget that was not drawn in a
+    run: another page, an input error), else `default`. Unusable values fall back silently.
     """
+    kept = _KEPT + key
     if key in st.session_state:
+        st.session_state[kept] = st.session_state[key]
         return
-    value = default
+    candidates = []
     raw = st.query_params.get(param)
     if raw is not None:
         try:
-            value = cast(raw)
+            candidates.append(cast(raw))
         except (TypeError, ValueError):
-            value = default
-        if valid is not None and not valid(value):
-            value = default
-    st.session_state[key] = value
+            pass
+    if kept in st.session_state:
+        candidates.append(st.session_state[kept])
+    value = next((v for v in candidates if valid is None or valid(v)), default)
+    st.session_state[key] = st.session_state[kept] = value
 
 
 def write_query(**params: Any) -> None:
-    """Mirror the current view into the URL so it can be shared (None removes a parameter)."""
+    """Mirror the current view into the URL so it can be shared (None removes a parameter).
+
+    The one place that writes the URL: one message per call, none when nothing changed, and a
+    replaced (not pushed) history entry, see `_history_patch`."""
+    current = {k: st.query_params.get_all(k) for k in st.query_params}
+    new = {k: v[-1] if len(v) == 1 else v for k, v in current.items()}
     for k, v in params.items():
         if v is None:
-            if k in st.query_params:
-                del st.query_params[k]
-        elif st.query_params.get(k) != str(v):
-            st.query_params[k] = str(v)
+            new.pop(k, None)
+        else:
+            new[k] = str(v)
+    if new != {k: v[-1] if len(v) == 1 else v for k, v in current.items()}:
+        st.query_params.from_dict(new)
 
 
 def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
@@ -175,7 +265,11 @@ class Selection:
         return load_ckpt(self.name)
 
 
-def default_checkpoint(names: list[str]) -> str:
+def default_checkpoint(names: list[str], lang: str | None = None) -> str:
+    """The model a session opens on: the language's own model (zh -> zh-en), else the first of PREFERRED."""
+    own = LANG_DEFAULT.get(lang or "")
+    if own in names:
+        return own
     return next((n for n in PREFERRED if n in names), names[0])
 
 
@@ -192,20 +286,26 @@ def sidebar() -> Selection | None:
     """Checkpoint select, source text and figure-export format, in the sidebar. Call once per run
     (app.py does), before the page. Returns None (after showing why) if no model can be loaded."""
     st.session_state[_SEL_KEY] = None
+    _history_patch()
     try:
         names = checkpoint_names()
     except Exception as e:  # any failure here must still leave a page with a message
-        show_error(f"No trained checkpoints could be listed: {e}")
+        show_error(t("No trained checkpoints could be listed: {err}", err=e))
         return None
     if not names:
-        show_error("No trained checkpoints are installed (model/checkpoints is empty).")
+        show_error(t("No trained checkpoints are installed (model/checkpoints is empty)."))
         return None
     sb = st.sidebar
-    if st.session_state.get("checkpoint") not in (None, *names):  # e.g. a checkpoint directory removed
-        del st.session_state["checkpoint"]
-    seed_from_query("checkpoint", "checkpoint", default_checkpoint(names), valid=lambda v: v in names)
-    name = sb.selectbox("Model (checkpoint)", names, key="checkpoint", on_change=_on_checkpoint_change,
-                        help="A small Transformer trained on a toy task, shipped with the app.")
+    for key in ("checkpoint", _KEPT + "checkpoint"):  # e.g. a checkpoint directory removed
+        if st.session_state.get(key) not in (None, *names):
+            del st.session_state[key]
+    seed_from_query("checkpoint", "checkpoint", default_checkpoint(names, current_lang()),
+                    valid=lambda v: v in names)
+    name = sb.selectbox(t("Model (checkpoint)"), names, key="checkpoint", on_change=_on_checkpoint_change,
+                        help=t("A small Transformer trained on a toy task, shipped with the app (or trained "
+                               "on the Training page in this session)."))
+    if name in session_models():
+        sb.caption(t("Trained on the Training page in this session: only you see it, until the session ends."))
     try:
         example = load_ckpt(name).example
     except ValueError as e:
@@ -213,15 +313,20 @@ def sidebar() -> Selection | None:
         return None
     seed_from_query("source_text", "text", example)
     seed_from_query("target_text", "target", "")
-    text = sb.text_area("Source text", key="source_text", height=90,
-                        help="The encoder reads this. One model input; every page shows its tensors.")
-    with sb.expander("Target (teacher forcing)"):
+    text = sb.text_area(t("Source text"), key="source_text", height=90,
+                        help=t("The encoder reads this. One model input; every page shows its tensors."))
+    with sb.expander(t("Target (teacher forcing)")):
         target = st.text_input(
-            "Target text", key="target_text",
-            help="Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
-                 "text in one parallel pass under the look-ahead mask (teacher forcing).")
-    sb.radio("Figure download format", ["png", "svg"], key="export_format", horizontal=True,
-             help="What the camera button in each figure's toolbar saves.")
+            t("Target text"), key="target_text",
+            help=t("Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
+                   "text in one parallel pass under the look-ahead mask (teacher forcing)."))
+    long = [label for label, s in ((t("source text"), text), (t("target text"), target)) if len(s) > MAX_URL_TEXT]
+    if long:
+        sb.caption(t("The {what} is longer than {n} characters, so the page's link does not carry it: "
+                     "a copied link opens on the model's example instead.", what=t(" and ").join(long),
+                     n=f"{MAX_URL_TEXT:,}"))
+    sb.radio(t("Figure download format"), ["png", "svg"], key="export_format", horizontal=True,
+             help=t("What the camera button in each figure's toolbar saves."))
     # Long texts stay out of the URL: a reload would send them in the request line.
     write_query(checkpoint=name, text=text if len(text) <= MAX_URL_TEXT else None,
                 target=(target or None) if len(target) <= MAX_URL_TEXT else None)
@@ -246,16 +351,17 @@ def require_trace(sel: Selection | None = None):
     problem = text_problems(sel.text)
     if problem is None and sel.target is not None:
         problem = text_problems(sel.target)
-        problem = problem and "Target: " + problem
+        problem = problem and t("Target: ") + problem
     if problem:
         show_error(problem)
         st.stop()
     ckpt = sel.ckpt
     try:
-        note = unk_note(ckpt.src_tokenizer.pieces(sel.text))
-        trace = get_trace(sel.name, sel.text, sel.target)
+        note = unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text)
+        with st.spinner(t("Running the model…")):
+            trace = get_trace(sel.name, sel.text, sel.target)
     except ValueError as e:  # too long, unknown ids, capture over budget, ...
-        show_error(e, "Shorten or change the text in the sidebar.")
+        show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
     if note:
         st.warning(note, icon="🔤")

@@ -27,6 +27,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from viz.i18n import N_, t
+
 WEIGHTS_SCALE = "Viridis"  # softmax weights, always zmin=0, zmax=1
 SCORES_SCALE = "RdBu_r"  # logits before softmax: diverging, centred at 0
 VALUES_SCALE = "PuOr_r"  # vectors (embeddings, PE, Q/K/V/z): diverging, centred at 0
@@ -37,20 +39,21 @@ MAX_THUMB = 64  # model view: each thumbnail is pooled down to at most this many
 MAX_GRID = 128  # all-heads grid: each panel is pooled down to at most this many cells a side
 QUERY_WINDOW = 64  # score pipeline and masks: query rows shown at a time when the input is longer
 
-KIND_TITLES = {"weights": "softmax weights", "scores": "QKᵀ/√d_k", "mask": "mask (dark = blocked)"}
+KIND_TITLES = {"weights": N_("softmax weights"), "scores": "QKᵀ/√d_k", "mask": N_("mask (dark = blocked)")}
+MAX_TITLE_TEXT = 60  # characters of the input sentence quoted in a figure's subtitle
 
 
 # ---------------------------------------------------------------- small helpers
 
 
-def arr(t) -> np.ndarray:
+def arr(x) -> np.ndarray:
     """A captured tensor (or array) as float32 numpy (bool masks become 0/1)."""
-    if hasattr(t, "detach"):
-        t = t.detach().cpu()
-        if t.dtype.is_floating_point:
-            t = t.float()
-        t = t.numpy()
-    a = np.asarray(t)
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if x.dtype.is_floating_point:
+            x = x.float()
+        x = x.numpy()
+    a = np.asarray(x)
     return a.astype(np.float32) if a.dtype != np.float32 else a
 
 
@@ -72,9 +75,19 @@ def show_token(tok: str) -> str:
 
 
 def token_labels(tokens: Sequence[str] | None, n: int) -> list[str]:
-    """Unique axis labels "i tok" for n positions (tokens may repeat or be missing)."""
+    """Unique axis labels "i: tok" for n positions (tokens may repeat or be missing). The colon keeps
+    position 10 with token "3" from reading as "103"."""
     toks = list(tokens or [])
-    return [f"{i} {show_token(toks[i])}" if i < len(toks) else str(i) for i in range(n)]
+    return [f"{i}: {show_token(toks[i])}" if i < len(toks) else str(i) for i in range(n)]
+
+
+def step_labels(inputs: Sequence[str], predicted: Sequence[str]) -> list[str]:
+    """One label per decoder position, "i: input → predicted" (e.g. "0: [BOS] → i"): the token the
+    decoder reads there and the token it predicts from there. Every decoder-query axis uses these, so
+    a row of cross-attention is never read as belonging to the wrong token."""
+    pred = list(predicted)
+    return [f"{i}: {show_token(tok)} → {show_token(pred[i])}" if i < len(pred) else f"{i}: {show_token(tok)}"
+            for i, tok in enumerate(inputs)]
 
 
 def symmetric_range(*arrays: np.ndarray) -> float:
@@ -85,19 +98,35 @@ def symmetric_range(*arrays: np.ndarray) -> float:
 def _axis_title(name: str) -> tuple[str, str]:
     """(query axis, key axis) titles for an attention capture name."""
     if name.startswith("encoder."):
-        return "query (source)", "key (source)"
+        return t("query (source)"), t("key (source)")
     if ".cross_attn" in name:
-        return "query (target, decoder)", "key (source, encoder output)"
-    return "query (target)", "key (target)"
+        return t("query (decoder: input → predicted)"), t("key (source, encoder output)")
+    return t("query (decoder: input → predicted)"), t("key (target)")
+
+
+def _what(kind: str) -> str:
+    return t(KIND_TITLES.get(kind, kind))
+
+
+def about(meta: Mapping) -> str:
+    """The model and the sentence a figure shows, for its subtitle (so an exported image says so)."""
+    name, text = meta.get("checkpoint"), meta.get("text")
+    if not name and not text:
+        return ""
+    text = str(text or "")
+    if len(text) > MAX_TITLE_TEXT:
+        text = t("{start}… ({n} characters)", start=text[:MAX_TITLE_TEXT], n=len(text))
+    return t("model {name} · “{text}”", name=name or "?", text=show_token(text))
+
+
+def _titled(title: str, meta: Mapping) -> str:
+    sub = about(meta)
+    return f"{title}<br><sup>{sub}</sup>" if sub else title
 
 
 def attention_tokens(meta: Mapping, name: str) -> tuple[list[str], list[str]]:
     """(query tokens, key tokens) of an attention capture, from trace metadata."""
-    def side(key):
-        toks = meta.get(key) or []
-        return list(toks[0]) if toks and isinstance(toks[0], list) else list(toks)
-
-    src, tgt = side("src_tokens"), side("tgt_tokens")
+    src, tgt = _side(meta, "src_tokens"), _side(meta, "tgt_tokens")
     if name.startswith("encoder."):
         return src, src
     if ".cross_attn" in name:
@@ -105,11 +134,29 @@ def attention_tokens(meta: Mapping, name: str) -> tuple[list[str], list[str]]:
     return tgt, tgt
 
 
+def _side(meta: Mapping, key: str) -> list[str]:
+    toks = meta.get(key) or []
+    return [str(x) for x in (toks[0] if toks and isinstance(toks[0], list) else toks)]
+
+
+def axis_labels(meta: Mapping, name: str, n_q: int, n_k: int) -> tuple[list[str], list[str]]:
+    """(query labels, key labels) of an attention capture: decoder queries as `step_labels`
+    (input → predicted), everything else as `token_labels`."""
+    q_tok, k_tok = attention_tokens(meta, name)
+    if name.startswith("decoder."):
+        y = step_labels(q_tok[:n_q], _side(meta, "next_tokens")) if q_tok else token_labels(None, n_q)
+        y += token_labels(None, n_q)[len(y):]
+    else:
+        y = token_labels(q_tok, n_q)
+    return y, token_labels(k_tok, n_k)
+
+
 def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[str] | None = None,
-                  value_name: str = "value", zrange: float | None = None, showscale: bool = True,
-                  hover_x: str = "key", hover_y: str = "query") -> go.Heatmap:
+                  value_name: str | None = None, zrange: float | None = None, showscale: bool = True,
+                  hover_x: str | None = None, hover_y: str | None = None) -> go.Heatmap:
     """One heatmap with the project's colour scale for `kind`: weights, scores, values, diff or mask."""
     z = arr(z)
+    value_name, hover_x, hover_y = value_name or t("value"), hover_x or t("key"), hover_y or t("query")
     kw: dict = {}
     if kind == "weights":
         kw = {"colorscale": WEIGHTS_SCALE, "zmin": 0.0, "zmax": 1.0}
@@ -119,7 +166,7 @@ def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[
         kw = {"colorscale": scale, "zmin": -r, "zmax": r, "zmid": 0.0}
     elif kind == "mask":
         kw = {"colorscale": MASK_SCALE, "zmin": 0.0, "zmax": 1.0,
-              "colorbar": {"tickvals": [0.25, 0.75], "ticktext": ["allowed", "blocked"]}}
+              "colorbar": {"tickvals": [0.25, 0.75], "ticktext": [t("allowed"), t("blocked")]}}
     else:
         raise ValueError(f"unknown heatmap kind {kind!r}")
     fmt = ".6g" if kind != "mask" else ""
@@ -132,8 +179,8 @@ def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[
 
 
 def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
-    fig.update_layout(title={"text": title, "x": 0.0}, height=height,
-                      margin={"l": 10, "r": 10, "t": 60, "b": 10}, **kw)
+    kw.setdefault("margin", {"l": 10, "r": 10, "t": 60, "b": 10})
+    fig.update_layout(title={"text": title, "x": 0.0}, height=height, **kw)
     return fig
 
 
@@ -147,16 +194,26 @@ def _size(n: int, base: int = 320, per: int = 14, cap: int = 900) -> int:
 def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights",
                       meta: Mapping | None = None) -> go.Figure:
     """One head of one attention module: `<name>.weights` (or .scores) [0, head], query × key."""
-    t = arr(trace[f"{name}.{kind}"])[0, head]
-    q_tok, k_tok = attention_tokens(meta if meta is not None else getattr(trace, "meta", {}), name)
-    y, x = token_labels(q_tok, t.shape[0]), token_labels(k_tok, t.shape[1])
+    w = arr(trace[f"{name}.{kind}"])[0, head]
+    meta = meta if meta is not None else getattr(trace, "meta", {})
+    y, x = axis_labels(meta, name, *w.shape)
     qa, ka = _axis_title(name)
-    fig = go.Figure(heatmap_trace(t, "scores" if kind == "scores" else kind, x, y,
-                                  value_name=KIND_TITLES.get(kind, kind)))
-    _layout(fig, f"{name} · head {head} · {KIND_TITLES.get(kind, kind)}", _size(t.shape[0], 380, 16))
+    fig = go.Figure(heatmap_trace(w, "scores" if kind == "scores" else kind, x, y, value_name=_what(kind)))
+    height = _size(w.shape[0], 380, 16)
+    _layout(fig, _titled(t("{name} · head {head} · {what}", name=name, head=head, what=_what(kind)), meta), height,
+            width=_square_width(w.shape, height, x, y))
     fig.update_yaxes(autorange="reversed", title=qa, type="category", scaleanchor="x", constrain="domain")
     fig.update_xaxes(title=ka, type="category", tickangle=-60, constrain="domain")
     return fig
+
+
+def _square_width(shape: tuple[int, int], height: int, x: Sequence[str], y: Sequence[str]) -> int:
+    """A figure width that fits square cells of a (rows × cols) heatmap `height` pixels tall, plus its
+    tick labels and colour bar, so the figure (and an exported PNG) is the heatmap, not a wide margin."""
+    label = 7 * max(map(len, y), default=2) + 40  # y tick labels and the axis title
+    below = 6 * max(map(len, x), default=2) + 40  # x tick labels, rotated
+    cell = max(4.0, (height - 70 - below) / max(1, shape[0]))
+    return int(min(1400, max(420, cell * shape[1] + label + 130)))
 
 
 def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping | None = None,
@@ -165,22 +222,27 @@ def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping |
 
     Inputs longer than `max_cells` are max-pooled to at most `max_cells` a side (see `block_max`):
     the title says "downsampled b×", hover names the b positions a cell covers and their max."""
-    t = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
-    H = t.shape[0]
+    w = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
+    H = w.shape[0]
     cols = min(cols, H)
     rows = math.ceil(H / cols)
-    q_tok, k_tok = attention_tokens(meta if meta is not None else getattr(trace, "meta", {}), name)
-    b = pool_factor(t.shape[1:], max_cells)
-    y, x = block_labels(q_tok, t.shape[1], b), block_labels(k_tok, t.shape[2], b)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
+    meta = meta if meta is not None else getattr(trace, "meta", {})
+    b = pool_factor(w.shape[1:], max_cells)
+    if b == 1:
+        y, x = axis_labels(meta, name, *w.shape[1:])
+    else:
+        q_tok, k_tok = attention_tokens(meta, name)
+        y, x = block_labels(q_tok, w.shape[1], b), block_labels(k_tok, w.shape[2], b)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[t("head {h}", h=h) for h in range(H)],
                         horizontal_spacing=0.03, vertical_spacing=0.08 if rows > 1 else 0.05)
     hk = "scores" if kind == "scores" else kind
-    r = symmetric_range(t) if hk == "scores" else None
-    what = KIND_TITLES.get(kind, kind)
-    pooled = {"hover_x": "keys", "hover_y": "queries"} if b > 1 else {}
+    r = symmetric_range(w) if hk == "scores" else None
+    what = _what(kind)
+    pooled = {"hover_x": t("keys"), "hover_y": t("queries")} if b > 1 else {}
     for h in range(H):
-        z = block_max(t[h], max_cells)[0]
-        value = f"head {h}: max of {b}×{b} {what}" if b > 1 else f"head {h} {what}"
+        z = block_max(w[h], max_cells)[0]
+        value = (t("head {h}: max of {b}×{b} {what}", h=h, b=b, what=what) if b > 1
+                 else t("head {h} {what}", h=h, what=what))
         fig.add_trace(heatmap_trace(z, hk, x, y, value_name=value, zrange=r, showscale=(h == 0), **pooled),
                       row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
@@ -188,8 +250,9 @@ def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping |
         fig.update_yaxes(showticklabels=len(y) <= 40, row=r, col=1)
     fig.update_xaxes(type="category", showticklabels=len(x) <= 40, tickangle=-60)
     side = _size(len(y), 260, 8, 420)
-    note = f" · downsampled {b}×: each cell is the max of {b}×{b}" if b > 1 else ""
-    return _layout(fig, f"{name} · all {H} heads · {what}{note}", 60 + rows * side)
+    note = " · " + t("downsampled {b}×: each cell is the max of {b}×{b}", b=b) if b > 1 else ""
+    return _layout(fig, _titled(t("{name} · all {n} heads · {what}", name=name, n=H, what=what) + note, meta),
+                   60 + rows * side, margin={"l": 10, "r": 10, "t": 90, "b": 10})
 
 
 # ---------------------------------------------------------------- model view
@@ -240,8 +303,8 @@ def model_view(trace: Mapping, names: Sequence[str], kind: str = "weights", max_
     maps = [arr(trace[f"{n}.{kind}"])[0] for n in names]
     L, H = len(maps), maps[0].shape[0]
     fig = make_subplots(rows=L, cols=H, horizontal_spacing=0.01, vertical_spacing=0.02,
-                        row_titles=[f"layer {i}" for i in range(L)],
-                        column_titles=[f"head {h}" for h in range(H)])
+                        row_titles=[t("layer {i}", i=i) for i in range(L)],
+                        column_titles=[t("head {h}", h=h) for h in range(H)])
     block = 1
     hk = "scores" if kind == "scores" else kind
     r = symmetric_range(*maps) if hk == "scores" else None
@@ -251,29 +314,38 @@ def model_view(trace: Mapping, names: Sequence[str], kind: str = "weights", max_
             n_q, n_k = z.shape
             if block > 1:  # pooled cells are labelled by the positions they cover ("8–15")
                 xs, ys = block_labels(None, m.shape[2], block), block_labels(None, m.shape[1], block)
-                axes = {"x": xs, "y": ys, "hover_x": "keys", "hover_y": "queries"}
+                axes = {"x": xs, "y": ys, "hover_x": t("keys"), "hover_y": t("queries")}
                 cx, cy = xs[(n_k - 1) // 2], ys[(n_q - 1) // 2]
             else:
                 axes, cx, cy = {}, (n_k - 1) / 2, (n_q - 1) / 2
-            label = f"layer {i} head {h}" + (f" (max of {block}×{block})" if block > 1 else "")
+            label = t("layer {i} head {h}", i=i, h=h) + (" " + t("(max of {b}×{b})", b=block) if block > 1 else "")
             first = i == 0 and h == 0
             fig.add_trace(heatmap_trace(z, hk, zrange=r, showscale=first, value_name=label, **axes),
                           row=i + 1, col=h + 1)
             fig.add_trace(go.Scatter(x=[cx], y=[cy], mode="markers", customdata=[[i, h]],
                                      marker={"size": 40, "opacity": 0.0}, showlegend=False,
-                                     hovertemplate=f"layer {i}, head {h}: click to enlarge<extra></extra>"),
+                                     hovertemplate=t("layer {i}, head {h}: click to enlarge", i=i, h=h)
+                                     + "<extra></extra>"),
                           row=i + 1, col=h + 1)
-            if selected == (i, h):
-                fig.add_shape(type="rect", xref=f"x{i * H + h + 1 if i * H + h else ''} domain",
-                              yref=f"y{i * H + h + 1 if i * H + h else ''} domain",
-                              x0=0, x1=1, y0=0, y1=1, line={"color": "#ff4b4b", "width": 3})
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
     if block > 1:  # labels like "512" (a last one-position block) must not turn an axis numeric
         fig.update_xaxes(type="category")
         fig.update_yaxes(type="category")
-    note = f" (max over {block}×{block} blocks)" if block > 1 else ""
-    return _layout(fig, f"model view · {KIND_TITLES.get(kind, kind)}{note}", 80 + L * max(110, 600 // H))
+    note = " " + t("(max over {b}×{b} blocks)", b=block) if block > 1 else ""
+    fig.layout.meta = {"heads": H}
+    _layout(fig, t("model view · {what}", what=_what(kind)) + note, 80 + L * max(110, 600 // H))
+    return select_thumbnail(fig, *selected) if selected else fig
+
+
+def select_thumbnail(fig: go.Figure, layer: int, head: int) -> go.Figure:
+    """Outline thumbnail (layer, head) of a `model_view` figure in red (in place; replaces any
+    earlier outline, so a cached model view can follow the selected head cheaply)."""
+    n = layer * fig.layout.meta["heads"] + head + 1
+    ref = "" if n == 1 else str(n)
+    fig.layout.shapes = [go.layout.Shape(type="rect", xref=f"x{ref} domain", yref=f"y{ref} domain", x0=0, x1=1,
+                                         y0=0, y1=1, line={"color": "#ff4b4b", "width": 3})]
+    return fig
 
 
 # ---------------------------------------------------------------- score pipeline and masks
@@ -297,7 +369,7 @@ def _window(n: int, rows: tuple[int, int] | None) -> tuple[slice, str]:
     a, b = max(0, int(rows[0])), min(n, int(rows[1]))
     if not a < b:
         raise ValueError(f"query rows {rows} are outside 0..{n - 1}")
-    return slice(a, b), ("" if (a, b) == (0, n) else f" · query rows {a}–{b - 1} of {n}")
+    return slice(a, b), ("" if (a, b) == (0, n) else " · " + t("query rows {a}–{b} of {n}", a=a, b=b - 1, n=n))
 
 
 def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = None,
@@ -314,27 +386,34 @@ def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = 
     qk = scaled * np.float32(math.sqrt(d_k))  # = raw_scores(trace, name)[head]
     r = symmetric_range(qk)
     blocked = _mask2d(trace, name, scaled.shape)
-    q_tok, k_tok = attention_tokens(meta, name)
-    y, x = token_labels(q_tok, qk.shape[0]), token_labels(k_tok, qk.shape[1])
+    y, x = axis_labels(meta, name, *qk.shape)
     sl, note = _window(qk.shape[0], rows)
     qk, scaled, blocked, y = qk[sl], scaled[sl], blocked[sl], y[sl]
     masked = np.where(blocked, np.nan, scaled).astype(np.float32)
     w = arr(trace[f"{name}.weights"])[0, head][sl]
-    titles = ["QKᵀ", f"÷ √d_k  (√{d_k} = {math.sqrt(d_k):.3g})", "+ M  (dark = −∞)", "softmax → weights"]
+    titles = ["QKᵀ", f"÷ √d_k  (√{d_k} = {math.sqrt(d_k):.3g})", t("+ M  (dark = −∞)"), t("softmax → weights")]
     fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.04)
-    fig.add_trace(heatmap_trace(qk, "scores", x, y, "QKᵀ", zrange=r,
-                                showscale=False), 1, 1)
+    fig.add_trace(heatmap_trace(qk, "scores", x, y, "QKᵀ", zrange=r, showscale=False), 1, 1)
     fig.add_trace(heatmap_trace(scaled, "scores", x, y, "QKᵀ/√d_k", zrange=r, showscale=False), 1, 2)
-    fig.add_trace(heatmap_trace(masked, "scores", x, y, "QKᵀ/√d_k + M", zrange=r, showscale=False), 1, 3)
+    # One colour bar for the three score panels (they share the range), under them and their x labels.
+    below = 6 * max(map(len, x), default=2) if qk.shape[1] <= 40 else 0
+    height = _size(qk.shape[0], 330, 10, 560) + below + 90
+    bar_y = -(below + 20) / (height - 80 - (below + 90))  # paper units: below the tick labels
+    score_bar = {"orientation": "h", "x": 0.37, "xanchor": "center", "y": bar_y, "yanchor": "top", "len": 0.7,
+                 "thickness": 12, "title": {"text": t("QKᵀ, QKᵀ/√d_k (one scale)"), "side": "bottom"}}
+    fig.add_trace(heatmap_trace(masked, "scores", x, y, "QKᵀ/√d_k + M", zrange=r).update(colorbar=score_bar),
+                  1, 3)
     over = np.where(blocked, 1.0, np.nan).astype(np.float32)
     fig.add_trace(go.Heatmap(z=over, x=x, y=y, colorscale=[[0, BLOCKED], [1, BLOCKED]], showscale=False,
-                             hovertemplate="query %{y}<br>key %{x}<br>M = −∞ (blocked)<extra></extra>"), 1, 3)
-    fig.add_trace(heatmap_trace(w, "weights", x, y, "weight", showscale=True), 1, 4)
+                             hovertemplate=t("query %{y}<br>key %{x}<br>M = −∞ (blocked)") + "<extra></extra>"),
+                  1, 3)
+    fig.add_trace(heatmap_trace(w, "weights", x, y, t("weight"), showscale=True), 1, 4)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= 40, tickangle=-60)
     fig.update_yaxes(showticklabels=qk.shape[0] <= 40, row=1, col=1)
-    return _layout(fig, f"{name} · head {head}: softmax(QKᵀ/√d_k + M){note}",
-                   _size(qk.shape[0], 330, 10, 560))
+    return _layout(fig, _titled(t("{name} · head {head}: softmax(QKᵀ/√d_k + M)", name=name, head=head) + note,
+                                meta), height,
+                   margin={"l": 10, "r": 10, "t": 80, "b": below + 90})
 
 
 def _mask2d(trace: Mapping, name: str, shape: tuple[int, int]) -> np.ndarray:
@@ -352,10 +431,10 @@ def mask_components(trace: Mapping, name: str) -> dict[str, np.ndarray]:
     out = {}
     if pad_name in trace:
         key_pad = arr(trace[pad_name])[0][:n_k]
-        out[f"padding ({pad_name})"] = np.broadcast_to(key_pad[None, :], (n_q, n_k)).astype(np.float32)
+        out[t("padding ({name})", name=pad_name)] = np.broadcast_to(key_pad[None, :], (n_q, n_k)).astype(np.float32)
     if name.startswith("decoder.") and ".self_attn" in name and "masks.causal" in trace:
-        out["look-ahead (masks.causal)"] = arr(trace["masks.causal"])[:n_q, :n_k]
-    out["combined (used)" if len(out) > 1 else f"{name}.mask"] = combined
+        out[t("look-ahead (masks.causal)")] = arr(trace["masks.causal"])[:n_q, :n_k]
+    out[t("combined (used)") if len(out) > 1 else f"{name}.mask"] = combined
     return out
 
 
@@ -366,20 +445,19 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
     meta = meta if meta is not None else getattr(trace, "meta", {})
     masks = mask_components(trace, name)
     w = arr(trace[f"{name}.weights"])[0, head]
-    q_tok, k_tok = attention_tokens(meta, name)
-    y, x = token_labels(q_tok, w.shape[0]), token_labels(k_tok, w.shape[1])
+    y, x = axis_labels(meta, name, *w.shape)
     sl, note = _window(w.shape[0], rows)
     masks, w, y = {k: m[sl] for k, m in masks.items()}, w[sl], y[sl]
-    titles = [*masks, f"weights, head {head}"]
+    titles = [*masks, t("weights, head {head}", head=head)]
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.04)
     for c, (label, m) in enumerate(masks.items(), start=1):
         fig.add_trace(heatmap_trace(m, "mask", x, y, label, showscale=False), 1, c)
-    fig.add_trace(heatmap_trace(w, "weights", x, y, "weight"), 1, len(titles))
+    fig.add_trace(heatmap_trace(w, "weights", x, y, t("weight")), 1, len(titles))
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=w.shape[0] <= 40, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=w.shape[1] <= 40, tickangle=-60)
-    return _layout(fig, f"{name}: mask M (1 = blocked → −∞) and the weights{note}",
-                   _size(w.shape[0], 320, 10, 520))
+    return _layout(fig, _titled(t("{name}: mask M (1 = blocked → −∞) and the weights", name=name) + note, meta),
+                   _size(w.shape[0], 320, 10, 520), margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
 
 # ---------------------------------------------------------------- Q, K, V, z
@@ -388,21 +466,22 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
 def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
     """Q, K, V (position × d_k) of one head and its output z = weights · V."""
     meta = meta if meta is not None else getattr(trace, "meta", {})
-    q_tok, k_tok = attention_tokens(meta, name)
     parts = {r: arr(trace[f"{name}.{r}"])[0, head] for r in ("q", "k", "v", "z")}
+    q_lab, k_lab = axis_labels(meta, name, parts["q"].shape[0], parts["k"].shape[0])
     rng = symmetric_range(*parts.values())
     fig = make_subplots(rows=1, cols=4, horizontal_spacing=0.09,
-                        subplot_titles=["Q (queries)", "K (keys)", "V (values)", "z = softmax(…) V"])
+                        subplot_titles=[t("Q (queries)"), t("K (keys)"), t("V (values)"), "z = softmax(…) V"])
     for c, (role, m) in enumerate(parts.items(), start=1):
-        toks = k_tok if role in ("k", "v") else q_tok
         fig.add_trace(heatmap_trace(m, "values", [f"d{j}" for j in range(m.shape[1])],
-                                    token_labels(toks, m.shape[0]), f"{role}[head {head}]", zrange=rng,
-                                    showscale=(c == 4), hover_x="dim", hover_y="position"), 1, c)
+                                    k_lab if role in ("k", "v") else q_lab, f"{role}[head {head}]", zrange=rng,
+                                    showscale=(c == 4), hover_x=t("dim"), hover_y=t("position")), 1, c)
     fig.update_yaxes(autorange="reversed", type="category",
                      showticklabels=parts["q"].shape[0] <= 40 and parts["k"].shape[0] <= 40)
-    fig.update_xaxes(type="category", showticklabels=False, title="d_k dims")
-    return _layout(fig, f"{name} · head {head}: per-head projections (d_k = {parts['q'].shape[1]})",
-                   _size(max(parts["q"].shape[0], parts["k"].shape[0]), 300, 10, 560))
+    fig.update_xaxes(type="category", showticklabels=False, title=t("d_k dims"))
+    return _layout(fig, _titled(t("{name} · head {head}: per-head projections (d_k = {d_k})", name=name, head=head,
+                                  d_k=parts["q"].shape[1]), meta),
+                   _size(max(parts["q"].shape[0], parts["k"].shape[0]), 300, 10, 560),
+                   margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
 
 # ---------------------------------------------------------------- the √d_k lesson
@@ -445,7 +524,7 @@ def _hist_bars(values: np.ndarray, bins: np.ndarray, name: str, color: str) -> g
     centers = (edges[:-1] + edges[1:]) / 2
     return go.Bar(x=centers.astype(np.float32), y=counts.astype(np.int32), name=name, marker_color=color,
                   opacity=0.7, width=float(edges[1] - edges[0]),
-                  hovertemplate=f"{name}<br>value ≈ %{{x:.3g}}<br>count %{{y}}<extra></extra>")
+                  hovertemplate=f"{name}<br>" + t("value ≈ %{x:.3g}<br>count %{y}") + "<extra></extra>")
 
 
 def scaling_figure(trace: Mapping, name: str, bins: int = 60) -> go.Figure:
@@ -453,21 +532,22 @@ def scaling_figure(trace: Mapping, name: str, bins: int = 60) -> go.Figure:
     with and without the scaling (pre-binned: a few hundred numbers, whatever the input length)."""
     s = scaling_stats(trace, name)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
-        f"score entries (Var QKᵀ = {s['var_qk']:.3g}; Var of scaled = {s['var_qk'] / s['d_k']:.3g})",
-        "softmax row entropy (nats; right = spread out, 0 = one-hot)"])
+        t("score entries (Var QKᵀ = {v}; Var of scaled = {vs})", v=f"{s['var_qk']:.3g}",
+          vs=f"{s['var_qk'] / s['d_k']:.3g}"),
+        t("softmax row entropy (nats; right = spread out, 0 = one-hot)")])
     lim = float(max(np.abs(s["qk"]).max(initial=0), 1e-6))
     edges = np.linspace(-lim, lim, bins + 1)
-    fig.add_trace(_hist_bars(s["qk"], edges, "QKᵀ (unscaled)", "#d62728"), 1, 1)
+    fig.add_trace(_hist_bars(s["qk"], edges, t("QKᵀ (unscaled)"), "#d62728"), 1, 1)
     fig.add_trace(_hist_bars(s["scaled"], edges, f"QKᵀ/√{s['d_k']}", "#1f77b4"), 1, 1)
     hmax = max(s["max_entropy"], 1e-3)
     hedges = np.linspace(0, hmax * 1.0001, bins // 2 + 1)
     fig.add_trace(_hist_bars(s["entropy_raw"], hedges, "softmax(QKᵀ + M)", "#d62728"), 1, 2)
     fig.add_trace(_hist_bars(s["entropy_scaled"], hedges, "softmax(QKᵀ/√d_k + M)", "#1f77b4"), 1, 2)
     fig.update_layout(barmode="overlay", legend={"orientation": "h", "y": -0.15})
-    fig.update_xaxes(title="score", row=1, col=1)
-    fig.update_xaxes(title="entropy (nats)", row=1, col=2)
-    fig.update_yaxes(title="count")
-    return _layout(fig, f"{name}: the √d_k lesson (all heads, allowed cells only)", 400)
+    fig.update_xaxes(title=t("score"), row=1, col=1)
+    fig.update_xaxes(title=t("entropy (nats)"), row=1, col=2)
+    fig.update_yaxes(title=t("count"))
+    return _layout(fig, t("{name}: the √d_k lesson (all heads, allowed cells only)", name=name), 400)
 
 
 def variance_demo(d_k: int, n: int = 4000, seed: int = 0, bins: int = 60) -> go.Figure:
@@ -482,8 +562,8 @@ def variance_demo(d_k: int, n: int = 4000, seed: int = 0, bins: int = 60) -> go.
     fig = go.Figure([_hist_bars(dots, edges, f"q·k (Var = {dots.var():.3g} ≈ d_k = {d_k})", "#d62728"),
                      _hist_bars(scaled, edges, f"q·k/√d_k (Var = {scaled.var():.3g})", "#1f77b4")])
     fig.update_layout(barmode="overlay", legend={"orientation": "h", "y": -0.2})
-    fig.update_xaxes(title="dot product")
-    return _layout(fig, f"random q, k ~ N(0, 1), d_k = {d_k}: {n} samples", 340)
+    fig.update_xaxes(title=t("dot product"))
+    return _layout(fig, t("random q, k ~ N(0, 1), d_k = {d_k}: {n} samples", d_k=d_k, n=n), 340)
 
 
 # ---------------------------------------------------------------- tokens and embeddings
