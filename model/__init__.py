@@ -1,9 +1,9 @@
 """Attention Lab's instrumented Transformer ("Attention Is All You Need"). No UI imports here."""
 
 from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
-from .capture import CaptureError
 from .checkpoint import list_checkpoints, load_checkpoint
 from .config import TransformerConfig
+from .recorder import CaptureError
 from .schedule import noam_lr
 from .trace import Trace, TraceDiff, TraceFileError, compare_traces
 from .transformer import Transformer, label_smoothed_loss, sinusoidal_encoding

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .capture import record
+from .recorder import hook, keep, record
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -68,26 +68,26 @@ class MultiHeadAttention(nn.Module):
         static_kv: bool = False,  # cross-attention: K and V depend on the encoder only, compute them once
     ) -> torch.Tensor:
         n = self.name
-        q = self.split_heads(self.w_q(x_q))  # (B, H, Lq, hs)
+        q = record(f"{n}.q", self.split_heads(self.w_q(x_q)))  # (B, H, Lq, hs)
         if cache is not None and static_kv and "k" in cache:
-            k, v = cache["k"], cache["v"]
+            k, v = cache["k"], cache["v"]  # cross-attention: hooked once, when first computed
         else:
-            k = self.split_heads(self.w_k(x_kv))  # (B, H, Lk, hs)
-            v = self.split_heads(self.w_v(x_kv))
+            # Hooks see the keys/values computed in this call (with a cache: only the new positions),
+            # so a position-wise hook acts once per position, as in a full teacher-forced pass.
+            k = hook(f"{n}.k", self.split_heads(self.w_k(x_kv)))  # (B, H, Lk, hs)
+            v = hook(f"{n}.v", self.split_heads(self.w_v(x_kv)))
             if cache is not None and not static_kv and "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)
                 v = torch.cat([cache["v"], v], dim=2)
         if cache is not None:
             cache["k"], cache["v"] = k, v
-        record(f"{n}.q", q)
-        record(f"{n}.k", k)
-        record(f"{n}.v", v)
+        keep(f"{n}.k", k)
+        keep(f"{n}.v", v)
 
         # Var(q·k) = d_k for unit-variance entries: dividing by √d_k keeps softmax out of saturation.
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, Lq, Lk)
-        record(f"{n}.scores", scores)
+        scores = record(f"{n}.scores", q @ k.transpose(-2, -1) / math.sqrt(self.d_head))  # (B, H, Lq, Lk)
         if mask is not None:
-            record(f"{n}.mask", mask)
+            mask = record(f"{n}.mask", mask)
             # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
             # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
             bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
@@ -96,11 +96,15 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.masked_fill(mask, 0.0)
         else:
             weights = F.softmax(scores, dim=-1)
-        record(f"{n}.weights", weights)
+        weights = record(f"{n}.weights", weights)
 
-        z = self.dropout(weights) @ v  # (B, H, Lq, hs)
-        record(f"{n}.z", z)
+        z = record(f"{n}.z", self.dropout(weights) @ v)  # (B, H, Lq, hs)
         B, H, Lq, hs = z.shape
-        out = self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs))  # concat heads, then W^O
-        record(f"{n}.out", out)
-        return out
+        return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))  # concat heads, then W^O
+
+    def capture_points(self, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
+        """Names and shapes `forward` records, in order (module path + role)."""
+        n, H, hs = self.name, self.n_heads, self.d_head
+        return {f"{n}.q": (B, H, Lq, hs), f"{n}.k": (B, H, Lk, hs), f"{n}.v": (B, H, Lk, hs),
+                f"{n}.scores": (B, H, Lq, Lk), f"{n}.mask": (B, 1, Lq, Lk), f"{n}.weights": (B, H, Lq, Lk),
+                f"{n}.z": (B, H, Lq, hs), f"{n}.out": (B, Lq, H * hs)}

@@ -127,9 +127,10 @@ class Checkpoint:
         t = self.tgt_tokenizer
         return {"id_to_token": t.id_to_token, "detok": t.decode}
 
-    def translate(self, text: str, strategy: str = "greedy", **options) -> dec.Translation:
+    def translate(self, text: str, strategy: str = "greedy", hooks=None, **options) -> dec.Translation:
         """Decode `text` step by step with "greedy", "beam" (beam_width, length_penalty) or
-        "sample" (temperature, top_k, top_p, seed); every step is recorded (see model.decode)."""
+        "sample" (temperature, top_k, top_p, seed); every step is recorded (see model.decode).
+        `hooks` ({glob: fn(tensor, name)}, see Transformer.run_with_trace) act in every step."""
         if strategy not in DECODE_OPTIONS:
             raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(DECODE_OPTIONS)}")
         unknown = set(options) - DECODE_OPTIONS[strategy]
@@ -140,12 +141,13 @@ class Checkpoint:
             )
         src = self.encode_source(text)
         t = self.tgt_tokenizer
-        if strategy == "beam":
-            if "length_penalty" in options:
-                options["length_penalty_alpha"] = options.pop("length_penalty")
-            out = dec.beam_search(self.model, src, t.bos_id, t.eos_id, **options, **self._decode_kw())
-        else:
-            out = dec.generate(self.model, src, t.bos_id, t.eos_id, strategy, **options, **self._decode_kw())
+        if strategy == "beam" and "length_penalty" in options:
+            options["length_penalty_alpha"] = options.pop("length_penalty")
+        with self.model.hooks(hooks):
+            if strategy == "beam":
+                out = dec.beam_search(self.model, src, t.bos_id, t.eos_id, **options, **self._decode_kw())
+            else:
+                out = dec.generate(self.model, src, t.bos_id, t.eos_id, strategy, **options, **self._decode_kw())
         out.src_tokens = self.src_tokenizer.tokens(src[0].tolist())
         return out
 
@@ -175,8 +177,9 @@ class Checkpoint:
         return ids
 
     @torch.no_grad()
-    def trace(self, text: str, target: str | None = None, names=None) -> tuple[torch.Tensor, Trace]:
-        """Teacher-forced pass: decoder input [BOS] + target (None: the greedy translation).
+    def trace(self, text: str, target: str | None = None, names=None, hooks=None) -> tuple[torch.Tensor, Trace]:
+        """Teacher-forced pass: decoder input [BOS] + target (None: the greedy translation, decoded
+        under `hooks` too, so an intervention's trace shows the output it causes).
 
         Returns (logits [1, T, V], Trace); Trace.meta has src_tokens, tgt_tokens (decoder input),
         next_tokens (what each position should predict: target + [EOS]), checkpoint, text, target.
@@ -184,7 +187,8 @@ class Checkpoint:
         src = self.encode_source(text)
         t = self.tgt_tokenizer
         if target is None:
-            ids = dec.greedy_batch(self.model, src, t.bos_id, t.eos_id)[0]
+            with self.model.hooks(hooks):
+                ids = dec.greedy_batch(self.model, src, t.bos_id, t.eos_id)[0]
             target = t.decode(ids)
         else:
             ids = self.target_ids(target)
@@ -197,7 +201,7 @@ class Checkpoint:
             "text": text.strip(),
             "target": target,
         }
-        return self.model.run_with_trace(src, tgt, names=names, meta=meta)
+        return self.model.run_with_trace(src, tgt, names=names, meta=meta, hooks=hooks)
 
     # ------------------------------------------------------------------ film strip
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .capture import capturing
+from .recorder import capturing
 from .transformer import Transformer
 
 STRATEGIES = ("greedy", "beam", "sample")

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import capture
+from . import recorder
 from .config import TransformerConfig
 from .trace import Trace
 from .transformer import Transformer
@@ -238,19 +238,21 @@ class PretrainedEncoder:
         self,
         text: str,
         names: str | Sequence[str] | None = None,
-        budget_bytes: int | None = capture.DEFAULT_BUDGET_BYTES,
+        budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
+        hooks=None,
     ) -> tuple[list[torch.Tensor], Trace]:
         """Encode one text, recording the named tensors (None = all; fnmatch globs).
 
         Returns (hidden_states, trace): hidden_states is a list of n_layers + 1 tensors [1, L, D]
         (embedding output, then each layer's output, like HF's output_hidden_states), always
         complete whatever `names` selects; the trace holds exactly the selected names, with
-        meta["src_tokens"] the token strings.
+        meta["src_tokens"] the token strings. `hooks` ({glob: fn(tensor, name)}) intervene as in
+        Transformer.run_with_trace.
         """
         enc = self.encode(text)
         ids = torch.tensor([enc.ids], dtype=torch.long)
         shapes = self.model.capture_names(1, len(enc))
-        chosen = capture.select_names(list(shapes), names)  # a pattern matching nothing raises here
+        chosen = recorder.select_names(list(shapes), names)  # a pattern matching nothing raises here
         hidden_names = self.hidden_state_names()
         wanted = chosen + [n for n in hidden_names if n not in chosen]
         meta = {
@@ -263,14 +265,14 @@ class PretrainedEncoder:
         }
         with torch.no_grad():
             _, full = self.model.run_with_trace(ids, names=wanted, budget_bytes=budget_bytes,
-                                                token_type_ids=torch.zeros_like(ids), meta=meta)
+                                                token_type_ids=torch.zeros_like(ids), meta=meta, hooks=hooks)
         hidden = [full[n] for n in hidden_names]
         trace = full if len(chosen) == len(wanted) else Trace({n: full[n] for n in chosen}, full.meta)
         return hidden, trace
 
-    def forward_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """Last hidden state [B, L, D] for ids [B, L] (id pad_id = padding, masked as keys)."""
-        with torch.no_grad():
+    def forward_ids(self, ids: torch.Tensor, hooks=None) -> torch.Tensor:
+        """Last hidden state [B, L, D] for ids [B, L] (id pad_id = padding, masked as keys), under `hooks`."""
+        with torch.no_grad(), self.model.hooks(hooks):
             return self.model(ids, token_type_ids=torch.zeros_like(ids))
 
     def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .capture import select_names
+from .recorder import select_names
 from .diff import DEFAULT_TOLERANCES, Tolerance, TolSpec, as_tolerance, compare, resolve_tolerances
 from .repro import deterministic
 from .trace import Trace, TraceFileError

@@ -294,7 +294,7 @@ def _computation_order(names: list[str], meta: Mapping | None) -> list[str]:
     cfg = (meta or {}).get("config")
     if isinstance(cfg, Mapping):
         try:
-            from .capture import capture_shapes
+            from .recorder import capture_shapes
             from .config import TransformerConfig
 
             canonical = list(capture_shapes(TransformerConfig.from_dict(dict(cfg)), 1, 1, 1))

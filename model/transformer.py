@@ -10,16 +10,16 @@ through `record(name, tensor)`; names are module path + role (see DESIGN.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import capture
+from . import recorder
 from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
-from .capture import record
 from .config import TransformerConfig
+from .recorder import Hook, record
 from .trace import Trace
 
 
@@ -31,6 +31,20 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq)
     return pe.float()
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same weights and math) that records its input and output: `<path>.in`, `<path>.out`."""
+
+    name = "norm"  # set to the module path by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = record(f"{self.name}.in", x)
+        return record(f"{self.name}.out", super().forward(x))
+
+    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
+        D = self.normalized_shape[0]
+        return {f"{self.name}.in": (B, L, D), f"{self.name}.out": (B, L, D)}
 
 
 class Embeddings(nn.Module):
@@ -46,7 +60,7 @@ class Embeddings(nn.Module):
         else:
             self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)
         self.token_type = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else None
+        self.norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: torch.Tensor, offset: int = 0, token_type_ids: torch.Tensor | None = None):
@@ -54,20 +68,24 @@ class Embeddings(nn.Module):
         if offset + L > self.max_len:
             raise ValueError(f"sequence of {offset + L} tokens is longer than max_len={self.max_len}")
         s = self.side
-        tok = self.tok(ids) * self.scale  # (B, L, D)
-        record(f"{s}.embed.tok", tok)
-        pos = self.pos.weight[offset:offset + L] if hasattr(self, "pos") else self.pe[offset:offset + L]  # (L, D)
-        record(f"{s}.embed.pos", pos)
-        x = tok + pos
+        tok = record(f"{s}.embed.tok", self.tok(ids) * self.scale)  # (B, L, D)
+        pos = self.pos.weight[offset:offset + L] if hasattr(self, "pos") else self.pe[offset:offset + L]
+        x = tok + record(f"{s}.embed.pos", pos)  # (L, D), broadcast over the batch
         if self.token_type is not None:
             types = self.token_type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
-            record(f"{s}.embed.type", types)
-            x = x + types
+            x = x + record(f"{s}.embed.type", types)
         if self.norm is not None:
             x = self.norm(x)
-        x = self.dropout(x)
-        record(f"{s}.embed.out", x)
-        return x
+        return record(f"{s}.embed.out", self.dropout(x))
+
+    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
+        s, D = self.side, self.tok.embedding_dim
+        pts = {f"{s}.embed.tok": (B, L, D), f"{s}.embed.pos": (L, D)}
+        if self.token_type is not None:
+            pts[f"{s}.embed.type"] = (B, L, D)
+        if self.norm is not None:
+            pts |= self.norm.capture_points(B, L)
+        return pts | {f"{s}.embed.out": (B, L, D)}
 
 
 class FeedForward(nn.Module):
@@ -82,9 +100,12 @@ class FeedForward(nn.Module):
         self.name = "ffn"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.linear1(x))  # (B, L, d_ff)
-        record(f"{self.name}.hidden", h)
-        return self.linear2(self.dropout(h))
+        h = record(f"{self.name}.hidden", self.act(self.linear1(x)))  # (B, L, d_ff)
+        return record(f"{self.name}.out", self.linear2(self.dropout(h)))  # (B, L, D)
+
+    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
+        return {f"{self.name}.hidden": (B, L, self.linear1.out_features),
+                f"{self.name}.out": (B, L, self.linear2.out_features)}
 
 
 class EncoderLayer(nn.Module):
@@ -93,8 +114,8 @@ class EncoderLayer(nn.Module):
         self.norm_first = cfg.norm_first
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm1 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout1, self.dropout2 = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
         self.name = "encoder.layers.?"
 
@@ -106,8 +127,13 @@ class EncoderLayer(nn.Module):
         else:  # post-LN (paper): LayerNorm(x + Sublayer(x))
             x = self.norm1(x + self.dropout1(self.self_attn(x, x, mask)))
             x = self.norm2(x + self.dropout2(self.ffn(x)))
-        record(f"{self.name}.out", x)
-        return x
+        return record(f"{self.name}.out", x)
+
+    def capture_points(self, B: int, S: int) -> dict[str, tuple[int, ...]]:
+        attn, ffn = self.self_attn.capture_points(B, S, S), self.ffn.capture_points(B, S)
+        n1, n2 = self.norm1.capture_points(B, S), self.norm2.capture_points(B, S)
+        order = (n1, attn, n2, ffn) if self.norm_first else (attn, n1, ffn, n2)
+        return _merge(*order) | {f"{self.name}.out": (B, S, self.ffn.linear2.out_features)}
 
 
 class DecoderLayer(nn.Module):
@@ -117,9 +143,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm1 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm3 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(cfg.dropout) for _ in range(3))
         self.name = "decoder.layers.?"
 
@@ -137,8 +163,14 @@ class DecoderLayer(nn.Module):
             y = self.norm1(y + self.dropout1(self.self_attn(y, y, self_mask, sc)))
             y = self.norm2(y + self.dropout2(self.cross_attn(y, memory, cross_mask, cc, static_kv=True)))
             y = self.norm3(y + self.dropout3(self.ffn(y)))
-        record(f"{self.name}.out", y)
-        return y
+        return record(f"{self.name}.out", y)
+
+    def capture_points(self, B: int, T: int, S: int) -> dict[str, tuple[int, ...]]:
+        sa, ca = self.self_attn.capture_points(B, T, T), self.cross_attn.capture_points(B, T, S)
+        ffn = self.ffn.capture_points(B, T)
+        n1, n2, n3 = (n.capture_points(B, T) for n in (self.norm1, self.norm2, self.norm3))
+        order = (n1, sa, n2, ca, n3, ffn) if self.norm_first else (sa, n1, ca, n2, ffn, n3)
+        return _merge(*order) | {f"{self.name}.out": (B, T, self.ffn.linear2.out_features)}
 
 
 class Encoder(nn.Module):
@@ -146,30 +178,52 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         # Pre-LN leaves the residual stream un-normalised: one final LayerNorm before the next stage.
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x, mask)
         if self.norm is not None:
             x = self.norm(x)
-        record("encoder.out", x)
-        return x
+        return record("encoder.out", x)
+
+    def capture_points(self, B: int, S: int) -> dict[str, tuple[int, ...]]:
+        pts = _merge(*(layer.capture_points(B, S) for layer in self.layers))
+        if self.norm is not None:
+            pts |= self.norm.capture_points(B, S)
+        return pts | {"encoder.out": (B, S, _width(self))}
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
 
     def forward(self, y, memory, self_mask, cross_mask, cache: list[dict] | None = None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             y = layer(y, memory, self_mask, cross_mask, None if cache is None else cache[i])
         if self.norm is not None:
             y = self.norm(y)
-        record("decoder.out", y)
-        return y
+        return record("decoder.out", y)
+
+    def capture_points(self, B: int, T: int, S: int) -> dict[str, tuple[int, ...]]:
+        pts = _merge(*(layer.capture_points(B, T, S) for layer in self.layers))
+        if self.norm is not None:
+            pts |= self.norm.capture_points(B, T)
+        return pts | {"decoder.out": (B, T, _width(self))}
+
+
+def _merge(*dicts: dict) -> dict:
+    out: dict = {}
+    for d in dicts:
+        out |= d
+    return out
+
+
+def _width(stack: nn.Module) -> int:
+    """d_model of an encoder/decoder stack (read from its first LayerNorm)."""
+    return next(m for m in stack.modules() if isinstance(m, nn.LayerNorm)).normalized_shape[0]
 
 
 class Transformer(nn.Module):
@@ -189,8 +243,9 @@ class Transformer(nn.Module):
             if cfg.tie_generator:  # the paper shares the target embedding and the pre-softmax matrix
                 self.generator.weight = self.tgt_embed.tok.weight
         for path, module in self.named_modules():  # capture names = module path + role
-            if isinstance(module, MultiHeadAttention | FeedForward | EncoderLayer | DecoderLayer):
-                module.name = path
+            if isinstance(module, MultiHeadAttention | FeedForward | EncoderLayer | DecoderLayer | LayerNorm):
+                # the embeddings record as "encoder.embed.*" / "decoder.embed.*" (see Embeddings)
+                module.name = path.replace("src_embed", "encoder.embed").replace("tgt_embed", "decoder.embed")
 
     def _init_weights(self) -> None:
         for p in self.parameters():
@@ -201,8 +256,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, token_type_ids: torch.Tensor | None = None):
         """(B, S) ids -> memory (B, S, D) and the source padding mask (B, S)."""
-        src_pad = padding_mask(src, self.cfg.pad_id)
-        record("masks.src_pad", src_pad)
+        src_pad = record("masks.src_pad", padding_mask(src, self.cfg.pad_id))
         x = self.src_embed(src, token_type_ids=token_type_ids)
         return self.encoder(x, attention_mask(src_pad, src.shape[1])), src_pad
 
@@ -211,10 +265,8 @@ class Transformer(nn.Module):
         the look-ahead mask keeps position t from seeing t+1... With `cache`, `tgt` holds only the new
         tokens, at absolute positions offset.. (their keys and values are appended to the cache)."""
         T = tgt.shape[1]
-        tgt_pad = padding_mask(tgt, self.cfg.pad_id)
-        future = causal_mask(T, offset=offset, device=tgt.device)  # (T, offset + T)
-        record("masks.tgt_pad", tgt_pad)
-        record("masks.causal", future)
+        tgt_pad = record("masks.tgt_pad", padding_mask(tgt, self.cfg.pad_id))
+        future = record("masks.causal", causal_mask(T, offset=offset, device=tgt.device))  # (T, offset + T)
         if cache is not None and offset:
             tgt_pad = torch.cat([cache[0]["pad"], tgt_pad], dim=1)  # padding of every key so far
         if cache is not None:
@@ -223,9 +275,7 @@ class Transformer(nn.Module):
         self_mask = attention_mask(tgt_pad, T, future)
         cross_mask = attention_mask(src_pad, T)
         y = self.decoder(y, memory, self_mask, cross_mask, cache)
-        logits = self.generator(y)  # (B, T, V)
-        record("logits", logits)
-        return logits
+        return record("logits", self.generator(y))  # (B, T, V)
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in range(self.cfg.n_decoder_layers)]
@@ -257,25 +307,48 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ capture
 
     def capture_names(self, B: int = 1, S: int = 1, T: int = 1) -> dict[str, tuple[int, ...]]:
-        return capture.capture_shapes(self.cfg, B, S, 0 if self.cfg.encoder_only else T)
+        """Every capture (and hook) point of a forward pass on (B, S) source and (B, T) target ids, in
+        computation order, with its shape: walked from the module tree, each module listing its own."""
+        pts = {"masks.src_pad": (B, S)} | self.src_embed.capture_points(B, S) | self.encoder.capture_points(B, S)
+        if self.cfg.encoder_only or not T:
+            return pts
+        pts |= {"masks.tgt_pad": (B, T), "masks.causal": (T, T)}
+        pts |= self.tgt_embed.capture_points(B, T) | self.decoder.capture_points(B, T, S)
+        return pts | {"logits": (B, T, self.cfg.tgt_vocab_size)}
+
+    def resolve_hooks(self, hooks: Mapping[str, Hook | list[Hook]] | None) -> dict[str, list[Hook]]:
+        """{glob: fn} -> {capture name: [fn]}; a glob that matches no point is an error listing them."""
+        return recorder.resolve_hooks(list(self.capture_names()), hooks)
+
+    def hooks(self, hooks: Mapping[str, Hook | list[Hook]] | None) -> recorder.hooking:
+        """`with model.hooks({"decoder.layers.1.cross_attn.z": fn}):` every forward pass inside it
+        (of any model, in this thread/context only) runs under the hooks; see DESIGN.md "Hooks"."""
+        return recorder.hooking(self.resolve_hooks(hooks))
+
+    def run_with_hooks(self, src, tgt=None, hooks=None, token_type_ids=None) -> torch.Tensor:
+        """forward(src, tgt) with `hooks` ({glob: fn(tensor, name) -> tensor | None}) in effect."""
+        with self.hooks(hooks):
+            return self(src, tgt, token_type_ids=token_type_ids)
 
     def run_with_trace(
         self,
         src: torch.Tensor,
         tgt: torch.Tensor | None = None,
         names: str | Sequence[str] | None = None,
-        budget_bytes: int | None = capture.DEFAULT_BUDGET_BYTES,
+        budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
         token_type_ids: torch.Tensor | None = None,
         meta: dict | None = None,
+        hooks: Mapping[str, Hook | list[Hook]] | None = None,
     ) -> tuple[torch.Tensor, Trace]:
         """Forward pass recording the named tensors (None = all; fnmatch globs). Same math path as
-        forward, so the logits are bit-identical. Refuses, before running, a capture over budget_bytes."""
+        forward, so the logits are bit-identical. Refuses, before running, a capture over budget_bytes.
+        With `hooks`, the model continues with what they return and the trace records that."""
         B, S = src.shape
         T = 0 if tgt is None or self.cfg.encoder_only else tgt.shape[1]
-        shapes = capture.capture_shapes(self.cfg, B, S, T)
-        wanted = capture.select_names(list(shapes), names)
-        capture.check_budget(capture.estimate_bytes(shapes, wanted), budget_bytes)
-        with capture.capturing(set(wanted)) as rec:
+        shapes = self.capture_names(B, S, T)
+        wanted = recorder.select_names(list(shapes), names)
+        recorder.check_budget(recorder.estimate_bytes(shapes, wanted), budget_bytes)
+        with self.hooks(hooks), recorder.capturing(set(wanted)) as rec:
             out = self(src, tgt, token_type_ids=token_type_ids)
         info = {
             "config": self.cfg.to_dict(),
@@ -286,6 +359,9 @@ class Transformer(nn.Module):
             "dtype": str(out.dtype).removeprefix("torch."),
             "versions": _versions(),
         }
+        if hooks:
+            info["hooks"] = {pattern: getattr(fn, "__name__", repr(fn)) if callable(fn) else repr(fn)
+                             for pattern, fn in hooks.items()}
         info.update(meta or {})
         return out, Trace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)
 
