@@ -42,6 +42,14 @@ DECODE_OPTIONS = {
 }
 
 
+def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                          top_p: float | None = None) -> torch.Tensor:
+    """The distribution `translate(..., "sample", ...)` draws a step's token from: softmax(logits / T)
+    after top-k and top-p (nucleus) filtering. `Step.logits` are raw, so with a Translation's
+    `options` this reproduces `Step.prob` exactly; softmax(logits) is the model's own distribution."""
+    return dec._filter(logits, temperature, top_k, top_p)
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt, foreign, or inconsistent with itself."""
 
@@ -120,6 +128,15 @@ class Checkpoint:
         """Whether the source ends with [EOS] (an anchor for "how far from the end am I")."""
         return bool(self.meta.get("src_eos", False))
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The generation limit of translate() and trace(), one for every page: [BOS] + the output
+        must fit the model's max_len positions, so a teacher-forced pass over any output it
+        generates is possible. An output that reaches it did not end with [EOS] (a model that
+        never stops, e.g. on inputs longer than it was trained on): Translation.finished and
+        trace meta["finished"] say so."""
+        return self.cfg.max_len - 1
+
     def src_tokens(self, text: str) -> list[str]:
         return self.src_tokenizer.tokens(self.encode_source(text)[0].tolist())
 
@@ -141,6 +158,9 @@ class Checkpoint:
             )
         src = self.encode_source(text)
         t = self.tgt_tokenizer
+        asked = options.get("max_new_tokens")
+        if asked is None or (isinstance(asked, int) and asked > self.max_new_tokens):
+            options["max_new_tokens"] = self.max_new_tokens
         if strategy == "beam" and "length_penalty" in options:
             options["length_penalty_alpha"] = options.pop("length_penalty")
         with self.model.hooks(hooks):
@@ -182,16 +202,21 @@ class Checkpoint:
         under `hooks` too, so an intervention's trace shows the output it causes).
 
         Returns (logits [1, T, V], Trace); Trace.meta has src_tokens, tgt_tokens (decoder input),
-        next_tokens (what each position should predict: target + [EOS]), checkpoint, text, target.
+        next_tokens (what each position should predict: target + [EOS]), checkpoint, text, target,
+        generated (target None), finished (False: the greedy output reached `max_new_tokens`
+        without [EOS]) and max_new_tokens.
         """
         src = self.encode_source(text)
         t = self.tgt_tokenizer
-        if target is None:
+        generated = target is None
+        if generated:
             with self.model.hooks(hooks):
-                ids = dec.greedy_batch(self.model, src, t.bos_id, t.eos_id)[0]
+                ids = dec.greedy_batch(self.model, src, t.bos_id, t.eos_id, self.max_new_tokens)[0]
             target = t.decode(ids)
+            finished = len(ids) < self.max_new_tokens  # greedy_batch cuts [EOS]: a full-length row has none
         else:
             ids = self.target_ids(target)
+            finished = True
         tgt = torch.tensor([[t.bos_id, *ids]])
         meta = {
             "src_tokens": self.src_tokenizer.tokens(src[0].tolist()),
@@ -200,6 +225,9 @@ class Checkpoint:
             "checkpoint": self.name,
             "text": text.strip(),
             "target": target,
+            "generated": generated,
+            "finished": finished,
+            "max_new_tokens": self.max_new_tokens,
         }
         return self.model.run_with_trace(src, tgt, names=names, meta=meta, hooks=hooks)
 

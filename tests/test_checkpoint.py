@@ -186,3 +186,22 @@ def test_tokenizer_that_does_not_match_the_model_is_refused(copy):
     shutil.copy(CHECKPOINT_DIR / "reverse" / "src_tokenizer.json", copy / "src_tokenizer.json")
     with pytest.raises(CheckpointError, match="tgt_tokenizer.json.*BPE"):
         load_checkpoint(copy)
+
+
+def test_one_generation_limit_for_trace_and_translate():
+    """A model that never stops (reverse, 116 characters: longer than it was trained on) is cut at
+    the same limit by trace() and translate(), and both say so, instead of trace() failing with
+    "target sequence has 257 tokens; max_len=256" (issue 13 §3)."""
+    c = ckpt("reverse")
+    text = ("attention" * 13)[:116]
+    cap = c.max_new_tokens
+    assert cap == c.cfg.max_len - 1  # [BOS] + output fits the model's positions
+    _, tr = c.trace(text, names="logits")
+    assert tr.meta["generated"] is True and tr.meta["finished"] is False and tr.meta["max_new_tokens"] == cap
+    assert len(tr.meta["tgt_tokens"]) == c.cfg.max_len and tr["logits"].shape[1] == c.cfg.max_len
+    out = c.translate(text)
+    assert not out.finished and len(out.steps) == len(out.tokens) == cap
+    assert ["[BOS]", *out.tokens] == tr.meta["tgt_tokens"]  # the same output, the same way
+    assert len(c.translate(text, max_new_tokens=10 * cap).tokens) == cap  # a larger ask is capped too
+    _, short = c.trace(c.example, names="logits")
+    assert short.meta["finished"] is True and c.translate(c.example).finished
