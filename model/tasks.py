@@ -22,6 +22,7 @@ gives the sampler, walking every sequence of choices enumerates a finite grammar
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import functools
 import hashlib
 import random
@@ -545,8 +546,9 @@ def _zh_sources() -> tuple[frozenset[str], dict[str, list[str]]]:
     return sources, index
 
 
-def closest_zh(text: str) -> str:
-    """The zh-en source sharing the most character bigrams with `text` (ties: the shortest, then sorted)."""
+def closest_zh(text: str, shortlist: int = 50) -> str:
+    """The zh-en source most like `text`: a shortlist by shared character bigrams, then the best
+    difflib ratio (ties: sorted order)."""
     _, index = _zh_sources()
     counts: dict[str, int] = {}
     for bigram in {text[i:i + 2] for i in range(len(text) - 1)}:
@@ -554,7 +556,8 @@ def closest_zh(text: str) -> str:
             counts[s] = counts.get(s, 0) + 1
     if not counts:
         return ZH_EN.example
-    return min(counts, key=lambda s: (-counts[s], abs(len(s) - len(text)), s))
+    short = sorted(counts, key=lambda s: (-counts[s], abs(len(s) - len(text)), s))[:shortlist]
+    return max(short, key=lambda s: (difflib.SequenceMatcher(None, text, s).ratio(), [-ord(c) for c in s]))
 
 
 def _zh_en_check(text: str) -> list[InputProblem]:

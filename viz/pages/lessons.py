@@ -125,15 +125,18 @@ def nav(n: int) -> None:
     prev_col, pick_col, next_col = st.columns([1, 4, 1], vertical_alignment="bottom")
     prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,), disabled=n <= 1,
                     use_container_width=True)
-    pick_col.selectbox(t("Lesson"), range(1, N + 1), key="lesson_n", label_visibility="collapsed",
-                       format_func=lambda i: f"{i}. {t(LS.LESSONS[i - 1].title)}")
+    # Labels translated now, not inside format_func: AppTest calls it again outside the session.
+    titles = {i: f"{i}. {t(lesson.title)}" for i, lesson in enumerate(LS.LESSONS, start=1)}
+    pick_col.selectbox(t("Lesson"), list(titles), key="lesson_n", label_visibility="collapsed",
+                       format_func=titles.get)
     next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,), disabled=n >= N,
                     use_container_width=True)
 
 
-def progress(n: int) -> None:
+def progress(slot, n: int) -> None:
+    """Fill the progress bar's slot (reserved at the top, filled last: after this run's answer)."""
     done = st.session_state.setdefault(DONE_KEY, set())
-    st.progress(len(done) / N, text=t("Lesson {n} of {total} · {done} of {total} questions answered",
+    slot.progress(len(done) / N, text=t("Lesson {n} of {total} · {done} of {total} questions answered",
                                        n=n, total=N, done=len(done)))
 
 
@@ -249,10 +252,11 @@ def main() -> None:
         st.title(t("Lessons"))
         st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
                      "of a trained model, a task to try and a question checked against the model's own numbers."))
-    progress(n)
+    slot = st.empty()
     nav(n)
     st.html(KEYS_JS, unsafe_allow_javascript=True)
     show_lesson(n, present)
+    progress(slot, n)
 
 
 main()

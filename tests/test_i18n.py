@@ -1,0 +1,168 @@
+"""The bilingual UI: every msgid the code uses has Chinese, the catalogs parse and keep their
+placeholders, and every page runs in both languages, the zh one without an English sentence."""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from pathlib import Path
+
+import pytest
+from babel.messages.extract import extract_from_file
+from babel.messages.pofile import read_po
+from conftest import assert_clean
+from streamlit.testing.v1 import AppTest
+
+from viz import i18n
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+# Where UI text lives: the app, every viz module, and model/tasks.py (task grammars, input problems).
+SOURCES = sorted([ROOT / "app.py", ROOT / "model" / "tasks.py", *(ROOT / "viz").rglob("*.py")])
+KEYWORDS = {"t": None, "N_": None}
+PO_FILES = sorted((i18n.LOCALE_DIR / "zh").glob("*.po"))
+PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "viz" / "pages").glob("*.py") if p.stem != "__init__")
+TIMEOUT = 300
+
+
+# ---------------------------------------------------------------- catalogs
+
+
+def used_msgids() -> dict[str, str]:
+    """msgid -> "file:line" of its first use, for every t("...") / N_("...") literal."""
+    out: dict[str, str] = {}
+    for path in SOURCES:
+        for lineno, msg, _, _ in extract_from_file("python", str(path), keywords=KEYWORDS):
+            msg = msg[0] if isinstance(msg, tuple) else msg
+            if msg:
+                out.setdefault(msg, f"{path.relative_to(ROOT)}:{lineno}")
+    return out
+
+
+def read(po: Path):
+    with po.open("rb") as f:
+        return read_po(f, locale="zh", abort_invalid=True)
+
+
+def fields(text: str) -> set[str]:
+    """The names of the {placeholders} in a format string (a broken one is reported as such)."""
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+    except ValueError as e:
+        return {f"<unparsable: {e}>"}
+
+
+def test_extraction_finds_the_ui_text():
+    ids = used_msgids()
+    assert len(ids) > 100 and "Lessons" in ids and "Presentation mode" in ids
+
+
+@pytest.mark.parametrize("po", PO_FILES, ids=lambda p: p.name)
+def test_po_file_parses(po):
+    cat = read(po)
+    assert cat.locale and str(cat.locale) == "zh"
+    assert len([m for m in cat if m.id]) > 0
+
+
+def test_every_msgid_has_chinese():
+    merged = i18n.catalog("zh")
+    missing = [f"{where}: {msg!r}" for msg, where in used_msgids().items() if not merged.get(msg, "").strip()]
+    assert not missing, f"{len(missing)} msgids have no Chinese in viz/locale/zh/*.po:\n" + "\n".join(missing)
+
+
+def test_placeholders_match():
+    bad = []
+    for po in PO_FILES:
+        for m in read(po):
+            if m.id and m.string and fields(m.id) != fields(m.string):
+                bad.append(f"{po.name}: {m.id!r} {sorted(fields(m.id))} -> {m.string!r} {sorted(fields(m.string))}")
+    assert not bad, "placeholders differ between msgid and msgstr:\n" + "\n".join(bad)
+
+
+def test_catalogs_agree_where_they_overlap():
+    """Two owners' .po files translating one msgid differently: the merge would pick one silently."""
+    seen: dict[str, tuple[str, str]] = {}
+    clashes = []
+    for po in PO_FILES:
+        for m in read(po):
+            if not (m.id and m.string):
+                continue
+            if m.id in seen and seen[m.id][1] != m.string:
+                clashes.append(f"{m.id!r}: {seen[m.id][0]} {seen[m.id][1]!r} vs {po.name} {m.string!r}")
+            seen.setdefault(m.id, (po.name, m.string))
+    assert not clashes, "\n".join(clashes)
+
+
+def test_t_translates_and_fills_after_translation():
+    assert i18n.t("Lesson {n} of {total} · {done} of {total} questions answered", lang="zh", n=3, total=10,
+                  done=1) == "第 3 课，共 10 课 · 已答对 1/10 题"
+    assert i18n.t("Lessons", lang="en") == "Lessons"
+    assert i18n.t("no such msgid {x}", lang="zh", x=1) == "no such msgid 1"  # falls back to English
+
+
+# ---------------------------------------------------------------- pages in both languages
+
+# ≥ 4 consecutive English words (letters, apostrophes, hyphens): a sentence left untranslated.
+ENGLISH_RUN = re.compile(r"[A-Za-z][A-Za-z'’-]*(?:[ ,]+[A-Za-z][A-Za-z'’-]*){3,}")
+# Not prose the UI owns: code, quoted strings (model input/output, example sentences), URLs,
+# and symbols such as softmax(QKᵀ/√d_k).
+NOT_PROSE = re.compile(r"```.*?```|`[^`]*`|“[^”]*”|\"[^\"]*\"|‘[^’]*’|'[^'\n]{1,80}'|https?://\S+"
+                       r"|\[[A-Z]+\]", re.S)
+TEXT_ELEMENTS = ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info",
+                 "success", "toast")
+WIDGETS = ("button", "checkbox", "toggle", "radio", "selectbox", "multiselect", "select_slider", "slider",
+           "number_input", "text_input", "text_area", "segmented_control", "pills", "date_input",
+           "file_uploader", "download_button", "color_picker", "time_input", "expander", "tabs", "metric")
+
+
+@functools.cache
+def app_run(page: str, lang: str) -> AppTest:
+    """One AppTest run of `page` in `lang` (shared by the tests below: each run costs seconds)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["lang"] = lang
+    at.run()
+    at.switch_page(page)
+    at.run()
+    return at
+
+
+def shown_texts(at: AppTest) -> list[tuple[str, str]]:
+    """(element type, text) of every visible string the page itself wrote: texts and widget labels."""
+    out = []
+    for kind in TEXT_ELEMENTS:
+        out += [(kind, str(e.value)) for e in at.get(kind)]
+    for kind in WIDGETS:
+        for w in at.get(kind):
+            for attr in ("label", "help", "placeholder"):
+                value = getattr(w, attr, None) or getattr(getattr(w, "proto", None), attr, None)
+                if isinstance(value, str) and value:
+                    out.append((f"{kind}.{attr}", value))
+    return out
+
+
+def english_sentences(text: str) -> list[str]:
+    return [m.group() for m in ENGLISH_RUN.finditer(NOT_PROSE.sub(" ", text))]
+
+
+def test_english_detector():
+    assert english_sentences("The input is empty: type a sentence in the sidebar.")
+    assert not english_sentences("输出词“i love machine learning”把注意力给了 softmax(QKᵀ/√d_k)")
+    assert not english_sentences("层 0 · head 1 · QKᵀ")
+    assert not english_sentences("例如 \"3 november 2023\"、`pip install -e '.[pretrained]'`")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("page", PAGES)
+def test_page_runs_in_both_languages(page, lang):
+    at = app_run(page, lang)
+    assert_clean(at)
+    assert at.query_params["lang"] == [lang] or at.query_params["lang"] == lang
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_zh_page_has_no_english_sentence(page):
+    at = app_run(page, "zh")
+    found = [f"{kind}: {hit!r} in {text[:120]!r}" for kind, text in shown_texts(at)
+             for hit in english_sentences(text)]
+    assert not found, f"{page} in zh shows {len(found)} English sentence(s):\n" + "\n".join(found)
