@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import assert_clean
 from streamlit.testing.v1 import AppTest
+from test_i18n import english_sentences, shown_texts
 
 from model import noam_lr
 from model.checkpoint import load_checkpoint
@@ -73,6 +74,9 @@ def test_every_lesson_runs_with_one_live_view(lang):
         assert at.header[0].value.startswith(f"{n}. ")
         assert question_radio(at).options, f"lesson {n}: a question with options"
         assert any("🧪" == e.proto.icon for e in at.info), f"lesson {n}: a try-this task"
+        if lang == "zh":  # the lesson itself (the sidebar is the app shell's) has no English sentence
+            english = [(k, hit) for k, text in shown_texts(at, at.main) for hit in english_sentences(text)]
+            assert not english, f"lesson {n}: {english}"
         if n < len(LS.LESSONS):
             at.button(key="lesson_next").click().run()
     assert at.button(key="lesson_next").disabled

@@ -107,8 +107,18 @@ def test_t_translates_and_fills_after_translation():
 ENGLISH_RUN = re.compile(r"[A-Za-z][A-Za-z'’-]*(?:[ ,]+[A-Za-z][A-Za-z'’-]*){3,}")
 # Not prose the UI owns: code, quoted strings (model input/output, example sentences), URLs,
 # and symbols such as softmax(QKᵀ/√d_k).
-NOT_PROSE = re.compile(r"```.*?```|`[^`]*`|“[^”]*”|\"[^\"]*\"|‘[^’]*’|'[^'\n]{1,80}'|https?://\S+"
+NOT_PROSE = re.compile(r"```.*?```|`[^`]*`|“[^”]*”|《[^》]*》|\"[^\"]*\"|‘[^’]*’|'[^'\n]{1,80}'|https?://\S+"
                        r"|\[[A-Z]+\]", re.S)
+
+
+@functools.cache
+def model_words() -> frozenset[str]:
+    """Every English word the toy models can output: a run made only of these is model output."""
+    from model.tasks import TASKS
+
+    return frozenset(w for _, target in TASKS["zh-en"].all_pairs() for w in target.split())
+
+
 TEXT_ELEMENTS = ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info",
                  "success", "toast")
 WIDGETS = ("button", "checkbox", "toggle", "radio", "selectbox", "multiselect", "select_slider", "slider",
@@ -127,13 +137,16 @@ def app_run(page: str, lang: str) -> AppTest:
     return at
 
 
-def shown_texts(at: AppTest) -> list[tuple[str, str]]:
-    """(element type, text) of every visible string the page itself wrote: texts and widget labels."""
+def shown_texts(at: AppTest, root=None) -> list[tuple[str, str]]:
+    """(element type, text) of every visible string the page wrote (in `root`, default everywhere):
+    texts and widget labels, help and placeholders."""
     out = []
+    elements = list(walk(root)) if root is not None else None
+    pick = (lambda kind: at.get(kind)) if root is None else (lambda kind: [e for e in elements if e.type == kind])
     for kind in TEXT_ELEMENTS:
-        out += [(kind, str(e.value)) for e in at.get(kind)]
+        out += [(kind, str(e.value)) for e in pick(kind)]
     for kind in WIDGETS:
-        for w in at.get(kind):
+        for w in pick(kind):
             for attr in ("label", "help", "placeholder"):
                 value = getattr(w, attr, None) or getattr(getattr(w, "proto", None), attr, None)
                 if isinstance(value, str) and value:
@@ -141,14 +154,22 @@ def shown_texts(at: AppTest) -> list[tuple[str, str]]:
     return out
 
 
+def walk(node):
+    yield node
+    for child in getattr(node, "children", {}).values():
+        yield from walk(child)
+
+
 def english_sentences(text: str) -> list[str]:
-    return [m.group() for m in ENGLISH_RUN.finditer(NOT_PROSE.sub(" ", text))]
+    runs = (m.group() for m in ENGLISH_RUN.finditer(NOT_PROSE.sub(" ", text)))
+    return [r for r in runs if not set(re.split(r"[ ,]+", r.lower())) <= model_words()]
 
 
 def test_english_detector():
     assert english_sentences("The input is empty: type a sentence in the sidebar.")
     assert not english_sentences("输出词“i love machine learning”把注意力给了 softmax(QKᵀ/√d_k)")
     assert not english_sentences("层 0 · head 1 · QKᵀ")
+    assert not english_sentences("**模型输出：** i love machine learning")
     assert not english_sentences("例如 \"3 november 2023\"、`pip install -e '.[pretrained]'`")
 
 
