@@ -94,7 +94,8 @@ def check_step_figures(at: AppTest, ckpt, out, step: int, layer: int, head: str)
     rows = fd.step_labels(out.tgt_tokens[: t + 1], [s.token for s in out.steps[: t + 1]])
     mask = figure(at, "Look-ahead mask M")["data"][0]
     n = t + 1
-    assert mask["y"] == fd.labels(rows) and mask["x"] == fd.labels(out.tgt_tokens[:n])
+    assert mask["y"] == rows and mask["x"] == fd.labels(out.tgt_tokens[:n])
+    assert rows[0] == f"0: [BOS] → {out.steps[0].token}"  # one convention: input → predicted
     np.testing.assert_array_equal(arr(mask["z"]), np.triu(np.ones((n, n)), 1))
     assert all(mask["text"][i][j] == ("−∞" if j > i else "0") for i in range(n) for j in range(n))
 
@@ -108,7 +109,7 @@ def check_step_figures(at: AppTest, ckpt, out, step: int, layer: int, head: str)
     assert cross["x"] == fd.labels(out.src_tokens)
 
     align_fig = figure(at, "Source–target alignment so far")["data"][0]
-    assert align_fig["y"] == fd.labels(fd.step_labels(out.tgt_tokens[: len(out.steps)], [s.token for s in out.steps]))
+    assert align_fig["y"] == fd.step_labels(out.tgt_tokens[: len(out.steps)], [s.token for s in out.steps])
     align = arr(align_fig["z"])
     want = np.stack([s.cross_attn[layer].numpy() for s in out.steps])
     want = want.mean(1) if head in ("all", "mean") else want[:, int(head)]
@@ -300,6 +301,8 @@ def test_training_page_shows_the_shipped_film(shipped):
     fig = figure(at, f"Probe example at training step {step}:")["data"][0]
     want = trace[f"decoder.layers.{L}.cross_attn.weights"][0].numpy().mean(0)
     np.testing.assert_array_equal(arr(fig["z"]), want)
+    rows = fd.step_labels(common.tokens_of(trace, "tgt"), trace.meta["next_tokens"])
+    assert fig["y"] == rows and rows[0].startswith("0: [BOS] → ")  # the decoder page's convention
     sharp = figure(at, "Alignment sharpness")["data"][0]
     assert list(arr(sharp["x"])) == [s for s, _ in film]
 

@@ -12,14 +12,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures import ALLOWED, BLOCKED, WEIGHTS_SCALE
+from viz.figures import ALLOWED, BLOCKED, WEIGHTS_SCALE, step_labels
 from viz.i18n import t
 
-try:
-    from viz.figures import step_labels
-except ImportError:  # until viz.figures has it (same signature and format)
-    def step_labels(inputs: Sequence[str], predicted: Sequence[str]) -> list[str]:
-        return [f"{show(a)} → {show(b)}" for a, b in zip(inputs, predicted, strict=True)]
+__all__ = ["step_labels"]  # re-exported: the decoder-row labels every page uses ("0: [BOS] → i")
 
 BLUE, ORANGE, GREY, GREEN = "#4C78A8", "#F58518", "#BAB0AC", "#54A24B"
 ATTN_SCALE = WEIGHTS_SCALE  # one colour scale per quantity, app-wide
@@ -67,8 +63,8 @@ def lookahead_mask_figure(tokens: Sequence[str], predicted: Sequence[str] | None
     outlined: it is the only row computed at this step (keys/values are cached).
     """
     n = len(tokens)
-    rows = step_labels(tokens, predicted) if predicted is not None else list(tokens)
-    names, keys = labels(rows), labels(tokens)
+    keys = labels(tokens)
+    names = step_labels(tokens, predicted) if predicted is not None else keys  # unique: they start with "i: "
     blocked = np.triu(np.ones((n, n), dtype=np.int8), 1)
     query = n - 1 if query is None else query
     fig = go.Figure(go.Heatmap(
@@ -78,7 +74,7 @@ def lookahead_mask_figure(tokens: Sequence[str], predicted: Sequence[str] | None
         hovertemplate=t("query %{y} → key %{x}<br>M = %{text}") + "<extra></extra>",
     ))
     _outline_row(fig, query, n)
-    fig.update_yaxes(title=t("query (decoder position: input → predicted)"), **_token_axis(names, rows, 32))
+    fig.update_yaxes(title=t("query (decoder position: input → predicted)"), **_token_axis(names, names, 32))
     fig.update_yaxes(range=[n - 0.5, -0.5])
     fig.update_xaxes(title=t("key (decoder input)"), side="top", scaleanchor="y", **_token_axis(keys, tokens, 24))
     fig.update_layout(title=t("Look-ahead mask M at this step ({n}×{n})", n=n), height=_size(n, 24, 240, 660),
@@ -150,19 +146,19 @@ def next_token_figure(tokens: Sequence[str], model_p: Sequence[float], chosen: i
 # ---------------------------------------------------------------- decoder: whole output
 
 
-def alignment_figure(cross: np.ndarray, tgt_tokens: Sequence[str], src_tokens: Sequence[str],
+def alignment_figure(cross: np.ndarray, row_names: Sequence[str], src_tokens: Sequence[str],
                      current: int | None = None, title: str = "", row_title: str = "",
                      key_title: str = "") -> go.Figure:
     """Source–target alignment: the cross-attention row of each generated token, stacked over steps.
 
-    cross: [steps, src_len]; row t = what decoder position t attended to; tgt_tokens[t] labels it
-    (pass `step_labels(inputs, predicted)`: "[BOS] → i").
+    cross: [steps, src_len]; row t = what decoder position t attended to, named row_names[t]: unique
+    names, drawn as they are (decoder rows: `step_labels(inputs, predicted)`, "0: [BOS] → i").
     """
     row_title = row_title or t("decoder position (input → predicted)")
     key_title = key_title or t("source token")
     c = np.asarray(cross, dtype=np.float32)
     T, S = c.shape
-    rows, cols = labels(tgt_tokens), labels(src_tokens)
+    rows, cols = list(row_names), labels(src_tokens)
     fig = go.Figure(go.Heatmap(
         z=c, x=cols, y=rows, zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,
         hovertemplate=f"{row_title} %{{y}} · {key_title} %{{x}}<br>" + t("weight = %{z:.6f}") + "<extra></extra>",
@@ -170,7 +166,7 @@ def alignment_figure(cross: np.ndarray, tgt_tokens: Sequence[str], src_tokens: S
     ))
     if current is not None and 0 <= current < T:
         _outline_row(fig, current, S)
-    fig.update_yaxes(title=row_title, **_token_axis(rows, tgt_tokens))
+    fig.update_yaxes(title=row_title, **_token_axis(rows, rows))
     fig.update_yaxes(range=[T - 0.5, -0.5])
     fig.update_xaxes(title=key_title, **_token_axis(cols, src_tokens))
     fig.update_layout(title=title or t("Source–target alignment (cross-attention rows stacked over steps)"),
@@ -300,11 +296,12 @@ def training_curves_figure(log: dict, warmup: int | None = None, total_steps: in
     return fig
 
 
-def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], tgt_tokens: Sequence[str],
+def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], row_names: Sequence[str],
                       src_tokens: Sequence[str], current: int | None = None) -> go.Figure:
-    """A few frames side by side (same colour scale), to see the alignment appear over training."""
+    """A few frames side by side (same colour scale), to see the alignment appear over training.
+    row_names: unique names of the rows, as for `alignment_figure`."""
     n = len(frames)
-    xs, ys = labels(src_tokens), labels(tgt_tokens)
+    xs, ys = labels(src_tokens), list(row_names)
     fig = make_subplots(rows=1, cols=max(n, 1), horizontal_spacing=0.012,
                         subplot_titles=[t("step {step}", step=s) for s, _ in frames])
     for i, (step, w) in enumerate(frames, start=1):

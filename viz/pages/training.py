@@ -87,10 +87,8 @@ def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None
     from model.train import train  # imported here: the page must draw even if training is unavailable
 
     try:
-        # threads=1: tiny matrices gain nothing from intra-op threads, and spin-waiting threads
-        # slow every session down when the cores are busy.
         job.ckpt = train(job.task, overrides, job.steps, batch_size=batch, warmup=job.warmup,
-                         film_every=max(1, job.steps // 40), eval_n=100, callback=job.on_step, threads=1)
+                         film_every=max(1, job.steps // 40), eval_n=100, callback=job.on_step)
     except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
         job.error = f"{type(e).__name__}: {e}"
     finally:
@@ -140,17 +138,16 @@ def frame_weights(trace, kind: str, layer: int, head: str) -> np.ndarray:
 
 
 def frame_axes(trace, kind: str) -> tuple[list[str], list[str], str, str]:
-    """Row labels, column tokens and their axis titles for one attention kind of a film frame.
+    """Row names, column tokens and their axis titles for one attention kind of a film frame.
 
     A decoder row is labelled "input → predicted" (`fd.step_labels`), the convention of every page.
     """
     src, tgt = common.tokens_of(trace, "src"), common.tokens_of(trace, "tgt")
-    nxt = [str(x) for x in trace.meta.get("next_tokens") or []]
-    rows = fd.step_labels(tgt, nxt) if len(nxt) == len(tgt) else tgt
+    rows = fd.step_labels(tgt, [str(x) for x in trace.meta.get("next_tokens") or []])
     dec = t("decoder position (input → predicted)")
     return {"cross_attn": (rows, src, dec, t("source token")),
             "self_attn": (rows, tgt, dec, t("decoder input token")),
-            "encoder": (src, src, t("source token (query)"), t("source token (key)"))}[kind]
+            "encoder": (fd.labels(src), src, t("source token (query)"), t("source token (key)"))}[kind]
 
 
 def head_name(h: str) -> str:
