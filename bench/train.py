@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from model import load_checkpoint
 from model.train import train
 
@@ -31,7 +33,7 @@ def recipe(task: str) -> dict:
     }
 
 
-def time_to_accuracy(task: str, target: float, max_steps: int, every: int, norm_first: bool, threads: int) -> dict:
+def time_to_accuracy(task: str, target: float, max_steps: int, every: int, norm_first: bool) -> dict:
     state = {"eval_time": 0.0, "reached": None}
 
     def cb(step: int, m: dict) -> bool:
@@ -44,7 +46,7 @@ def time_to_accuracy(task: str, target: float, max_steps: int, every: int, norm_
 
     r = recipe(task)
     overrides = {**r.pop("overrides"), "norm_first": norm_first}
-    train(task, overrides, max_steps, **r, eval_every=every, film_every=0, eval_n=0, callback=cb, threads=threads)
+    train(task, overrides, max_steps, **r, eval_every=every, film_every=0, eval_n=0, callback=cb)
     return state
 
 
@@ -56,9 +58,10 @@ def main() -> None:
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--threads", type=int, default=2, help="1 is steadier on a shared, busy machine")
     a = p.parse_args()
+    torch.set_num_threads(a.threads)  # our own process: train() itself never changes the thread count
     results = {}
     for name, norm_first in (("post-LN", False), ("pre-LN", True)):
-        r = time_to_accuracy(a.task, a.target, a.max_steps, a.every, norm_first, a.threads)["reached"]
+        r = time_to_accuracy(a.task, a.target, a.max_steps, a.every, norm_first)["reached"]
         results[name] = r
         if r is None:
             print(f"{a.task} {name}: did not reach {a.target:.0%} validation exact match in {a.max_steps} steps")

@@ -11,6 +11,14 @@
 As a library (the app's live-training page):
 
     ckpt = train("reverse", {"d_model": 64}, steps=300, callback=lambda step, m: not stop_pressed)
+
+train() changes no process-wide state (the app trains in one session's thread while others trace):
+it never sets the thread count, and never draws from torch's global generator while it trains.
+The weights are initialised inside `torch.random.fork_rng` seeded with `seed` (a few milliseconds);
+the generator state that leaves behind seeds a private `torch.Generator` that every dropout of the
+run draws from (`PrivateDropout`: the same ops as nn.Dropout, so a run alone gives the same bits
+as seeding the global generator did, and the shipped models' recorded commands still reproduce
+them). Data batches come from the task's own seeded sampler.
 """
 
 from __future__ import annotations
@@ -22,11 +30,14 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .checkpoint import Checkpoint
 from .config import TransformerConfig
@@ -99,6 +110,46 @@ def _film_frame(model: Transformer, probe, step: int, meta: dict) -> Trace:
     return trace
 
 
+class PrivateDropout(nn.Module):
+    """nn.Dropout's computation (same ops, same bits) drawing from a given generator: torch's dropout
+    has no generator argument, and the global generator is shared by every session's thread."""
+
+    def __init__(self, p: float, generator: torch.Generator):
+        super().__init__()
+        self.p, self.generator = p, generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        noise = torch.empty_like(x).bernoulli_(1 - self.p, generator=self.generator)
+        return x * noise.div_(1 - self.p)
+
+
+@contextmanager
+def private_dropout(model: nn.Module, generator: torch.Generator) -> Iterator[nn.Module]:
+    """Swap every nn.Dropout of `model` for a PrivateDropout on `generator`; put them back on exit."""
+    swapped = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Dropout)]
+    for parent, name, child in swapped:
+        setattr(parent, name, PrivateDropout(child.p, generator))
+    try:
+        yield model
+    finally:
+        for parent, name, child in swapped:
+            setattr(parent, name, child)
+
+
+def seeded_model(cfg: TransformerConfig, seed: int) -> tuple[Transformer, torch.Generator]:
+    """The model initialised as `torch.manual_seed(seed); Transformer(cfg)` would, without leaving the
+    global generator changed, and a private generator in the state that call would have left."""
+    with torch.random.fork_rng(devices=[]):  # restores the CPU generator on exit
+        torch.random.default_generator.manual_seed(seed)
+        model = Transformer(cfg)
+        generator = torch.Generator()
+        generator.set_state(torch.get_rng_state())
+    return model, generator
+
+
 def _progress(step: int, steps: int, m: dict, elapsed: float, end: bool = False) -> None:
     width = 24
     done = int(width * step / steps)
@@ -148,19 +199,18 @@ def train(
     with small batches, the shipped models used 0.15 with batch 128.
     src_eos: end every source with [EOS], as fairseq and tensor2tensor do: it gives the encoder an
     anchor to measure "distance from the end" (reverse needs it to cope with repeated characters).
+    threads: ignored. The intra-op thread count is process-wide: a library call must not change it
+    under other sessions. A program of its own sets it (`python -m model.train --threads N`).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; available: {sorted(TASKS)}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if threads is not None:
+        warnings.warn("train(threads=...) is ignored: the thread count is process-wide; set it in your own "
+                      "program with torch.set_num_threads", DeprecationWarning, stacklevel=2)
     settings = {k: v for k, v in locals().items() if k not in ("task", "threads")}
-    threads_before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        return _train(TASKS[task], **settings)
-    finally:
-        torch.set_num_threads(threads_before)
+    return _train(TASKS[task], **settings)
 
 
 def _train(
@@ -185,7 +235,6 @@ def _train(
 ) -> Checkpoint:
     task = t.name
     start = time.perf_counter()
-    torch.manual_seed(seed)
     src_tok, tgt_tok = t.build_tokenizers()
     fields = {**DEFAULT_MODEL, "max_len": default_max_len(t), **(overrides or {})}
     fields |= {
@@ -194,7 +243,7 @@ def _train(
         "pad_id": src_tok.pad_id,
     }
     cfg = TransformerConfig.from_dict(fields)
-    model = Transformer(cfg)
+    model, generator = seeded_model(cfg, seed)
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     # LambdaLR multiplies the base lr (1.0) by the Noam value; the scheduler counts from 0, Noam from 1.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: noam_lr(i + 1, cfg.d_model, warmup, lr_factor))
@@ -235,43 +284,44 @@ def _train(
     ckpt = Checkpoint(model, src_tok, tgt_tok, meta=meta, log=log, film=film, name=task)
     val_pairs = t.sample(val_n, seed=seed, split="valid") if eval_every else []
 
-    model.train()
-    step = 0
-    for step in range(1, steps + 1):
-        pairs = t.sample(batch_size, seed=seed * 1_000_003 + step, split="train")
-        src, tgt_in, label = make_batch(pairs, src_tok, tgt_tok, cfg.pad_id, src_eos)
-        logits = model(src, tgt_in)  # teacher forcing: the whole target in one pass
-        loss = label_smoothed_loss(logits, label, cfg.pad_id, smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        lr = opt.param_groups[0]["lr"]
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            real = label != cfg.pad_id
-            acc = float((logits.argmax(-1) == label)[real].float().mean())
-        m = {"step": step, "loss": loss.item(), "acc": acc, "lr": lr}
-        if not math.isfinite(m["loss"]):
-            raise FloatingPointError(f"loss is {m['loss']} at step {step}: lower lr_factor or raise warmup")
-        for k in ("step", "loss", "lr", "acc"):
-            log[k].append(m[k])
-        if eval_every and (step % eval_every == 0 or step == steps):
-            t0 = time.perf_counter()
-            model.eval()
-            m["eval_acc"] = ckpt.evaluate(val_pairs)
-            model.train()
-            m["eval_seconds"] = time.perf_counter() - t0
-            log["eval_step"].append(step)
-            log["eval_acc"].append(m["eval_acc"])
-        if film_every and (step % film_every == 0 or step == steps):
-            frame = _film_frame(model, (pb_src, pb_in), step, film_meta)
-            film.append((step, frame))
-            m["frame"] = frame
-        m["elapsed"] = time.perf_counter() - start
-        if progress and (step % 10 == 0 or step == steps):
-            _progress(step, steps, m, m["elapsed"])
-        if callback is not None and callback(step, m) is False:
-            break
+    with private_dropout(model, generator):  # the run draws no random number from the global generator
+        model.train()
+        step = 0
+        for step in range(1, steps + 1):
+            pairs = t.sample(batch_size, seed=seed * 1_000_003 + step, split="train")
+            src, tgt_in, label = make_batch(pairs, src_tok, tgt_tok, cfg.pad_id, src_eos)
+            logits = model(src, tgt_in)  # teacher forcing: the whole target in one pass
+            loss = label_smoothed_loss(logits, label, cfg.pad_id, smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                real = label != cfg.pad_id
+                acc = float((logits.argmax(-1) == label)[real].float().mean())
+            m = {"step": step, "loss": loss.item(), "acc": acc, "lr": lr}
+            if not math.isfinite(m["loss"]):
+                raise FloatingPointError(f"loss is {m['loss']} at step {step}: lower lr_factor or raise warmup")
+            for k in ("step", "loss", "lr", "acc"):
+                log[k].append(m[k])
+            if eval_every and (step % eval_every == 0 or step == steps):
+                t0 = time.perf_counter()
+                model.eval()
+                m["eval_acc"] = ckpt.evaluate(val_pairs)
+                model.train()
+                m["eval_seconds"] = time.perf_counter() - t0
+                log["eval_step"].append(step)
+                log["eval_acc"].append(m["eval_acc"])
+            if film_every and (step % film_every == 0 or step == steps):
+                frame = _film_frame(model, (pb_src, pb_in), step, film_meta)
+                film.append((step, frame))
+                m["frame"] = frame
+            m["elapsed"] = time.perf_counter() - start
+            if progress and (step % 10 == 0 or step == steps):
+                _progress(step, steps, m, m["elapsed"])
+            if callback is not None and callback(step, m) is False:
+                break
     if film and film[-1][0] != step:
         film.append((step, _film_frame(model, (pb_src, pb_in), step, film_meta)))
 
@@ -317,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--config", default="{}", help="JSON TransformerConfig overrides, e.g. '{\"d_model\": 64}'")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)  # this process is ours: the thread count is ours to set
     command = "python -m model.train " + shlex.join(argv)
     ckpt = train(
         a.task,
@@ -334,7 +386,6 @@ def main(argv: list[str] | None = None) -> None:
         out=a.out,
         command=command,
         progress=True,
-        threads=a.threads,
     )
     print(json.dumps({k: ckpt.meta[k] for k in ("task", "steps", "accuracy", "train_time_s", "command")}))
 

@@ -16,7 +16,7 @@ TINY = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return train("dates", TINY, steps=60, batch_size=32, warmup=20, film_every=20, eval_n=20, threads=1)
+    return train("dates", TINY, steps=60, batch_size=32, warmup=20, film_every=20, eval_n=20)
 
 
 def test_short_run_lowers_the_loss(tiny):
@@ -65,10 +65,24 @@ def test_callback_can_stop_and_sees_metrics():
     assert [s for s, _ in c.film()] == [0, 2, 4, 5]
 
 
-def test_same_seed_same_run():
-    a = train("dates", TINY, steps=3, batch_size=8, film_every=0, eval_n=0)
-    b = train("dates", TINY, steps=3, batch_size=8, film_every=0, eval_n=0)
+def test_same_seed_same_run_and_the_global_rng_untouched():
+    """Dropout on, so the run draws random numbers: from its own seeded fork, not the process's generator."""
+    cfg = TINY | {"dropout": 0.1}
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    a = train("dates", cfg, steps=3, batch_size=8, film_every=0, eval_n=0)
+    assert torch.equal(torch.get_rng_state(), before) and torch.get_num_threads() == threads
+    torch.rand(5)  # a different global state must not change the run
+    b = train("dates", cfg, steps=3, batch_size=8, film_every=0, eval_n=0)
     assert a.log["loss"] == b.log["loss"]
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    c = train("dates", cfg, steps=3, batch_size=8, film_every=0, eval_n=0, seed=1)
+    assert c.log["loss"] != a.log["loss"]
+    with pytest.warns(DeprecationWarning, match="process-wide"):
+        train("dates", cfg, steps=1, batch_size=8, film_every=0, eval_n=0, threads=1)
+    assert torch.get_num_threads() == threads
 
 
 def test_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
