@@ -194,10 +194,11 @@ def shuffle_source(seed: int = 0) -> Hooks:
 
 def sinusoidal_positions(pe: torch.Tensor) -> torch.Tensor:
     """The positions whose sinusoidal encodings are the rows of `pe` (L, D), read off the slowest
-    sin/cos pair: atan2(sin, cos) / frequency. A decoding step gets only its own rows, not an offset."""
+    sin/cos pair: angle = atan2(sin, cos) mod 2π, position = angle / frequency (unambiguous below
+    2π·10000^((D-2)/D) positions: 628 for D = 4). A decoding step gets only its own rows, no offset."""
     D = pe.shape[-1]
     freq = 10000.0 ** (-(D - 2) / D)
-    angle = torch.atan2(pe[:, D - 2].double(), pe[:, D - 1].double())
+    angle = torch.atan2(pe[:, D - 2].double(), pe[:, D - 1].double()) % (2 * math.pi)
     return torch.round(angle / freq).long()
 
 
@@ -310,16 +311,16 @@ REGISTRY: dict[str, Intervention] = {iv.id: iv for iv in [
         N_("Seed 001's attention takes its arguments as (v, k, q) but is called with (q, k, v), so "
            "self-attention scores are K·Qᵀ, and it concatenates the heads with view(B, L, H·d_k) "
            "without transposing (B, H, L, d_k) back first."),
-        N_("The attention maps come out transposed (each column, not each row, sums to 1), and every "
-           "position's vector after concatenation is a slice of several positions of one head, so the "
-           "model reads scrambled features and its output falls apart."))),
+        N_("The scores come out transposed before the softmax, so each token attends with its key instead of "
+           "its query; and after the concatenation each position's vector is made of pieces of neighbouring "
+           "positions of a single head, so the next layer reads scrambled features and the output falls apart."))),
     Intervention("inverted_mask", N_("Mask convention inverted (seed 001 vs 003)"), inverted_mask, bug=(
         N_("Seed 001 adds mask × (−1e9), so its masks mark blocked cells with 1; seed 003 fills where "
            "mask == 0, so its masks mark visible cells with 1. Passing one's mask to the other's code "
            "blocks exactly the cells that should be visible."),
-        N_("The decoder now sees only the future and the padding, and a sentence without padding has no "
-           "visible key at all: those rows of attention become zero, so the maps go dark and the output "
-           "no longer depends on the source."))),
+        N_("Every token now sees only the padding (and the decoder only the future), and a sentence without "
+           "padding has no visible key at all: those rows of attention become zero, so the maps go dark and "
+           "the output no longer depends on the source."))),
     Intervention("pe_base_1000", N_("PE base 1000 (seed 004)"), pe_base_1000, bug=(
         N_("Seed 004 writes the positional encoding as sin(pos / 1000^(2i/d)) instead of "
            "sin(pos / 10000^(2i/d)): every dimension pair turns 10^(2i/d) times faster than the trained "
