@@ -1,0 +1,53 @@
+"""Inside a layer, Architecture map, A batch with padding, Tokenizer playground in a real browser:
+each page draws its charts with no exception (screenshots in artifacts/screenshots/), and what AppTest
+cannot do: clicking a block of the architecture map opens that block's view."""
+
+from __future__ import annotations
+
+import pytest
+from browser_support import SHOTS, charts_drawn, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+PAGES = {"layer": 2, "architecture": 1, "padding": 3, "tokenizers": 1}  # page -> charts drawn up front (first tab)
+TITLES = "() => [...document.querySelectorAll('.js-plotly-plot')].map(el => el.layout?.title?.text || '')"
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_page_renders(server, paths, page, name, lang):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    assert name in paths, f"{name} is not in the navigation: {sorted(paths)}"
+    page.goto(f"{server}{paths[name]}?lang={lang}")
+    wait_drawn(page)
+    page.screenshot(path=str(SHOTS / f"{name}-{lang}.png"), full_page=True)
+    assert not page.locator('[data-testid="stException"]').count()
+    assert charts_drawn(page) >= PAGES[name]
+
+
+def test_clicking_a_block_opens_its_view(server, paths, page):
+    page.goto(server + paths["architecture"])
+    wait_drawn(page)
+    # The map's only scatter trace: one marker per block, in figures_arch.BLOCKS order; 8 = cross-attention.
+    page.locator(".js-plotly-plot .scatterlayer .point").nth(8).click(force=True)
+    page.wait_for_url("**/attention?*", timeout=60_000)
+    wait_drawn(page)
+    assert "attn_kind=2" in page.url
+    page.wait_for_function(f"() => ({TITLES})().some(t => t.startsWith('decoder.layers.0.cross_attn'))",
+                           timeout=30_000)
+    page.screenshot(path=str(SHOTS / "architecture-click.png"), full_page=True)
+
+
+def test_every_layer_tab_draws(server, paths, page):
+    page.goto(server + paths["layer"] + "?stack=decoder&sub=cross_attn&token=2&head=1")
+    wait_drawn(page)
+    tabs = page.get_by_role("tab")
+    assert tabs.count() == 5
+    for i in range(5):
+        tabs.nth(i).click()
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(el => "
+                               "el.getBoundingClientRect().width > 50 && el.data?.length)", timeout=30_000)
+        wait_drawn(page)
+        page.screenshot(path=str(SHOTS / f"layer-tab{i}.png"), full_page=True)
+        assert charts_drawn(page) >= 1, f"tab {i} drew no chart"
+    assert not page.locator('[data-testid="stException"]').count()

@@ -1,0 +1,355 @@
+"""Inside one Transformer layer: the residual stream, Add & Norm, the FFN, W^O, one query step by step.
+
+Pure builders (Trace in, plotly Figure out, no streamlit, no model runs). Every number drawn is a
+captured tensor, or a closed form of captured tensors (a norm, a mean, a dot product), batch row `b`.
+
+The residual stream around one sublayer, in the two wirings (capture names, see DESIGN.md):
+
+    post-LN (paper):  x → sublayer(x) → x + sublayer(x) = normK.in → LayerNorm → normK.out
+    pre-LN:           x = normK.in → LayerNorm → normK.out → sublayer(·) → x + sublayer(·)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from viz import figures as F
+from viz.i18n import N_, t
+
+SUBLAYERS = {  # stack -> [(sublayer, its LayerNorm)], in computation order
+    "encoder": [("self_attn", "norm1"), ("ffn", "norm2")],
+    "decoder": [("self_attn", "norm1"), ("cross_attn", "norm2"), ("ffn", "norm3")],
+}
+SUBLAYER_TITLES = {"self_attn": N_("self-attention"), "cross_attn": N_("cross-attention"),
+                   "ffn": N_("feed-forward network")}
+STEP_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
+
+
+class Step(NamedTuple):
+    """One point of the residual stream: a label, the capture it is, and its value [L, D] (batch row b)."""
+
+    label: str
+    name: str
+    value: np.ndarray
+
+
+# ---------------------------------------------------------------- names
+
+
+def is_pre_ln(trace) -> bool:
+    return bool(trace.meta.get("config", {}).get("norm_first", False))
+
+
+def layers_of(trace, stack: str) -> list[str]:
+    """The layer prefixes of one stack present in the trace: ["encoder.layers.0", ...]."""
+    found = {n.split(".")[2] for n in trace.names() if n.startswith(f"{stack}.layers.") and n.endswith(".out")}
+    return [f"{stack}.layers.{i}" for i in sorted(int(i) for i in found)]
+
+
+def sublayer_output(layer: str, sublayer: str) -> str:
+    return f"{layer}.{sublayer}.out"
+
+
+def _norm_of(layer: str, sublayer: str) -> tuple[int, str]:
+    subs = SUBLAYERS[layer.split(".")[0]]
+    j = [s for s, _ in subs].index(sublayer)
+    return j, f"{layer}.{subs[j][1]}"
+
+
+def _layer_input(layer: str) -> str:
+    """The capture that feeds `layer`: the embedding output, or the previous layer's output."""
+    stack, _, i = layer.split(".")
+    return f"{stack}.embed.out" if int(i) == 0 else f"{stack}.layers.{int(i) - 1}.out"
+
+
+def residual_names(layer: str, sublayer: str, pre_ln: bool) -> list[tuple[str, str]]:
+    """[(label, capture name)] of the residual stream around one sublayer, in computation order."""
+    j, norm = _norm_of(layer, sublayer)
+    subs = SUBLAYERS[layer.split(".")[0]]
+    out = sublayer_output(layer, sublayer)
+    if not pre_ln:
+        x = _layer_input(layer) if j == 0 else f"{layer}.{subs[j - 1][1]}.out"
+        return [("x", x), ("sublayer(x)", out), ("x + sublayer(x)", f"{norm}.in"),
+                ("LayerNorm(x + sublayer(x))", f"{norm}.out")]
+    after = f"{layer}.{subs[j + 1][1]}.in" if j + 1 < len(subs) else f"{layer}.out"
+    return [("x", f"{norm}.in"), ("LayerNorm(x)", f"{norm}.out"), ("sublayer(LayerNorm(x))", out),
+            ("x + sublayer(LayerNorm(x))", after)]
+
+
+def residual_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
+    """The residual stream around one sublayer as captured: x, sublayer, sum, LayerNorm (wiring order)."""
+    return [Step(label, name, F.arr(trace[name])[b])
+            for label, name in residual_names(layer, sublayer, is_pre_ln(trace))]
+
+
+def side_tokens(trace, layer: str, b: int = 0) -> list[str]:
+    key = "src_tokens" if layer.startswith("encoder") else "tgt_tokens"
+    toks = trace.meta.get(key) or []
+    return [str(x) for x in (toks[b] if toks and isinstance(toks[0], list) else toks)]
+
+
+# ---------------------------------------------------------------- residual stream
+
+
+def token_norms(m: np.ndarray) -> np.ndarray:
+    """‖row‖₂ of an [L, D] matrix, computed in float64."""
+    return np.linalg.norm(m.astype(np.float64), axis=-1)
+
+
+def residual_figure(steps: Sequence[Step], tokens: Sequence[str], token: int) -> go.Figure:
+    """Top: ‖·‖ per token for every step of the residual stream. Bottom: the chosen token's vectors
+    (one row per step, D columns), on one colour range."""
+    labels = F.token_labels(tokens, steps[0].value.shape[0])
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.16, subplot_titles=[
+        t("‖vector‖ per token at each step"), t("the vectors of token {tok}", tok=labels[token])])
+    for c, s in enumerate(steps):
+        fig.add_trace(go.Scatter(x=labels, y=token_norms(s.value).astype(np.float32), mode="lines+markers",
+                                 name=f"{s.label}  ({s.name})", line={"color": STEP_COLORS[c % 4]},
+                                 hovertemplate=f"{s.label}<br>%{{x}}<br>‖·‖ = %{{y:.6g}}<extra></extra>"), 1, 1)
+    strip = np.stack([s.value[token] for s in steps])  # (steps, D)
+    fig.add_trace(F.heatmap_trace(strip, "values", list(range(strip.shape[1])), [s.label for s in steps],
+                                  t("value"), hover_x="dim", hover_y="step"), 2, 1)
+    fig.add_vline(x=token, line={"color": "#ff4b4b", "dash": "dot"}, row=1, col=1)
+    fig.update_xaxes(type="category", tickangle=-60, row=1, col=1)
+    fig.update_yaxes(title="‖·‖₂", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", type="category", row=2, col=1)
+    fig.update_xaxes(title=t("dimension"), row=2, col=1)
+    F._layout(fig, t("residual stream around the sublayer"), 680,
+              legend={"orientation": "h", "y": 1.04, "yanchor": "bottom", "x": 0})
+    return fig.update_layout(margin={"t": 130})
+
+
+# ---------------------------------------------------------------- LayerNorm
+
+
+def ln_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token mean and (biased) variance over the D features, what LayerNorm normalises by."""
+    x = x.astype(np.float64)
+    return x.mean(-1), x.var(-1)
+
+
+def layernorm_figure(x_in: np.ndarray, x_out: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+    """Per-token mean μ and variance σ² over the features, before and after LayerNorm (`name`)."""
+    labels = F.token_labels(tokens, x_in.shape[0])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                        subplot_titles=[t("mean μ per token"), t("variance σ² per token")])
+    for stage, m, color in ((t("LayerNorm input"), x_in, "#636efa"), (t("LayerNorm output"), x_out, "#00cc96")):
+        mu, var = ln_stats(m)
+        for c, (v, sym) in enumerate(((mu, "μ"), (var, "σ²")), start=1):
+            fig.add_trace(go.Bar(x=labels, y=v.astype(np.float32), name=stage, marker_color=color,
+                                 legendgroup=stage, showlegend=c == 1,
+                                 hovertemplate=f"{stage}<br>%{{x}}<br>{sym} = %{{y:.6g}}<extra></extra>"), 1, c)
+    fig.update_xaxes(type="category", tickangle=-60)
+    fig.update_layout(barmode="group")
+    return F._layout(fig, t("{name}: LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β, per token", name=name), 380,
+                     legend={"orientation": "h", "y": -0.3})
+
+
+# ---------------------------------------------------------------- wiring diagrams
+
+
+_BOX = {"w": 0.36, "h": 0.085}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str,
+                  title: str | None = None) -> go.Figure:
+    """The wiring of one sublayer as a block diagram (bottom to top, as in the paper), with the live
+    tensors of token `token` on it: ‖·‖ of every edge, and μ, σ² of what the LayerNorm receives.
+
+    `steps` must be in the wiring's order (residual_steps). The exact numbers are in the node
+    markers' customdata: [‖value‖, μ, σ²] of each step, in step order."""
+    sub = t(SUBLAYER_TITLES.get(sublayer, sublayer))
+    if pre_ln:  # x → LN → sublayer → ⊕ (the residual skips the LayerNorm)
+        ys, kinds = [0.05, 0.32, 0.58, 0.86], ["in", "ln", "sub", "add"]
+        boxes = ["x", "LayerNorm", sub, "⊕"]
+    else:  # x → sublayer → ⊕ → LN (the LayerNorm sits on the residual path)
+        ys, kinds = [0.05, 0.32, 0.58, 0.86], ["in", "sub", "add", "ln"]
+        boxes = ["x", sub, "⊕", "LayerNorm"]
+    fig = go.Figure()
+    colors = {"in": "#eef1f5", "ln": "#fde9c9", "sub": "#d7e8fb", "add": "#ffffff"}
+    for y, kind, text in zip(ys, kinds, boxes, strict=True):
+        w = 0.1 if kind == "add" else _BOX["w"]
+        fig.add_shape(type="rect", x0=0.5 - w / 2, x1=0.5 + w / 2, y0=y - _BOX["h"] / 2, y1=y + _BOX["h"] / 2,
+                      fillcolor=colors[kind], line={"color": "#444"})
+        fig.add_annotation(x=0.5, y=y, text=f"<b>{text}</b>", showarrow=False)
+    for a, b in zip(ys, ys[1:], strict=False):  # the main path
+        fig.add_annotation(x=0.5, y=b - _BOX["h"] / 2, ax=0.5, ay=a + _BOX["h"] / 2, xref="x", yref="y",
+                           axref="x", ayref="y", showarrow=True, arrowhead=2, text="")
+    add_y = ys[kinds.index("add")]  # the residual connection: from x around to ⊕
+    fig.add_shape(type="path", path=f"M 0.5 {ys[0] + _BOX['h'] / 2} L 0.12 {ys[0] + 0.08} L 0.12 {add_y} "
+                  f"L {0.5 - 0.05} {add_y}", line={"color": "#ff4b4b", "width": 2, "dash": "dot"})
+    fig.add_annotation(x=0.1, y=(ys[0] + add_y) / 2, text=t("residual"), textangle=-90, showarrow=False,
+                       font={"color": "#ff4b4b"})
+    vals = [s.value[token] for s in steps]
+    stats = [[float(token_norms(v[None])[0]), *(float(z[0]) for z in ln_stats(v[None]))] for v in vals]
+    norms = [s[0] for s in stats]
+    _, mu, var = stats[0] if pre_ln else stats[2]  # what the LayerNorm receives
+    # Edge labels: each step's value leaves its box upward (the last one leaves the diagram).
+    text = [f"{s.label}<br>‖·‖ = {_fmt(n)}" for s, n in zip(steps, norms, strict=True)]
+    fig.add_trace(go.Scatter(x=[0.72] * 4, y=[y + 0.09 for y in ys], mode="markers+text", text=text,
+                             textposition="middle right", marker={"size": 6, "color": STEP_COLORS},
+                             customdata=stats, showlegend=False,
+                             hovertemplate="‖·‖ = %{customdata[0]:.6g}<br>μ = %{customdata[1]:.6g}<br>"
+                                           "σ² = %{customdata[2]:.6g}<extra></extra>"))
+    ln_y = ys[kinds.index("ln")]
+    fig.add_annotation(x=0.5 - _BOX["w"] / 2 - 0.01, y=ln_y, xanchor="right", showarrow=False,
+                       text=t("input μ = {mu}<br>σ² = {var}", mu=_fmt(mu), var=_fmt(var)))
+    fig.update_xaxes(visible=False, range=[0, 1.25])
+    fig.update_yaxes(visible=False, range=[-0.05, 1.02])
+    name = "pre-LN: x + Sublayer(LayerNorm(x))" if pre_ln else "post-LN: LayerNorm(x + Sublayer(x))"
+    return F._layout(fig, title or name, 470, plot_bgcolor="white")
+
+
+# ---------------------------------------------------------------- FFN
+
+
+def zero_share(hidden: np.ndarray) -> np.ndarray:
+    """Per token, the share of d_ff units the activation set to exactly 0 (ReLU), [L]."""
+    return (hidden == 0).mean(-1)
+
+
+def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+    """The FFN's hidden activations act(x W₁ + b₁), d_ff units (rows) × tokens (columns), and below,
+    per token, the share of units the activation zeroed."""
+    h = F.arr(hidden)  # (L, d_ff)
+    labels = F.token_labels(tokens, h.shape[0])
+    share = zero_share(h)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22], vertical_spacing=0.04)
+    fig.add_trace(go.Heatmap(z=h.T, x=labels, y=list(range(h.shape[1])), colorscale="Inferno", zmin=0,
+                             zmax=float(max(h.max(initial=0), 1e-6)), colorbar={"len": 0.75, "y": 0.62},
+                             hovertemplate=t("unit") + " %{y}<br>%{x}<br>" + t("activation")
+                             + " = %{z:.6g}<extra></extra>"), 1, 1)
+    fig.add_trace(go.Bar(x=labels, y=share.astype(np.float32), marker_color="#555",
+                         text=[f"{s:.0%}" for s in share], textposition="outside", showlegend=False,
+                         hovertemplate="%{x}<br>" + t("zeroed") + " = %{y:.1%}<extra></extra>"), 2, 1)
+    fig.update_yaxes(title=t("hidden unit (of {n})", n=h.shape[1]), autorange="reversed", row=1, col=1)
+    fig.update_yaxes(title=t("zeroed"), range=[0, 1.15], tickformat=".0%", row=2, col=1)
+    fig.update_xaxes(type="category", tickangle=-60)
+    return F._layout(fig, t("{name}: FFN hidden layer, {n} units × {m} tokens", name=name, n=h.shape[1],
+                            m=h.shape[0]), 640)
+
+
+# ---------------------------------------------------------------- W^O
+
+
+def concat_heads(z: np.ndarray) -> np.ndarray:
+    """(H, L, d_k) head outputs → (L, H·d_k): transpose back and concatenate, as before W^O."""
+    H, L, hs = z.shape
+    return np.ascontiguousarray(z.transpose(1, 0, 2)).reshape(L, H * hs)
+
+
+def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+    """Concat(head_1, …, head_h) (tokens × H·d_k, head boundaries marked) and its projection by W^O
+    (tokens × d_model, the captured `<attn>.out`)."""
+    z, out = F.arr(z), F.arr(out)
+    H, L, hs = z.shape
+    cat = concat_heads(z)
+    y = F.token_labels(tokens, L)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.06, subplot_titles=[
+        t("Concat(head_1, …, head_{h})  ({L} × {n})", h=H, L=L, n=H * hs),
+        t("· W^O + b  =  {name}.out  ({L} × {n})", name=name.split(".")[-1], L=L, n=out.shape[1])])
+    fig.add_trace(F.heatmap_trace(cat, "values", list(range(cat.shape[1])), y, "concat", showscale=False,
+                                  hover_x="dim", hover_y="position"), 1, 1)
+    fig.add_trace(F.heatmap_trace(out, "values", list(range(out.shape[1])), y, "W^O output",
+                                  hover_x="dim", hover_y="position"), 1, 2)
+    for h in range(1, H):
+        fig.add_vline(x=h * hs - 0.5, line={"color": "#222", "width": 2}, row=1, col=1)
+    for h in range(H):
+        fig.add_annotation(x=h * hs + hs / 2 - 0.5, y=1.0, yref="y domain", yanchor="bottom", xref="x",
+                           text=f"head {h}", showarrow=False, font={"size": 10})
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_yaxes(showticklabels=False, row=1, col=2)
+    fig.update_xaxes(title=t("dimension"))
+    return F._layout(fig, t("{name}: heads concatenated, then mixed by W^O", name=name),
+                     F._size(L, 320, 14, 700))
+
+
+# ---------------------------------------------------------------- one query, step by step
+
+
+def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str, np.ndarray]:
+    """The soft lookup of one query, from the captures: q·k_i (q and k dotted here, in float64),
+    ÷√d_k (the captured scores), + M (−∞ where blocked), softmax (the captured weights), p_i v_i and z."""
+    q = F.arr(trace[f"{name}.q"])[b, head, query].astype(np.float64)  # (d_k,)
+    k = F.arr(trace[f"{name}.k"])[b, head].astype(np.float64)  # (Lk, d_k)
+    v = F.arr(trace[f"{name}.v"])[b, head]
+    p = F.arr(trace[f"{name}.weights"])[b, head, query]
+    scaled = F.arr(trace[f"{name}.scores"])[b, head, query]
+    blocked = (F.arr(trace[f"{name}.mask"])[b, 0, query] > 0.5 if f"{name}.mask" in trace
+               else np.zeros(k.shape[0], bool))
+    return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, scaled), "blocked": blocked,
+            "weights": p, "pv": p[:, None] * v, "z": F.arr(trace[f"{name}.z"])[b, head, query],
+            "d_k": np.array(q.shape[0])}
+
+
+def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequence[str]) -> go.Figure:
+    """Five panels, top to bottom: q·k_i, ÷√d_k, + M, softmax, and z = Σ p_i v_i (per d_k dimension,
+    stacked from each key's contribution p_i v_i)."""
+    d_k = int(steps["d_k"])
+    x = F.token_labels(k_tokens, steps["qk"].shape[0])
+    titles = [t("1. q·k_i  (query {q} against every key)", q=q_token),
+              t("2. ÷ √d_k = {s}", s=f"{math.sqrt(d_k):.4g}"),
+              t("3. + M  (−∞ where blocked)"), t("4. softmax → p_i (sums to 1)"),
+              t("5. z = Σ p_i v_i  ({d} dimensions; each colour is one key's p_i v_i)", d=d_k)]
+    fig = make_subplots(rows=5, cols=1, subplot_titles=titles, vertical_spacing=0.07,
+                        row_heights=[0.18, 0.18, 0.18, 0.18, 0.28])
+    blocked = steps["blocked"].astype(bool)
+    masked_y = np.where(blocked, np.nan, steps["masked"]).astype(np.float32)
+    bars = [(steps["qk"], "q·k"), (steps["scaled"], "q·k/√d_k"), (masked_y, "q·k/√d_k + M"),
+            (steps["weights"], "p")]
+    for r, (y, what) in enumerate(bars, start=1):
+        y = np.asarray(y, dtype=np.float32)
+        text = ["−∞" if (r == 3 and blocked[i]) else f"{y[i]:.3g}" for i in range(len(y))]
+        fig.add_trace(go.Bar(x=x, y=y, text=text, textposition="outside", showlegend=False, cliponaxis=False,
+                             marker_color=np.where(blocked, "#9aa0a6", "#1f77b4" if r < 4 else "#2ca02c").tolist(),
+                             hovertemplate=f"%{{x}}<br>{what} = %{{y:.6g}}<extra></extra>"), r, 1)
+    dims = [f"d{j}" for j in range(d_k)]
+    for i in np.flatnonzero(~blocked):
+        fig.add_trace(go.Bar(x=dims, y=steps["pv"][i].astype(np.float32), name=x[i], showlegend=False,
+                             hovertemplate=f"{x[i]}: p·v = %{{y:.6g}}<extra></extra>"), 5, 1)
+    fig.add_trace(go.Scatter(x=dims, y=np.asarray(steps["z"], np.float32), mode="markers", name="z",
+                             marker={"color": "black", "symbol": "line-ew-open", "size": 12, "line": {"width": 2}},
+                             hovertemplate="%{x}<br>z = %{y:.6g}<extra></extra>"), 5, 1)
+    fig.update_layout(barmode="relative")
+    fig.update_xaxes(type="category", tickangle=-60)
+    fig.update_yaxes(range=[0, 1.15], row=4, col=1)
+    return F._layout(fig, t("one query, step by step: the soft lookup"), 1100, showlegend=False)
+
+
+# ---------------------------------------------------------------- post-LN vs pre-LN in practice
+
+WIRING_COLORS = {"post-LN": "#d62728", "pre-LN": "#1f77b4"}
+
+
+def prenorm_figure(results: Mapping) -> go.Figure:
+    """Training loss of post-LN and pre-LN side by side: one panel per warmup (the results of
+    model.prenorm.run_experiment). A run that diverged ends with a ✕ at its last finite step."""
+    warmups = list(results["warmups"])
+    fig = make_subplots(rows=1, cols=len(warmups), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[t("warmup = {w}", w=w) for w in warmups])
+    for r in results["runs"]:
+        c = warmups.index(r["warmup"]) + 1
+        color = WIRING_COLORS.get(r["wiring"], "#555")
+        fig.add_trace(go.Scatter(x=r["step"], y=np.asarray(r["loss"], np.float32), mode="lines", name=r["wiring"],
+                                 legendgroup=r["wiring"], showlegend=c == 1, line={"color": color},
+                                 hovertemplate=f"{r['label']}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"),
+                      1, c)
+        if r["diverged"] and r["step"]:
+            fig.add_trace(go.Scatter(x=[r["step"][-1]], y=[r["loss"][-1]], mode="markers", showlegend=False,
+                                     marker={"symbol": "x", "size": 14, "color": color},
+                                     hovertemplate=t("diverged (loss not finite) after step %{x}")
+                                     + "<extra></extra>"), 1, c)
+    fig.update_xaxes(title=t("training step"))
+    fig.update_yaxes(title=t("training loss (label-smoothed cross-entropy)"), row=1, col=1)
+    return F._layout(fig, t("post-LN vs pre-LN: training loss with and without learning-rate warmup"), 420,
+                     legend={"orientation": "h", "y": -0.2})

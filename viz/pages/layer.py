@@ -1,0 +1,204 @@
+"""Inside a layer: the residual stream, Add & Norm (post-LN vs pre-LN), the FFN, W^O, one query step by step.
+
+URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), token, head.
+"""
+
+import streamlit as st
+
+from model import prenorm
+from model.tasks import TASKS
+from viz import common
+from viz import figures_layer as FL
+from viz.i18n import N_, t
+
+STACKS = {"encoder": N_("Encoder"), "decoder": N_("Decoder")}
+
+st.title(t("Inside a layer"))
+st.caption(t("What happens after attention. Every sublayer (self-attention, cross-attention, feed-forward) is "
+             "wrapped in a residual connection and a LayerNorm (Add & Norm). Pick a layer, a sublayer and a token; "
+             "every number below is a tensor the model computed for your input."))
+sel, trace = common.require_trace()
+stacks = [s for s in STACKS if FL.layers_of(trace, s)]
+
+
+def choose() -> tuple[str, str, str, int, int]:
+    """Stack, layer prefix, sublayer, token and head widgets (seeded from the URL, written back)."""
+    common.seed_from_query("ly_stack", "stack", stacks[0], valid=lambda v: v in stacks)
+    c1, c2, c3, c4, c5 = st.columns([1.2, 0.8, 1.6, 1.2, 0.8])
+    stack = c1.segmented_control(t("Stack"), stacks, format_func=lambda s: t(STACKS[s]), key="ly_stack")
+    stack = stack or stacks[0]
+    layers = FL.layers_of(trace, stack)
+    subs = [s for s, _ in FL.SUBLAYERS[stack]]
+    tokens = FL.side_tokens(trace, layers[0])
+    n_tok = trace[f"{layers[0]}.out"].shape[1]
+    n_heads = trace.meta["config"]["n_heads"]
+    common.seed_from_query("ly_layer", "layer", 0, int, common.int_in(0, len(layers) - 1))
+    common.seed_from_query("ly_sub", "sub", subs[0], valid=lambda v: v in subs)
+    common.seed_from_query("ly_token", "token", 0, int, common.int_in(0, n_tok - 1))
+    common.seed_from_query("ly_head", "head", 0, int, common.int_in(0, n_heads - 1))
+    for key, hi in (("ly_layer", len(layers) - 1), ("ly_token", n_tok - 1), ("ly_head", n_heads - 1)):
+        common.clamp_state(key, 0, hi)  # another model or text may be smaller
+    if st.session_state.get("ly_sub") not in subs:  # cross-attention exists in the decoder only
+        st.session_state["ly_sub"] = subs[0]
+    layer = c2.selectbox(t("Layer"), range(len(layers)), key="ly_layer")
+    sub = c3.radio(t("Sublayer"), subs, format_func=lambda s: t(FL.SUBLAYER_TITLES[s]), key="ly_sub",
+                   horizontal=True)
+    labels = FL.F.token_labels(tokens, n_tok)
+    token = c4.selectbox(t("Token"), range(n_tok), format_func=labels.__getitem__, key="ly_token")
+    head = c5.selectbox(t("Head"), range(n_heads), key="ly_head")
+    common.write_query(stack=stack, layer=layer, sub=sub, token=token, head=head)
+    return stack, layers[layer], sub, token, head
+
+
+stack, layer, sub, token, head = choose()
+tokens = FL.side_tokens(trace, layer)
+pre_ln = FL.is_pre_ln(trace)
+try:
+    steps = FL.residual_steps(trace, layer, sub)
+except KeyError as e:
+    common.show_error(t("This trace has no capture {name}: the model code that records LayerNorm inputs and "
+                        "outputs is missing.", name=str(e)))
+    st.stop()
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def experiment_trace(wiring: str, text: str):
+    """The post-LN vs pre-LN experiment's model of `wiring` (usual warmup) on `text`."""
+    return common.load_ckpt(str(prenorm.model_dir(wiring))).trace(text)[1]
+
+
+def other_trace(wiring: str):
+    """(trace, note) for the wiring the sidebar model does not have: the experiment's model of that wiring,
+    on the sidebar text if that task can read it, else on the task's example."""
+    ckpt = common.load_ckpt(str(prenorm.model_dir(wiring)))
+    task = ckpt.meta.get("task", "")
+    text = sel.text.strip() if task in TASKS and not TASKS[task].input_problems(sel.text) else ckpt.example
+    return experiment_trace(wiring, text), t("the {wiring} model trained in the experiment below ({task} task), "
+                                              "input “{text}”", wiring=wiring, task=task, text=text)
+
+
+def wiring_diagram(wiring: str) -> None:
+    """One wiring's block diagram with live tensors: the sidebar model's if it has this wiring, else the
+    experiment's model of that wiring (same stack, layer and sublayer, clamped to its size)."""
+    if (wiring == "pre-LN") == pre_ln:
+        wt, wlayer, wsteps, wtok, note = trace, layer, steps, token, t("the sidebar's model and input")
+    else:
+        try:
+            wt, note = other_trace(wiring)
+        except ValueError as e:
+            common.show_error(e)
+            return
+        wlayers = FL.layers_of(wt, stack)
+        wlayer = wlayers[min(int(layer.rsplit(".", 1)[1]), len(wlayers) - 1)]
+        wtok = min(token, wt[f"{wlayer}.out"].shape[1] - 1)
+        wsteps = FL.residual_steps(wt, wlayer, sub)
+    common.show_figure(FL.wiring_figure(wsteps, wiring == "pre-LN", wtok, sub), key=f"ly_wiring_{wiring}",
+                       filename=f"wiring-{wiring}")
+    tok = FL.F.token_labels(FL.side_tokens(wt, wlayer), wtok + 1)[wtok]
+    st.caption(t("Live tensors: {note}; {layer}, token {tok}.", note=note, layer=wlayer, tok=tok))
+
+
+def experiment() -> None:
+    """The shipped post-LN vs pre-LN training curves, and a live re-run."""
+    try:
+        shipped = prenorm.load_results()
+    except ValueError as e:
+        common.show_error(e)
+        shipped = None
+    live = st.session_state.get("ly_prenorm_live")
+    res = live or shipped
+    if res is None:
+        return
+    st.caption(t("Seed 002 says post-LN is hard to train without learning-rate warmup and pre-LN is not. The same "
+                 "small model ({task} task, {steps} steps, batch {batch}) trained four times: post-LN and pre-LN, "
+                 "with warmup 1 (the full learning rate from the first step) and with warmup {w}.",
+                 task=res["task"], steps=res["steps"], batch=res["batch_size"], w=res["warmups"][1]))
+    common.show_figure(FL.prenorm_figure(res), key="ly_prenorm", filename="post-ln-vs-pre-ln")
+    st.dataframe(prenorm.summary(res), hide_index=True)
+    st.caption(t("{which}. Command: `{cmd}`", cmd=res["command"],
+                 which=t("Your live re-run") if live else t("Shipped results (model/results/prenorm.json)")))
+    with st.form("ly_prenorm_form"):
+        steps_n = st.slider(t("Steps per run (live re-run)"), 20, prenorm.STEPS, 60, step=20, key="ly_prenorm_steps",
+                            help=t("Four runs of this many steps; 300 steps take about half a minute each here."))
+        if st.form_submit_button(t("Re-run the experiment live"), icon=":material/play_arrow:"):
+            bar = st.progress(0.0)
+            total = 4 * steps_n
+            done = {"n": 0}
+
+            def progress(label: str, step: int, steps: int) -> None:
+                done["n"] += 1
+                bar.progress(min(1.0, done["n"] / total), text=f"{label}: {step}/{steps}")
+
+            st.session_state["ly_prenorm_live"] = prenorm.run_experiment(steps=steps_n, progress=progress)
+            st.rerun()
+
+
+tabs = st.tabs([t("Residual stream & Add & Norm"), t("Post-LN vs pre-LN wiring"), t("Feed-forward network"),
+                t("W^O: concatenated heads"), t("One query, step by step")])
+
+# ---------------------------------------------------------------- residual stream
+with tabs[0]:
+    wiring = "pre-LN" if pre_ln else "post-LN"
+    st.caption(t("This model is **{wiring}**. The residual connection adds the sublayer's output to its input "
+                 "(x + sublayer(x)), so information and gradients have a direct path through the stack; LayerNorm "
+                 "then rescales each token's vector to mean 0 and variance 1 (times a learned γ, plus β). Top: the "
+                 "length ‖·‖ of every token's vector at each step; bottom: the chosen token's vectors themselves.",
+                 wiring=wiring))
+    common.show_figure(FL.residual_figure(steps, tokens, token), key="ly_resid", filename=f"{layer}-{sub}-residual")
+    norm = next(s.name for s in steps if s.label.startswith("LayerNorm")).removesuffix(".out")
+    st.caption(t("LayerNorm normalises each token on its own, over its {d} features: μ and σ² below are computed "
+                 "per token (per row), never across tokens or across the batch.", d=steps[0].value.shape[1]))
+    common.show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"])[0], FL.F.arr(trace[f"{norm}.out"])[0],
+                                           tokens, norm), key="ly_ln", filename=f"{norm}-stats")
+
+# ---------------------------------------------------------------- wirings
+with tabs[1]:
+    st.caption(t("The paper puts LayerNorm after the residual sum (post-LN): LayerNorm(x + Sublayer(x)). Pre-LN "
+                 "normalises only the sublayer's input, x + Sublayer(LayerNorm(x)), so the residual path is a clean "
+                 "sum from the embedding to the last layer (one final LayerNorm closes each stack). Each diagram "
+                 "carries live numbers for the chosen token: ‖·‖ of every edge and μ, σ² of what LayerNorm receives."))
+    for col, wiring in zip(st.columns(2), ("post-LN", "pre-LN"), strict=True):
+        with col:
+            wiring_diagram(wiring)
+    st.subheader(t("Post-LN vs pre-LN in practice: is warmup needed?"))
+    experiment()
+
+# ---------------------------------------------------------------- FFN
+with tabs[2]:
+    hidden = FL.F.arr(trace[f"{layer}.ffn.hidden"])[0]
+    act = trace.meta["config"]["activation"]
+    st.caption(t("FFN(x) = W₂·act(W₁·x + b₁) + b₂, d_model = {d} → d_ff = {f} → d_model. It is position-wise: the "
+                 "same W₁ and W₂ act on every token separately (no token sees another here; mixing happens only in "
+                 "attention). Each column is one token's {f} hidden units after {act}.",
+                 d=steps[0].value.shape[1], f=hidden.shape[1], act=act.upper()))
+    common.show_figure(FL.ffn_figure(hidden, tokens, f"{layer}.ffn"), key="ly_ffn", filename=f"{layer}-ffn")
+    share = float(FL.zero_share(hidden).mean())
+    if act == "relu":
+        st.caption(t("ReLU zeroes every negative pre-activation: on average {s} of the units are exactly 0 for a "
+                     "token, so each token uses its own sparse subset of the FFN.", s=f"{share:.1%}"))
+    else:
+        st.caption(t("GELU is smooth: it zeroes no unit exactly ({s} exact zeros), but squashes negative inputs "
+                     "towards 0.", s=f"{share:.1%}"))
+
+# ---------------------------------------------------------------- W^O
+attn = f"{layer}.{sub if sub != 'ffn' else 'self_attn'}"
+with tabs[3]:
+    st.caption(t("MultiHead(Q, K, V) = Concat(head_1, …, head_h)·W^O. Each head's output z (tokens × d_k) is "
+                 "transposed back and the heads are laid side by side (tokens × h·d_k = d_model); W^O, a "
+                 "d_model × d_model matrix, then mixes the heads into the sublayer's output. Shown for `{attn}`.",
+                 attn=attn))
+    common.show_figure(FL.wo_figure(trace[f"{attn}.z"][0], trace[f"{attn}.out"][0], tokens, attn), key="ly_wo",
+                       filename=f"{attn}-wo")
+
+# ---------------------------------------------------------------- one query
+with tabs[4]:
+    k_tokens = FL.side_tokens(trace, "encoder" if "cross_attn" in attn or stack == "encoder" else "decoder")
+    st.caption(t("Attention as a soft lookup, for one query (the chosen token) and head {h} of `{attn}`: score the "
+                 "query against every key, scale, mask, turn the scores into weights that sum to 1, and return the "
+                 "weighted sum of the values.", h=head, attn=attn))
+    qs = FL.query_steps(trace, attn, head, token)
+    common.show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
+                       key="ly_query", filename=f"{attn}-head{head}-query{token}")
+    k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
+    st.dataframe([{t("key"): k_labels[i], "q·k": float(qs["qk"][i]), "÷√d_k": float(qs["scaled"][i]),
+                   "+ M": "−∞" if qs["blocked"][i] else float(qs["scaled"][i]), "p": float(qs["weights"][i])}
+                  for i in range(len(k_labels))], hide_index=True)

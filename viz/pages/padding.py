@@ -1,0 +1,98 @@
+"""A batch with padding: sentences of different lengths in one forward pass, the padding masks, the
+decoder's combined mask, and a loss that ignores [PAD] (next to seed 001's wrong average)."""
+
+import numpy as np
+import streamlit as st
+
+from model.padding import MAX_SENTENCES, batch_trace
+from model.tasks import TASKS
+from viz import common
+from viz import figures_padding as FP
+from viz.i18n import t
+
+SEP = "=>"
+
+st.title(t("A batch with padding"))
+st.caption(t("Training feeds many sentences at once. They have different lengths, so the shorter ones are padded "
+             "with [PAD] (id 0) to the longest; masks keep attention away from the [PAD] keys and the loss ignores "
+             "[PAD] labels. Here {n} sentences go through the sidebar's model as one batch.", n="2–4"))
+sel = common.selection()
+if sel is None:
+    st.stop()
+ckpt = sel.ckpt
+
+
+def default_lines() -> str:
+    """Test pairs of the model's task, of distinct source lengths (so every row but one is padded)."""
+    task = TASKS.get(ckpt.meta.get("task", ""))
+    if task is None:
+        return ckpt.example
+    by_len: dict[int, tuple[str, str]] = {}
+    for s, tgt in task.sample(40, seed=0, split="test"):
+        by_len.setdefault(len(s), (s, tgt))
+    picked = [by_len[k] for k in sorted(by_len)][:: max(1, len(by_len) // 3)][:3]
+    return "\n".join(f"{s} {SEP} {tgt}" for s, tgt in picked)
+
+
+def parse(text: str) -> list[tuple[str, str | None]]:
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            src, _, tgt = line.partition(SEP)
+            out.append((src.strip(), tgt.strip() or None))
+    return out
+
+
+key = f"pad_lines_{sel.name}"  # one batch per model: another model has another vocabulary
+if key not in st.session_state:
+    st.session_state[key] = default_lines()
+lines = st.text_area(t("Sentences, one per line: `source {sep} target` (without a target, the model's own greedy "
+                       "translation is used)", sep=SEP), key=key, height=120)
+rows = parse(lines)
+if not 2 <= len(rows) <= MAX_SENTENCES:
+    common.show_error(t("Type 2 to {n} sentences, one per line (found {k}).", n=MAX_SENTENCES, k=len(rows)))
+    st.stop()
+try:
+    pairs = [(s, tgt if tgt is not None else ckpt.translate(s).text) for s, tgt in rows]
+    trace, losses = batch_trace(ckpt, pairs)
+except ValueError as e:
+    common.show_error(e, t("Change the sentences above."))
+    st.stop()
+meta = trace.meta
+
+st.subheader(t("1. The batch and its padding masks"))
+src_pad = FP.F.arr(trace["masks.src_pad"])
+st.caption(t("Source shape (B, S) = ({b}, {s}), decoder input (B, T) = ({b}, {t_}). Every row is padded to the "
+             "longest one; masks.src_pad / masks.tgt_pad are True (dark) at the [PAD] positions. Attention masks "
+             "[PAD] *keys* only: a [PAD] query still attends to the real tokens, and its output is ignored.",
+             b=src_pad.shape[0], s=src_pad.shape[1], t_=trace["masks.tgt_pad"].shape[1]))
+common.show_figure(FP.padding_masks_figure(trace), key="pad_masks", filename="padding-masks")
+
+st.subheader(t("2. The decoder's combined mask"))
+st.caption(t("Decoder self-attention blocks a key if it is in the future (look-ahead) OR if it is [PAD]. Seed 001 "
+             "combines them with torch.maximum(padding, look_ahead); it is the same OR on 0/1 masks. "
+             "Encoder self-attention and cross-attention use the source padding mask alone."))
+longest = int(np.argmax(FP.F.arr(trace["masks.tgt_pad"]).sum(-1)))  # the most padded target
+b = st.selectbox(t("Sentence"), range(len(pairs)), index=longest, key="pad_row",
+                 format_func=lambda i: f"{i}: {pairs[i][0]} → {pairs[i][1]}")
+common.show_figure(FP.combined_mask_figure(trace, b), key="pad_combined", filename=f"combined-mask-{b}")
+
+st.subheader(t("3. The loss ignores [PAD]"))
+per_token = losses.per_token.numpy()
+st.caption(t("Cross-entropy of every label (what the decoder should predict at each position; no label "
+             "smoothing here). Multiplying by the mask sets the [PAD] positions to 0, but then the average must "
+             "divide by the number of real tokens, not by every position."))
+common.show_figure(FP.loss_figure(per_token, losses.real.numpy(), meta["next_tokens"]), key="pad_loss",
+                   filename="per-token-loss")
+n_real, n_all = int(losses.real.sum()), per_token.size
+c1, c2 = st.columns(2)
+c1.metric(t("Right: sum / real tokens"), f"{losses.right_mean:.4f}",
+          help=t("{s} / {n} real tokens, what F.cross_entropy(ignore_index=pad_id) computes.",
+                 s=f"{per_token.sum():.4f}", n=n_real))
+c2.metric(t("Wrong (seed 001): torch.mean(loss * mask)"), f"{losses.wrong_mean:.4f}",
+          delta=f"{losses.wrong_mean - losses.right_mean:+.4f}", delta_color="inverse",
+          help=t("{s} / {n} positions: the [PAD] zeros are counted, so the loss shrinks as padding grows.",
+                 s=f"{per_token.sum():.4f}", n=n_all))
+st.dataframe([{t("sentence"): i, t("position"): j, t("label"): meta["next_tokens"][i][j],
+               t("loss"): float(per_token[i, j]), t("counted"): bool(losses.real[i, j])}
+              for i in range(per_token.shape[0]) for j in range(per_token.shape[1])], hide_index=True, height=300)
