@@ -3,6 +3,7 @@ placeholders, and every page runs in both languages, the zh one without an Engli
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import string
@@ -30,13 +31,19 @@ TIMEOUT = 300
 
 
 def used_msgids() -> dict[str, str]:
-    """msgid -> "file:line" of its first use, for every t("...") / N_("...") literal."""
+    """msgid -> "file:line" of its first use, for every t("...") / N_("...") literal: Babel's extractor
+    (what `pybabel extract -k t -k N_` puts in a .pot), plus the calls it cannot see inside f-strings."""
     out: dict[str, str] = {}
     for path in SOURCES:
+        where = path.relative_to(ROOT)
         for lineno, msg, _, _ in extract_from_file("python", str(path), keywords=KEYWORDS):
             msg = msg[0] if isinstance(msg, tuple) else msg
             if msg:
-                out.setdefault(msg, f"{path.relative_to(ROOT)}:{lineno}")
+                out.setdefault(msg, f"{where}:{lineno}")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in KEYWORDS and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                out.setdefault(node.args[0].value, f"{where}:{node.lineno} (inside an f-string: pybabel misses it)")
     return out
 
 

@@ -43,7 +43,8 @@ PRESENT_CSS = """<style>
 [data-testid="stWidgetLabel"] p {font-size: 1.2rem;}
 </style>"""
 
-# Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next.
+# Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next; Escape
+# leaves presentation mode.
 # Plain DOM script, no network: works offline. Registered once per page, replaced on each run.
 KEYS_JS = """<script>
 const doc = window.document;
@@ -51,6 +52,11 @@ if (window._lessonKeys) doc.removeEventListener("keydown", window._lessonKeys);
 window._lessonKeys = (e) => {
   const tag = (e.target && e.target.tagName || "").toLowerCase();
   if (["input", "textarea", "select"].includes(tag) || (e.target && e.target.isContentEditable)) return;
+  if (e.key === "Escape") {  // leave presentation mode
+    const toggle = doc.querySelector(".st-key-lesson_present input");
+    if (toggle && toggle.checked) { e.preventDefault(); toggle.click(); }
+    return;
+  }
   const which = {ArrowRight: "next", PageDown: "next", ArrowLeft: "prev", PageUp: "prev"}[e.key];
   const button = which && doc.querySelector(".st-key-lesson_" + which + " button");
   if (button && !button.disabled) { e.preventDefault(); button.click(); }
@@ -193,7 +199,7 @@ def param_control(lesson: LS.Lesson, trace):
 
 
 def question(lesson: LS.Lesson, live: LS.Live) -> None:
-    st.markdown(f"**{t('Question')}:** " + t(lesson.question, **live.args))
+    st.markdown(t("**Question:** {question}", question=t(lesson.question, **live.args)))
     if not live.correct:
         st.info(live.note, icon="ℹ️")
         return
@@ -210,53 +216,59 @@ def question(lesson: LS.Lesson, live: LS.Live) -> None:
 
 
 def show_lesson(n: int, present: bool) -> None:
+    """Header, text, controls and the live view (the view first in presentation mode, so it sits
+    on the projector's first screen), then the task, the question and the link."""
     lesson = LS.LESSONS[n - 1]
     st.header(f"{n}. {t(lesson.title)}")
-    body = st.container()  # text goes here: below the figure in presentation mode, above it otherwise
-    view = st.container()
     if present:
-        body, view = view, body
-    with body:
-        st.markdown(t(lesson.body))
-    with view:
+        view, body, ctrl = st.container(), st.container(), st.container()
+    else:
+        body, ctrl, view = st.container(), st.container(), st.container()
+    body.markdown(t(lesson.body))
+    left, right = ctrl.columns([3, 2]) if lesson.source in ("trace", "decode") and lesson.param else (ctrl, ctrl)
+    with left:
         text = text_control(lesson)
+    with ctrl:
         data = load(lesson, text)
-        if data is None and lesson.source != "none":
-            return
+    if data is None and lesson.source != "none":
+        return
+    with right:
         value = param_control(lesson, data)
-        live = lesson.live(data) if lesson.param is None else lesson.live(data, value)
-        fig = live.figure
-        if present:
-            fig.update_layout(height=PRESENT_FIG_HEIGHT, font={"size": 16})
-        common.show_figure(fig, key=f"lesson_fig_{lesson.slug}")
-    with body:
-        st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
-        question(lesson, live)
-        query = page_query(lesson, text, value)
-        if st.button(t("Open the full page: {page}", page=t(PAGE_TITLES[lesson.page])), key="lesson_open",
-                     on_click=open_full_page, args=(lesson, text, query), icon=":material/open_in_new:"):
-            page, q = st.session_state.pop("_lesson_goto")
-            st.switch_page(page, query_params=q)
+    live = lesson.live(data) if lesson.param is None else lesson.live(data, value)
+    if present:
+        live.figure.update_layout(height=PRESENT_FIG_HEIGHT, font={"size": 16})
+    with view:
+        common.show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
+    st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
+    question(lesson, live)
+    query = page_query(lesson, text, value)
+    if st.button(t("Open the full page: {page}", page=t(PAGE_TITLES[lesson.page])), key="lesson_open",
+                 on_click=open_full_page, args=(lesson, text, query), icon=":material/open_in_new:"):
+        page, q = st.session_state.pop("_lesson_goto")
+        st.switch_page(page, query_params=q)
 
 
 def main() -> None:
     seed_state()
     n = st.session_state["lesson_n"]
-    present = st.toggle(t("Presentation mode"), key="lesson_present",
-                        help=t("For a projector: no sidebar, bigger text, the figure first; "
-                               "← and → change the lesson."))
+    present = bool(st.session_state["lesson_present"])
     common.write_query(lesson=n, present=1 if present else None)
+    top = st.container()  # the toggle: first in normal mode, last in presentation mode
     if present:
         st.html(PRESENT_CSS)
     else:
         st.title(t("Lessons"))
         st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
                      "of a trained model, a task to try and a question checked against the model's own numbers."))
-    slot = st.empty()
+    slot = st.empty() if not present else None
     nav(n)
     st.html(KEYS_JS, unsafe_allow_javascript=True)
     show_lesson(n, present)
-    progress(slot, n)
+    progress(slot or st.empty(), n)
+    (st.container() if present else top).toggle(
+        t("Presentation mode"), key="lesson_present",
+        help=t("For a projector: no sidebar, bigger text, the figure first; ← and → change the lesson, "
+               "Esc leaves."))
 
 
 main()
