@@ -10,16 +10,28 @@ Run: pytest -m browser tests/test_browser.py   (CI installs Chromium with .ci/br
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from browser_support import NO_CHARTS, SHOTS, charts_drawn, wait_drawn
+from browser_support import DEFAULT_PAGE, NO_CHARTS, PAGE_TIMEOUT_MS, SHOTS, charts_drawn, wait_drawn
 
 pytestmark = pytest.mark.browser
 
 
-def test_every_page_renders(server, paths, page):
+def every_page(page, server: str) -> dict[str, str]:
+    """Page name -> path for every page in the sidebar, including those behind "View N more"."""
+    page.goto(server + "/")
+    page.wait_for_selector('[data-testid="stSidebarNav"] a', timeout=PAGE_TIMEOUT_MS)
+    more = page.locator('[data-testid="stSidebarNavViewButton"]')
+    if more.count() and "more" in more.inner_text():
+        n = page.locator('[data-testid="stSidebarNav"] a').count()
+        more.click()
+        page.wait_for_function(f"() => document.querySelectorAll('[data-testid=\"stSidebarNav\"] a').length > {n}")
+    links = page.eval_on_selector_all('[data-testid="stSidebarNav"] a', "els => els.map(a => new URL(a.href).pathname)")
+    return {path.strip("/") or DEFAULT_PAGE: path for path in links}
+
+
+def test_every_page_renders(server, page):
     SHOTS.mkdir(parents=True, exist_ok=True)
+    paths = every_page(page, server)
     assert {"attention", "decoder", "training"} <= set(paths), paths
     problems = []
     for name, path in paths.items():
@@ -55,18 +67,15 @@ def test_decoder_play_advances_by_itself(server, paths, page):
     page.goto(server + paths["decoder"])
     wait_drawn(page)
     slider = page.locator('[data-testid="stSlider"] input[type="range"][aria-label="Step"]')
-    if not slider.count():
-        pytest.skip("the example's output has a single step: nothing to play")
-    value = lambda: int(slider.input_value())  # noqa: E731
-    last = value()  # the page opens on the last step; play restarts from step 1
+    assert slider.count(), "the example's output has a single step: nothing to play"
+    last = int(slider.input_value())  # the page opens on the last step; play restarts from step 1
     page.get_by_role("button", name="▶ Play").click()
-    deadline = time.monotonic() + 30
-    while value() >= last and time.monotonic() < deadline:
-        page.wait_for_timeout(100)
-    first = value()
-    assert first < last, "play did not restart from the first step"
-    page.wait_for_timeout(3000)  # the fragment timer ticks every 0.9 s
-    assert value() > first
+    step = 'document.querySelector(\'[data-testid="stSlider"] input[type="range"][aria-label="Step"]\')'
+    # Events, not sleeps: wait until the slider restarts below the last step, then until the
+    # fragment timer (0.9 s a tick) moves it on by itself.
+    first = page.wait_for_function(f"() => {{ const v = +{step}?.value; return v < {last} ? v : null; }}",
+                                   timeout=30_000).json_value()
+    page.wait_for_function(f"() => +{step}?.value > {first}", timeout=30_000)
     page.get_by_role("button", name="⏸ Pause").click()
     page.wait_for_selector("text=▶ Play", timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
