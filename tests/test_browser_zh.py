@@ -84,3 +84,15 @@ def test_main_pages_in_zh(server, projector, name):
     page.set_viewport_size({"width": 1280, "height": 2400})  # the full page, at the projector's width
     wait_drawn(page)
     page.screenshot(path=str(SHOTS / f"zh-{name}.png"))
+
+
+def test_language_switch_click(server, projector):
+    page = projector
+    page.goto(f"{server}/lessons?lang=zh&lesson=9")
+    wait_drawn(page)
+    assert lesson_header(page).startswith("9. 学习率预热")
+    page.locator('[data-testid="stSidebar"]').get_by_role("radio", name="English").click()
+    page.wait_for_function("() => new URL(location.href).searchParams.get('lang') === 'en'", timeout=60_000)
+    wait_drawn(page)
+    assert lesson_header(page).startswith("9. Learning-rate warmup")
+    assert "lesson=9" in page.url  # the lesson stays

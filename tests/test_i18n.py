@@ -108,6 +108,19 @@ def test_t_translates_and_fills_after_translation():
     assert i18n.t("no such msgid {x}", lang="zh", x=1) == "no such msgid 1"  # falls back to English
 
 
+def test_language_from_accept_language_header():
+    assert i18n.lang_from_header("zh-CN,zh;q=0.9,en;q=0.8") == "zh"
+    assert i18n.lang_from_header("en-US,en;q=0.9,zh;q=0.8") == "en"
+    assert i18n.lang_from_header("fr-FR, zh;q=0.5, en;q=0.4") == "zh"
+    assert i18n.lang_from_header("de") == i18n.lang_from_header(None) == i18n.DEFAULT_LANG
+    assert i18n.lang_from_header("en;q=0.2, zh;q=bad") == "en"
+
+
+def test_option_labels_are_fixed_when_made():
+    fmt = i18n.option_labels(["a", "b"], lambda o: o.upper())
+    assert fmt("a") == "A" and fmt("b") == "B"
+
+
 # ---------------------------------------------------------------- pages in both languages
 
 # ≥ 4 consecutive English words (letters, apostrophes, hyphens): a sentence left untranslated.
@@ -178,6 +191,20 @@ def test_english_detector():
     assert not english_sentences("层 0 · head 1 · QKᵀ")
     assert not english_sentences("**模型输出：** i love machine learning")
     assert not english_sentences("例如 \"3 november 2023\"、`pip install -e '.[pretrained]'`")
+
+
+def test_language_switch_is_kept_in_the_url():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["lang"] = "zh"
+    at.run()
+    at.switch_page("viz/pages/lessons.py")
+    at.run()
+    switch = at.get_by_key("_lang_choice")
+    assert switch.value == "zh" and at.title[0].value == "课程"
+    switch.set_value("en").run()  # a click on "English", with ?lang=zh still in the URL
+    assert at.query_params["lang"] == "en" and at.title[0].value == "Lessons"
+    at.get_by_key("_lang_choice").set_value("zh").run()
+    assert at.query_params["lang"] == "zh" and at.title[0].value == "课程"
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

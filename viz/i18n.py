@@ -18,12 +18,14 @@ kept per session (`st.session_state`), never in module state: sessions differ in
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 LANGS = {"en": "English", "zh": "简体中文"}
 DEFAULT_LANG = "en"
 LOCALE_DIR = Path(__file__).parent / "locale"
 _STATE_KEY = "lang"
+_CHOICE_KEY = "_lang_choice"  # the sidebar control's widget key
 
 
 @functools.cache
@@ -87,18 +89,35 @@ def t(msg: str, /, lang: str | None = None, **fmt) -> str:
     return out.format(**fmt) if fmt else out
 
 
+def option_labels(options, label=lambda o: o) -> Callable:
+    """A widget `format_func` over stable option values whose labels are translated *now*:
+
+        st.radio(t("Kind"), KINDS, format_func=option_labels(KINDS, lambda k: t(KIND_LABELS[k])))
+
+    AppTest calls format_func again outside the session (where t() gives English) to find the
+    chosen option, so a format_func that calls t() lazily breaks widget tests in zh mode."""
+    table = {o: label(o) for o in options}
+    return table.__getitem__
+
+
+def _on_switch() -> None:
+    """The user picked a language: it wins over the URL's (rewritten here, before the rerun reads it)."""
+    import streamlit as st
+
+    choice = st.session_state.get(_CHOICE_KEY)
+    if choice in LANGS:
+        st.session_state[_STATE_KEY] = choice
+        st.query_params["lang"] = choice
+
+
 def language_switch() -> str:
     """The sidebar's language control, kept in the URL (`?lang=`) so a shared link keeps it."""
     import streamlit as st
 
     lang = current_lang()
-    st.session_state.setdefault("_lang_choice", lang)
-    if st.session_state["_lang_choice"] != lang:  # the URL changed the language (a pasted link)
-        st.session_state["_lang_choice"] = lang
-    choice = st.sidebar.segmented_control(
-        "Language / 语言", list(LANGS), format_func=LANGS.get, key="_lang_choice")
-    if choice in LANGS and choice != lang:
-        st.session_state[_STATE_KEY] = lang = choice
+    st.session_state[_CHOICE_KEY] = lang  # also when the URL changed it (a pasted link), or a click deselected
+    st.sidebar.segmented_control("Language / 语言", list(LANGS), format_func=LANGS.get, key=_CHOICE_KEY,
+                                 on_change=_on_switch)
     if st.query_params.get("lang") != lang:
         st.query_params["lang"] = lang
     return lang

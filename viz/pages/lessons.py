@@ -14,7 +14,7 @@ import streamlit as st
 from model import pretrained
 from viz import common
 from viz import lessons as LS
-from viz.i18n import N_, t
+from viz.i18n import N_, option_labels, t
 from viz.task_help import problems_text, task_of
 
 N = len(LS.LESSONS)
@@ -131,10 +131,9 @@ def nav(n: int) -> None:
     prev_col, pick_col, next_col = st.columns([1, 4, 1], vertical_alignment="bottom")
     prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,), disabled=n <= 1,
                     use_container_width=True)
-    # Labels translated now, not inside format_func: AppTest calls it again outside the session.
-    titles = {i: f"{i}. {t(lesson.title)}" for i, lesson in enumerate(LS.LESSONS, start=1)}
-    pick_col.selectbox(t("Lesson"), list(titles), key="lesson_n", label_visibility="collapsed",
-                       format_func=titles.get)
+    numbers = range(1, N + 1)
+    pick_col.selectbox(t("Lesson"), numbers, key="lesson_n", label_visibility="collapsed",
+                       format_func=option_labels(numbers, lambda i: f"{i}. {t(LS.LESSONS[i - 1].title)}"))
     next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,), disabled=n >= N,
                     use_container_width=True)
 
