@@ -9,6 +9,9 @@ writes `__snapshots__/<test name>.safetensors` beside the test file. Later runs 
 tolerances by kind (`model.diff.DEFAULT_TOLERANCES`); a difference fails with a report (which
 names, where: layer, head, query and key tokens) and writes `<test name>.obtained.safetensors`
 beside the snapshot, for `python -m model.diff` or the app's Snapshots page.
+
+pytest loads this plugin into every run in an environment where the package is installed, so it
+imports nothing heavy at load time: torch and the model load when a test first uses the fixture.
 """
 
 from __future__ import annotations
@@ -20,17 +23,29 @@ import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from .recorder import select_names
-from .diff import DEFAULT_TOLERANCES, Tolerance, TolSpec, as_tolerance, compare, resolve_tolerances
-from .repro import deterministic
-from .trace import Trace, TraceFileError
+if TYPE_CHECKING:
+    import torch
+
+    from .diff import DEFAULT_TOLERANCES, Tolerance, TolSpec  # noqa: F401  (lazy re-exports, see __getattr__)
+    from .repro import deterministic  # noqa: F401
+    from .trace import Trace
 
 __all__ = ["DEFAULT_TOLERANCES", "Tolerance", "TraceSnapshot", "TraceSnapshotError", "deterministic",
            "snapshot_stem"]
+_LAZY = {"DEFAULT_TOLERANCES": "diff", "Tolerance": "diff", "deterministic": "repro"}
+
+
+def __getattr__(name: str):
+    """The re-exported names, imported on first use (PEP 562): loading the plugin stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 SNAPSHOT_DIR = "__snapshots__"
 UPDATE_FLAG = "--update-trace-snapshots"
@@ -120,6 +135,9 @@ class TraceSnapshot:
         name: a label, for a test that checks more than one trace.
         """
         __tracebackhide__ = True
+        from .diff import compare
+        from .trace import Trace, TraceFileError
+
         key = name or ""
         if key in self._used:
             raise ValueError("this test already checked a trace under that name: pass check(..., name='...') "
@@ -174,6 +192,12 @@ class TraceSnapshot:
     def _prepare(self, trace: Mapping[str, torch.Tensor], names, tolerances) -> Trace:
         """Validate and select what to pin; record the test and its tolerance overrides in the meta."""
         __tracebackhide__ = True
+        import torch
+
+        from .diff import as_tolerance, resolve_tolerances
+        from .recorder import select_names
+        from .trace import Trace
+
         if not isinstance(trace, Mapping) or not all(isinstance(v, torch.Tensor) for v in trace.values()):
             raise TypeError("trace_snapshot.check takes a Trace or a dict of name -> torch.Tensor")
         meta = trace.meta if isinstance(trace, Trace) else {}
@@ -207,5 +231,7 @@ def trace_snapshot(request: pytest.FixtureRequest):
         stats=config.stash.setdefault(_STATS, Counter()),
         root=Path(config.rootpath),
     )
+    from .repro import deterministic
+
     with deterministic():
         yield snap
