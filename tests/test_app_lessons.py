@@ -136,6 +136,17 @@ def test_full_page_link_carries_the_lesson_model_and_sentence():
     assert any(t.value == "Step-by-step decoder" for t in at.title)
 
 
+def test_full_page_link_opens_the_same_view():
+    at = open_lessons(lesson=3)
+    at.get_by_key("lesson_param_one-head").set_value(2).run()
+    at.button(key="lesson_open").click().run()
+    assert_clean(at)
+    assert (at.session_state["attn_kind"], at.session_state["attn_view"]) == ("enc", "pipeline")
+    assert at.session_state["attn_head"] == 2 and at.session_state["checkpoint"] == "dates"
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert any(tt.startswith("encoder.layers.0.self_attn · head 2: softmax") for tt in titles), titles
+
+
 def test_input_outside_the_grammar_warns_but_runs():
     at = open_lessons(lesson=1)
     at.text_input(key="lesson_text_tokens").set_value("我爱吃苹果").run()

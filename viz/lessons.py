@@ -45,7 +45,7 @@ class Lesson:
     try_this: str
     question: str  # may hold {placeholders}: `Live.args` fills them
     page: str  # the full page for more
-    page_query: dict = field(default_factory=dict)  # URL params that page reads
+    page_query: dict = field(default_factory=dict)  # URL params that page reads (its widgets' state ids)
     source: str = "trace"  # what the page loads: trace | decode | bert | none
     checkpoint: str | None = None
     text: str = ""  # the default input
@@ -326,7 +326,8 @@ LESSONS: list[Lesson] = [
            "weights that sum to 1; the output is the weighted sum of the values."),
         N_("Pick another head and compare its weights panel with head 0."),
         N_("In this head, which key does query 0 (the first character) attend to most?"),
-        "viz/pages/attention.py", {"attn_kind": 0, "layer": 0}, source="trace", checkpoint="dates",
+        "viz/pages/attention.py", {"attn_kind": "enc", "layer": 0, "view": "pipeline"}, source="trace",
+        checkpoint="dates",
         text="3 november 2023", param=("head", N_("head"), None, 0), param_query="head", live=live_one_head),
     Lesson(
         "sqrt-dk", N_("Why divide by √d_k"),
@@ -335,7 +336,7 @@ LESSONS: list[Lesson] = [
            "√d_k brings the variance back to 1, whatever d_k."),
         N_("Move d_k from 4 to 512 and watch the red histogram widen while the blue one stays put."),
         N_("What is the variance of q·k for random q, k?"),
-        "viz/pages/attention.py", {"attn_kind": 0}, source="none",
+        "viz/pages/attention.py", {"attn_kind": "enc", "view": "sqrt"}, source="none",
         param=("select", N_("d_k"), (4, 16, 64, 256, 512), 64), live=live_sqrt_dk),
     Lesson(
         "multi-head", N_("Multi-head attention"),
@@ -344,7 +345,8 @@ LESSONS: list[Lesson] = [
            "else. Here: the decoder's cross-attention heads of the dates model, writing 2023-11-03."),
         N_("Write the date another way (2023年11月3日, Nov 3, 2023): does the same head still find the month?"),
         N_("Which head aligns the month names (where the month digits look at the month's characters)?"),
-        "viz/pages/attention.py", {"attn_kind": 2}, source="trace", checkpoint="dates", text="3 november 2023",
+        "viz/pages/attention.py", {"attn_kind": "cross", "view": "heads"}, source="trace", checkpoint="dates",
+        text="3 november 2023",
         param=("layer", N_("decoder layer"), None, 0), param_query="layer", live=live_multi_head),
     Lesson(
         "masks", N_("Masks"),
@@ -353,7 +355,8 @@ LESSONS: list[Lesson] = [
            "of shorter sentences in a batch the same way."),
         N_("Make the sentence longer and count the blocked cells again."),
         N_("How many cells of the decoder's self-attention are blocked?"),
-        "viz/pages/attention.py", {"attn_kind": 1}, source="trace", checkpoint="zh-en", text="我昨天吃了一个苹果",
+        "viz/pages/attention.py", {"attn_kind": "dec", "layer": 0, "view": "masks"}, source="trace",
+        checkpoint="zh-en", text="我昨天吃了一个苹果",
         live=live_masks),
     Lesson(
         "alignment", N_("Cross-attention alignment"),

@@ -21,10 +21,10 @@ N = len(LS.LESSONS)
 DONE_KEY = "lessons_done"  # set of lesson slugs answered right in this session
 # Widget keys the full pages seed from their URL: cleared so the link's parameters take effect.
 PAGE_KEYS = {
-    "viz/pages/attention.py": ("attn_kind", "attn_layer", "attn_head"),
+    "viz/pages/attention.py": ("attn_kind", "attn_layer", "attn_head", "attn_view"),
     "viz/pages/schedule.py": ("sch_d", "sch_w", "sch_f"),
     "viz/pages/tokens.py": ("tok_npos",),
-    "viz/pages/pretrained.py": ("pretrained_text", "_pretrained_text_keep"),
+    "viz/pages/pretrained.py": ("pretrained_text",),
 }
 PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/tokens.py": N_("Tokens & embeddings"),
@@ -162,7 +162,7 @@ def page_query(lesson: LS.Lesson, text: str, value) -> dict:
     if lesson.checkpoint:
         query |= {"checkpoint": lesson.checkpoint, "text": text}
     if lesson.source == "bert":
-        query["text"] = LS.BERT_WIDE
+        query["pre_text"] = LS.BERT_WIDE
     if lesson.param_query and value is not None:
         query[lesson.param_query] = value
     return {k: str(v) for k, v in query.items()}
