@@ -3,7 +3,6 @@ toy tasks' grammar, examples and input problems; the sidebar's task help."""
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 from pathlib import Path
@@ -13,7 +12,8 @@ import pytest
 import torch
 from conftest import assert_clean
 from streamlit.testing.v1 import AppTest
-from test_i18n import english_sentences, shown_texts
+from test_app import z_of
+from test_i18n import english_sentences, shown_texts, walk
 
 from model import noam_lr
 from model.checkpoint import load_checkpoint
@@ -39,22 +39,6 @@ def open_lessons(lang: str = "en", **query) -> AppTest:
 
 def figures(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def z_of(trace_json: dict) -> np.ndarray:
-    """A heatmap's z from plotly JSON (a base64 typed array or nested lists)."""
-    z = trace_json["z"]
-    if isinstance(z, dict):
-        a = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))
-        return a.reshape([int(s) for s in str(z["shape"]).split(",")])
-    return np.asarray(z, dtype=np.float32)
-
-
-def walk(node):
-    """Elements of the page in document order."""
-    yield node
-    for child in getattr(node, "children", {}).values():
-        yield from walk(child)
 
 
 def question_radio(at: AppTest):
