@@ -1,8 +1,38 @@
+import os
+
 import pytest
 import torch
 from browser_support import browser, page, paths, server  # noqa: F401  (real-browser fixtures)
 
 from model import Transformer, TransformerConfig
+
+# ---------------------------------------------------------------- skips are failures in CI
+# A skipped test proves nothing. In CI (CI=1, set by .ci/run) a skip fails the run unless the test
+# is marked `@pytest.mark.may_skip(reason=...)`; locally a skip stays a skip, listed by -rs.
+
+
+def strict_skips() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _fail_unexpected_skip(report, may_skip: bool, where: str) -> None:
+    if report.skipped and not hasattr(report, "wasxfail") and not may_skip and strict_skips():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"{where} was skipped in CI ({reason}); a skip is a failure here. Make it run, "
+                           "or mark it @pytest.mark.may_skip(reason=...) if skipping is legitimate.")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_unexpected_skip(outcome.get_result(), item.get_closest_marker("may_skip") is not None, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield  # a module-level skip (or importorskip) skips a whole file at collection
+    _fail_unexpected_skip(outcome.get_result(), False, collector.nodeid)
 
 
 def small_config(**kw) -> TransformerConfig:

@@ -7,7 +7,7 @@ import torch
 from conftest import small_config
 
 from model import CaptureError, Trace, TraceFileError, Transformer, compare_traces
-from model.capture import capture_shapes
+from model.recorder import capture_shapes, capturing, recording
 
 DESIGN_ROLES = {"q", "k", "v", "scores", "mask", "weights", "z", "out"}
 
@@ -85,8 +85,14 @@ def test_threads_tracing_at_once_get_their_own_captures(small_model):
     for seq, par in zip(sequential, results, strict=True):
         assert seq.names() == par.names()
         assert all(torch.equal(seq[n], par[n]) for n in seq)
-    # and a forward pass outside any capture records nothing anywhere
-    small_model(*inputs[0])
+    # A forward pass outside any capture records nothing anywhere: not into the capture another
+    # thread has open (a new thread starts with an empty context), and no recorder is left behind.
+    with capturing({"logits"}) as rec:
+        th = threading.Thread(target=small_model, args=inputs[0])
+        th.start()
+        th.join()
+        assert rec.tensors == {}
+    assert not recording()
 
 
 @torch.no_grad()

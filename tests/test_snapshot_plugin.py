@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -251,3 +252,57 @@ def test_loading_the_plugin_imports_nothing_heavy():
     """pytest loads the plugin (entry point pytest11) into every run in the environment: it must stay light."""
     r = subprocess.run([sys.executable, "-c", LIGHT_PLUGIN], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- the CI skip policy (tests/conftest.py)
+
+SKIPPING = """
+import pytest
+
+def test_runs():
+    assert True
+
+def test_skips():
+    pytest.skip("no fixture data")
+
+@pytest.mark.may_skip(reason="optional package")
+def test_may_skip():
+    pytest.skip("optional package missing")
+
+@pytest.mark.xfail(reason="known bug", strict=True)
+def test_known_bug():
+    assert False
+"""
+LOAD_OUR_CONFTEST = f"""
+import importlib.util, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+spec = importlib.util.spec_from_file_location("lab_conftest", {str(Path(__file__).parent / "conftest.py")!r})
+lab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lab)
+pytest_runtest_makereport = lab.pytest_runtest_makereport
+pytest_make_collect_report = lab.pytest_make_collect_report
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "may_skip(reason): may skip in CI")
+"""
+
+
+@pytest.mark.parametrize("ci", ["1", ""])
+def test_an_unmarked_skip_fails_in_ci(pytester, monkeypatch, ci):
+    monkeypatch.setenv("CI", ci)
+    pytester.makeconftest(LOAD_OUR_CONFTEST)
+    pytester.makepyfile(test_skipping=SKIPPING)
+    result = pytester.runpytest(*QUIET, "-rs")
+    if ci:
+        result.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1)
+        result.stdout.fnmatch_lines(["*test_skips was skipped in CI (*no fixture data*)*may_skip*"])
+    else:
+        result.assert_outcomes(passed=1, skipped=2, xfailed=1)
+    # a whole module skipped at collection (pytest.skip(allow_module_level=True), importorskip)
+    pytester.makepyfile(test_skipping="import pytest\npytest.skip('whole module', allow_module_level=True)\n")
+    result = pytester.runpytest(*QUIET, "-rs")
+    if ci:
+        result.assert_outcomes(errors=1)
+        result.stdout.fnmatch_lines(["*test_skipping.py was skipped in CI (*whole module*)*"])
+    else:
+        result.assert_outcomes(skipped=1)
