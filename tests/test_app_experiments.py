@@ -80,6 +80,8 @@ def test_before_after_from_the_url(dates, lang):
 def test_choosing_an_intervention_in_the_widget_shows_its_bug_note():
     at = run_page()
     assert_clean(at)
+    assert at.multiselect(key="exp_iv").value == ["no_positional"]  # the default experiment
+    at.multiselect(key="exp_iv").set_value([]).run()
     assert any("Choose an intervention" in i.value for i in at.info)
     at.multiselect(key="exp_iv").set_value(["seed_qk_swap_concat"]).run()
     assert_clean(at)

@@ -28,6 +28,7 @@ MODE_LABELS = {"zero": N_("zero"), "mean": N_("mean over positions"), "uniform":
 PAIR_A = "The animal didn't cross the street because it was too tired"
 PAIR_B = "The animal didn't cross the street because it was too wide"
 N_HELD_OUT = 100
+DEFAULT_SPEC = "no_positional:side=encoder"  # the page opens on an experiment whose damage is visible
 
 
 # ---------------------------------------------------------------- cached computations (read-only results)
@@ -89,7 +90,7 @@ def _seed_from_url() -> None:
     if "exp_iv" in st.session_state:
         return
     chosen = []
-    for spec in filter(None, (st.query_params.get("exp") or "").split(";")):
+    for spec in filter(None, (st.query_params.get("exp") or DEFAULT_SPEC).split(";")):
         try:
             ident, kwargs = iv.parse(spec)
         except iv.SpecError as e:
