@@ -51,10 +51,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(app: Path, port: int, env: dict | None = None) -> subprocess.Popen:
+def start_server(app: Path, port: int, env: dict | None = None, extra: list[str] | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port",
            str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
+           "--server.fileWatcherType", "none", *(extra or [])]
     return subprocess.Popen(cmd, cwd=app.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env={**os.environ, **(env or {})})
 
