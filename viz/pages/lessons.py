@@ -40,7 +40,7 @@ PRESENT_CSS = """<style>
 [data-testid="stMainBlockContainer"] {padding: 1rem 2rem 2rem 2rem; max-width: 100%;}
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {font-size: 1.45rem; line-height: 1.5;}
 [data-testid="stHeading"] h2 {font-size: 2.1rem;}
-[data-testid="stWidgetLabel"] p {font-size: 1.2rem;}
+[data-testid="stWidgetLabel"] p, [data-testid="stSelectbox"] [data-baseweb="select"] {font-size: 1.2rem;}
 </style>"""
 
 # Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next; Escape
