@@ -146,3 +146,10 @@ def test_two_inputs_on_minilm(lang):
     np.testing.assert_allclose(z_of(fig["data"][2]), hf.flip, atol=1e-5)
     at.text_input(key="exp_cmp_k1").set_value("zebra").run()
     assert not at.exception and any("zebra" in e.value for e in at.error)
+
+
+def test_no_lookahead_mask_offers_the_cheating_experiment():
+    at = run_page({"exp": "no_lookahead_mask"})
+    assert_clean(at)
+    assert at.button(key="exp_cheat_button").label.startswith("Fine-tune a copy for 60 steps without the mask")
+    assert any("Why the mask exists" in m.value for m in at.markdown)

@@ -3,7 +3,10 @@
 Teacher forcing feeds the whole target at once; without the mask, position t can read token t+1
 of its own input, which is exactly what it must predict. A model trained that way learns to copy:
 its teacher-forced loss falls to almost nothing, while free-running decoding (where token t+1 does
-not exist yet) breaks. Removing the mask from a model *trained with it* shows the other half: it
+not exist yet) gets worse. Measured on the shipped dates model (60 steps, lr 1e-3, 100 held-out
+pairs): teacher-forced loss 0.10 -> 0.016 with 99.7% of tokens right, exact match 100% -> 76%
+(a fine-tuned copy keeps part of what it learned with the mask; one trained from scratch without
+it would break completely). Removing the mask from a model *trained with it* shows the other half: it
 never learned to use the future, so the unexpected inputs hurt it even under teacher forcing.
 """
 
@@ -25,7 +28,7 @@ class Cheating:
     exact_match: float  # held-out, free-running greedy, no mask
 
 
-def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 3e-4, seed: int = 0,
+def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 1e-3, seed: int = 0,
                        n_eval: int = 100) -> Cheating:
     """Fine-tune a deep copy of `ckpt` (the original is never touched) for `steps` Adam steps on its
     task's training pairs with no look-ahead mask; evaluate the copy on `n_eval` held-out pairs."""

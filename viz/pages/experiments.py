@@ -255,7 +255,8 @@ def cheating_panel(sel) -> None:
                   "model (above). Train *without* it and the model learns to cheat: position t reads token "
                   "t+1 of its input, exactly what it must predict."))
     steps = 60
-    if st.button(t("Fine-tune a copy for {n} steps without the mask", n=steps), key="exp_cheat_button"):
+    if st.button(t("Fine-tune a copy for {n} steps without the mask (about a minute)", n=steps),
+                 key="exp_cheat_button"):
         with st.spinner(t("Training a copy of the model…")):
             st.session_state["exp_cheat"] = (sel.name, _cheating(sel.name, steps))
     got = st.session_state.get("exp_cheat")
@@ -264,8 +265,9 @@ def cheating_panel(sel) -> None:
         c1, c2 = st.columns(2)
         c1.metric(t("Teacher-forced loss (no mask)"), f"{c.teacher_forced['loss']:.3f}")
         c2.metric(t("Exact match, free-running (no mask)"), f"{c.exact_match:.0%}")
-        st.caption(t("Teacher forcing lets it copy the next token, so its loss is almost perfect; decoding on "
-                     "its own there is no next token to copy, and the output breaks."))
+        st.caption(t("Teacher forcing lets it copy the next token, so its teacher-forced loss is almost perfect. "
+                     "Decoding on its own, there is no next token to copy: the free-running exact match shows "
+                     "what is left (a fine-tuned copy keeps part of what it learned with the mask)."))
 
 
 # ---------------------------------------------------------------- view: heads
