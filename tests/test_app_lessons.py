@@ -48,6 +48,7 @@ def question_radio(at: AppTest):
 # ---------------------------------------------------------------- the page
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_every_lesson_runs_with_one_live_view(lang):
     at = open_lessons(lang)
@@ -223,6 +224,7 @@ def test_noam_answer_is_the_warmup():
         assert math.isclose(noam_lr(warmup, 512, warmup), F.noam_curve(np.array([warmup]), 512, warmup)[0])
 
 
+@pytest.mark.slow
 def test_bert_answer_from_minilm_weights():
     from model.pretrained import load_minilm
 

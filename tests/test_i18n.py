@@ -207,6 +207,7 @@ def test_language_switch_is_kept_in_the_url():
     assert at.query_params["lang"] == "zh" and at.title[0].value == "课程"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("page", PAGES)
 def test_page_runs_in_both_languages(page, lang):
@@ -215,6 +216,7 @@ def test_page_runs_in_both_languages(page, lang):
     assert at.query_params["lang"] == [lang] or at.query_params["lang"] == lang
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_zh_page_has_no_english_sentence(page):
     at = app_run(page, "zh")
