@@ -65,7 +65,7 @@ def one_run(wiring: str, warmup: int, *, task: str = TASK, steps: int = STEPS, b
     try:
         train(task, {**(model or MODEL), "norm_first": WIRINGS[wiring]}, steps, batch_size=batch_size,
               warmup=warmup, lr_factor=lr_factor, seed=seed, film_every=0, eval_every=0, eval_n=0,
-              callback=callback, out=save_to, threads=1)  # 1 thread: small matrices, shared CPU
+              callback=callback, out=save_to)
     except FloatingPointError:  # train() stops at a non-finite loss: that *is* the result
         diverged = True
     return {"label": label, "wiring": wiring, "warmup": warmup, **log, "diverged": diverged,
@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=WARMUP)
     p.add_argument("--lr-factor", type=float, default=LR_FACTOR)
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (small matrices: 1 is fastest on a busy CPU)")
     a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
 
     def progress(label: str, step: int, steps: int) -> None:
         if step % 50 == 0 or step == steps:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from viz import figures as F
-from viz.i18n import t
+from viz.i18n import N_, t
 
 PAD = "[PAD]"
 
@@ -46,9 +46,9 @@ def combined_mask_parts(trace, b: int, layer: int = 0) -> dict[str, np.ndarray]:
     combined = F.arr(trace[f"decoder.layers.{layer}.self_attn.mask"])[b, 0]
     T = combined.shape[0]
     key_pad = F.arr(trace["masks.tgt_pad"])[b]
-    return {"look-ahead (masks.causal)": F.arr(trace["masks.causal"]),
-            "target key padding (masks.tgt_pad)": np.broadcast_to(key_pad[None, :], (T, T)).astype(np.float32),
-            "combined = look-ahead OR padding": combined}
+    return {N_("look-ahead (masks.causal)"): F.arr(trace["masks.causal"]),
+            N_("target key padding (masks.tgt_pad)"): np.broadcast_to(key_pad[None, :], (T, T)).astype(np.float32),
+            N_("combined = look-ahead OR padding"): combined}
 
 
 def combined_mask_figure(trace, b: int) -> go.Figure:

@@ -4,6 +4,7 @@ decoder's combined mask, and a loss that ignores [PAD] (next to seed 001's wrong
 import numpy as np
 import streamlit as st
 
+from model.checkpoint import list_checkpoints
 from model.padding import MAX_SENTENCES, batch_trace
 from model.tasks import TASKS
 from viz import common
@@ -19,19 +20,44 @@ st.caption(t("Training feeds many sentences at once. They have different lengths
 sel = common.selection()
 if sel is None:
     st.stop()
-ckpt = sel.ckpt
+
+
+def default_pairs(name: str) -> list[tuple[str, str]]:
+    """Three test pairs of the model's task, of distinct target (else source) lengths, so rows get padded."""
+    ckpt = common.load_ckpt(name)
+    task = TASKS.get(ckpt.meta.get("task", ""))
+    if task is None:
+        return [(ckpt.example, ckpt.translate(ckpt.example).text)] * 2
+    by_len: dict[tuple[int, int], tuple[str, str]] = {}
+    for s, tgt in task.sample(40, seed=0, split="test"):
+        by_len.setdefault((len(ckpt.tgt_tokenizer.encode(tgt)), len(s)), (s, tgt))
+    keys = sorted(by_len)
+    return [by_len[k] for k in keys[:: max(1, len(keys) // 3)]][:3]
+
+
+def pads_labels(name: str) -> bool:
+    """Whether the model's default batch has targets of different lengths (dates always emits YYYY-MM-DD)."""
+    tok = common.load_ckpt(name).tgt_tokenizer
+    return len({len(tok.encode(tgt)) for _, tgt in default_pairs(name)}) > 1
+
+
+# The batch runs through the sidebar's model, unless its targets all have one length (then no label is
+# [PAD] and the loss lesson would show nothing): then through the first shipped model whose targets vary.
+names = list_checkpoints()
+fallback = next((n for n in names if pads_labels(n)), sel.name)
+default = sel.name if sel.name not in names or pads_labels(sel.name) else fallback
+options = [default] + [n for n in names if n != default]
+name = st.selectbox(t("Model for this batch"), options, key=f"pad_model_{default}",
+                    help=t("The sidebar's model, unless all its targets have one length (the dates task always "
+                           "outputs YYYY-MM-DD, so no label would be [PAD])."))
+if default != sel.name:
+    st.caption(t("All targets of {sidebar} have one length, so no label would be [PAD]: this batch opens on {name}.",
+                 sidebar=sel.name, name=default))
+ckpt = common.load_ckpt(name)
 
 
 def default_lines() -> str:
-    """Test pairs of the model's task, of distinct source lengths (so every row but one is padded)."""
-    task = TASKS.get(ckpt.meta.get("task", ""))
-    if task is None:
-        return ckpt.example
-    by_len: dict[int, tuple[str, str]] = {}
-    for s, tgt in task.sample(40, seed=0, split="test"):
-        by_len.setdefault(len(s), (s, tgt))
-    picked = [by_len[k] for k in sorted(by_len)][:: max(1, len(by_len) // 3)][:3]
-    return "\n".join(f"{s} {SEP} {tgt}" for s, tgt in picked)
+    return "\n".join(f"{s} {SEP} {tgt}" for s, tgt in default_pairs(name))
 
 
 def parse(text: str) -> list[tuple[str, str | None]]:
@@ -43,7 +69,7 @@ def parse(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
-key = f"pad_lines_{sel.name}"  # one batch per model: another model has another vocabulary
+key = f"pad_lines_{name}"  # one batch per model: another model has another vocabulary
 if key not in st.session_state:
     st.session_state[key] = default_lines()
 lines = st.text_area(t("Sentences, one per line: `source {sep} target` (without a target, the model's own greedy "
