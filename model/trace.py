@@ -19,7 +19,64 @@ FORMAT_VERSION = "1"
 
 
 class TraceFileError(ValueError):
-    """A trace file that is missing, corrupt, or not an Attention Lab trace."""
+    """A trace file that is missing, corrupt, or not an Attention Lab trace.
+
+    `kind` says which, for a UI that words its own message: "missing", "empty", "pickle", "zip",
+    "too_many_names" (`info`: n, limit), "foreign" (safetensors, not a trace), or "corrupt"."""
+
+    def __init__(self, message: str, kind: str = "corrupt", **info):
+        super().__init__(message)
+        self.kind, self.info = kind, info
+
+
+MAX_NAMES = 5000  # a trace of one forward pass has a few hundred names (MiniLM's full trace: ~300)
+MAX_HEADER_BYTES = 16 * 2**20  # the JSON header: names, shapes, offsets and the metadata
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _check_header(path: Path, label: str, max_names: int) -> None:
+    """Refuse, from the first bytes and the JSON header alone, what is not a sane safetensors file."""
+    size = path.stat().st_size
+    if size == 0:
+        raise TraceFileError(f"{label}: the file is empty (0 bytes)", "empty")
+    with path.open("rb") as f:
+        head = f.read(8)
+        if head[:1] == b"\x80" and head[1:2] and 2 <= head[1] <= 5:
+            raise TraceFileError(f"{label} is a Python pickle (torch.save's old format), not safetensors; "
+                                 "pickles can run code when loaded, so this app never opens them", "pickle")
+        if head.startswith(b"PK\x03\x04"):
+            raise TraceFileError(f"{label} is a zip archive (torch.save's format?), not safetensors; "
+                                 "pickled tensors can run code when loaded, so this app never opens them", "zip")
+        if len(head) < 8:
+            raise TraceFileError(f"{label} is {size} bytes: too short to be a safetensors file")
+        n = int.from_bytes(head, "little")
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            raise TraceFileError(f"{label} is not a safetensors trace: its first 8 bytes announce a {n:,}-byte "
+                                 f"header, but the file has {size:,} bytes (limit {MAX_HEADER_BYTES:,})")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TraceFileError(f"{label} is not a safetensors trace: its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise TraceFileError(f"{label} is not a safetensors trace: its header is not a JSON object")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    if len(entries) > max_names:
+        raise TraceFileError(f"{label} holds {len(entries):,} tensors; a trace of one forward pass has a few "
+                             f"hundred (limit {max_names:,}). Capture fewer names (e.g. names='*.weights').",
+                             "too_many_names", n=len(entries), limit=max_names)
+    data = size - 8 - n
+    for name, e in entries.items():
+        try:
+            shape, (start, end) = [int(d) for d in e["shape"]], map(int, e["data_offsets"])
+            itemsize = _ITEMSIZE[e["dtype"]]
+        except (TypeError, KeyError, ValueError):
+            raise TraceFileError(f"{label}: the header entry of {name[:80]!r} is malformed") from None
+        claimed = math.prod(shape) * itemsize
+        if min(shape, default=0) < 0 or not 0 <= start <= end <= data or end - start != claimed:
+            raise TraceFileError(f"{label}: tensor {name[:80]!r} claims shape {shape[:8]} ({claimed:,} bytes) at "
+                                 f"bytes {start:,}..{end:,}, but the file holds {data:,} bytes of data; "
+                                 "the file is corrupt or forged")
 
 
 class Trace(Mapping):
@@ -70,46 +127,55 @@ class Trace(Mapping):
                                                 "names": json.dumps(list(tensors))})  # keeps capture order
 
     @classmethod
-    def load(cls, path: str | Path) -> Trace:
+    def load(cls, path: str | Path, *, max_names: int | None = None, label: str | None = None) -> Trace:
+        """Read a trace file. Anything else (a pickle, weights, a header that claims more than the
+        file holds, more than `max_names` tensors) is refused with a TraceFileError saying what it
+        is, before any tensor is read: memory stays bounded by the file's size.
+        label: the name to use in messages (e.g. an upload's file name); default the file name."""
         path = Path(path)
+        label = label or path.name
         if not path.is_file():
-            raise TraceFileError(f"no trace file at {path}")
+            raise TraceFileError(f"no trace file at {path}", "missing")
+        _check_header(path, label, MAX_NAMES if max_names is None else max_names)
         try:
             with safe_open(str(path), framework="pt") as f:
                 header = f.metadata() or {}
                 if header.get("format") != FORMAT:
                     raise TraceFileError(
-                        f"{path.name} is a safetensors file but not an Attention Lab trace "
-                        f"(its metadata has no format={FORMAT!r}); it may be model weights."
+                        f"{label} is a safetensors file but not an Attention Lab trace "
+                        f"(its metadata has no format={FORMAT!r}); it may be model weights.", "foreign"
                     )
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
         except TraceFileError:
             raise
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise TraceFileError(
-                f"{path.name} is not a readable trace file (truncated, corrupt, or not safetensors): {e}"
+                f"{label} is not a readable trace file (truncated, corrupt, or not safetensors): {e}"
             ) from None
         try:
             meta = json.loads(header.get("meta", "{}"))
         except json.JSONDecodeError as e:
-            raise TraceFileError(f"{path.name}: the trace metadata is not valid JSON ({e})") from None
+            raise TraceFileError(f"{label}: the trace metadata is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise TraceFileError(f"{label}: the trace metadata is a JSON {type(meta).__name__}, not an object")
         try:
             order = json.loads(header.get("names", "[]"))
         except json.JSONDecodeError:
             order = []
-        if sorted(order) == sorted(tensors):  # safetensors sorts names; restore computation order
+        if isinstance(order, list) and sorted(map(str, order)) == sorted(tensors):  # restore computation order
             tensors = {n: tensors[n] for n in order}
         return cls(tensors, meta)
 
     @classmethod
-    def from_bytes(cls, data: bytes, name: str = "upload") -> Trace:
-        """Load from bytes (e.g. a browser upload) through a temporary file."""
+    def from_bytes(cls, data: bytes, name: str = "upload", **kw) -> Trace:
+        """Load from bytes (e.g. a browser upload) through a temporary file. `name` only labels
+        messages: the file is written under a fixed name (an upload's name is not a safe path)."""
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
-            p = Path(d) / name
+            p = Path(d) / "trace.safetensors"
             p.write_bytes(data)
-            return cls.load(p)
+            return cls.load(p, label=name, **kw)
 
     def to_bytes(self) -> bytes:
         import tempfile
@@ -294,8 +360,8 @@ def _computation_order(names: list[str], meta: Mapping | None) -> list[str]:
     cfg = (meta or {}).get("config")
     if isinstance(cfg, Mapping):
         try:
-            from .recorder import capture_shapes
             from .config import TransformerConfig
+            from .recorder import capture_shapes
 
             canonical = list(capture_shapes(TransformerConfig.from_dict(dict(cfg)), 1, 1, 1))
         except (TypeError, ValueError):

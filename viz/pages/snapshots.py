@@ -7,32 +7,62 @@ import streamlit as st
 from model import Trace, TraceFileError, compare_traces
 from viz import common
 from viz import figures as F
+from viz.i18n import N_, t
 
-st.title("Snapshots")
-st.caption(
+MAX_SHOWN_TEXT = 200  # characters of an uploaded trace's text shown inline (its length is always said)
+# What a refused file is, in the user's words (TraceFileError.kind); other kinds show the reader's detail.
+REFUSALS = {
+    "empty": N_("“{name}” is not a trace: the file is empty (0 bytes)."),
+    "pickle": N_("“{name}” is a Python pickle, not a safetensors trace. A pickle can run code when it is "
+                 "opened, so this app never opens one."),
+    "zip": N_("“{name}” is a zip archive (the format of torch.save), not a safetensors trace. Pickled "
+              "tensors can run code when they are opened, so this app never opens them."),
+    "too_many_names": N_("“{name}” holds {n} tensors; a trace of one forward pass has a few hundred (the "
+                         "limit is {limit}). Capture fewer names, e.g. names='*.weights'."),
+    "foreign": N_("“{name}” is a safetensors file but not an Attention Lab trace: it may be model weights."),
+}
+
+st.title(t("Snapshots"))
+st.caption(t(
     "A trace is every captured tensor of one forward pass (embeddings, masks, Q/K/V, scores, weights, head "
     "outputs, layer outputs, logits), saved as a safetensors file with JSON metadata (never a pickle). Pin "
     "one in a test (`trace_snapshot.check(trace)`), or compare two here: differences are located by name, "
-    "layer, head and the query/key tokens.")
+    "layer, head and the query/key tokens."))
 sel, trace = common.require_trace()
+
+
+def _shown(text) -> str:
+    """A text for inline display: long ones are cut, and the cut is said (nothing silently truncated)."""
+    text = str(text)
+    if len(text) <= MAX_SHOWN_TEXT:
+        return text
+    return t("{start}… ({n} characters in all)", start=text[:MAX_SHOWN_TEXT], n=f"{len(text):,}")
+
 
 # ---------------------------------------------------------------- download
 
-st.subheader("Download the current trace")
+st.subheader(t("Download the current trace"))
 meta = trace.meta
-st.markdown(f"`{meta.get('checkpoint', sel.name)}` on “{meta.get('text', sel.text)}” → "
-            f"“{meta.get('target', '')}”: **{len(trace)} tensors, {trace.nbytes() / 2**20:.2f} MiB**.")
+st.markdown(t("`{checkpoint}` on “{text}” → “{target}”: **{n} tensors, {mib} MiB**.",
+              checkpoint=meta.get("checkpoint", sel.name), text=_shown(meta.get("text", sel.text)),
+              target=_shown(meta.get("target", "")), n=len(trace), mib=f"{trace.nbytes() / 2**20:.2f}"))
 # A deferred download: the file is only written when the button is clicked.
-st.download_button("Download trace (.safetensors)", data=trace.to_bytes,
+st.download_button(t("Download trace (.safetensors)"), data=trace.to_bytes,
                    file_name=f"trace-{common.safe_filename(sel.name)}.safetensors",
                    mime="application/octet-stream", key="snap_download", on_click="ignore", icon="⬇️")
-with st.expander("Load it in Python"):
+with st.expander(t("Load it in Python")):
     st.code("from model import Trace, compare_traces\n"
             "t = Trace.load('trace.safetensors')\n"
             "t['decoder.layers.0.cross_attn.weights']   # [B, H, T, S]\n"
             "print(compare_traces(t, other).report())", language="python")
 
 # ---------------------------------------------------------------- upload
+
+
+def _refusal(e: TraceFileError, name: str) -> str:
+    if e.kind in REFUSALS:
+        return t(REFUSALS[e.kind], name=name, **{k: f"{v:,}" for k, v in e.info.items()})
+    return t("“{name}” is not a usable trace file: {error}", name=name, error=e)
 
 
 def _load_upload(upload) -> Trace | None:
@@ -46,43 +76,49 @@ def _load_upload(upload) -> Trace | None:
         try:
             result = Trace.from_bytes(data, name=upload.name)
         except TraceFileError as e:
-            result = f"“{upload.name}” is not a usable trace file: {e}"
+            result = _refusal(e, upload.name)
         except (ValueError, OSError, RuntimeError) as e:  # e.g. metadata that is not JSON-able
-            result = f"“{upload.name}” could not be read as a trace: {e}"
+            result = t("“{name}” could not be read as a trace: {error}", name=upload.name, error=e)
         st.session_state["snap_loaded"] = (digest, result)
     if isinstance(result, str):
-        common.show_error(result, "Upload a .safetensors trace saved by this app or by `Trace.save`.")
+        common.show_error(result, t("Upload a .safetensors trace saved by this app or by `Trace.save`."))
         return None
     return result
 
 
-st.subheader("Compare with an uploaded trace")
-upload = st.file_uploader("Trace file (.safetensors)", type=["safetensors"], key="snap_upload",
-                          help="A trace downloaded above, or a snapshot / .obtained file from a test.")
+st.subheader(t("Compare with an uploaded trace"))
+upload = st.file_uploader(t("Trace file (.safetensors)"), type=["safetensors"], key="snap_upload",
+                          help=t("A trace downloaded above, or a snapshot / .obtained file from a test."))
 if upload is None:
-    st.info("Upload a trace to compare it with the current one (try the file you just downloaded: it matches "
-            "exactly; then change the text or the model and compare again).")
+    st.info(t("Upload a trace to compare it with the current one (try the file you just downloaded: it matches "
+              "exactly; then change the text or the model and compare again)."))
     st.stop()
 other = _load_upload(upload)
 if other is None:
     st.stop()
 
 om = other.meta
-st.markdown(f"Uploaded: `{om.get('checkpoint', '?')}` on “{om.get('text', '?')}”, {len(other)} tensors, "
-            f"{other.nbytes() / 2**20:.2f} MiB.")
-atol = st.select_slider("Tolerance (absolute)", [0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=1e-5,
+st.markdown(t("Uploaded: `{checkpoint}` on “{text}”, {n} tensors, {mib} MiB.", checkpoint=om.get("checkpoint", "?"),
+              text=_shown(om.get("text", "?")), n=len(other), mib=f"{other.nbytes() / 2**20:.2f}"))
+atol = st.select_slider(t("Tolerance (absolute)"), [0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], value=1e-5,
                         key="snap_atol", format_func=lambda v: f"{v:g}")
 diff = compare_traces(other, trace, atol=atol, meta=om)
 if diff.equal:
-    st.success(f"The traces match: all {len(trace)} tensors within {atol:g}.", icon="✅")
+    st.success(t("The traces match: all {n} tensors within {atol}.", n=len(trace), atol=f"{atol:g}"), icon="✅")
 for note in diff.meta_notes:
     st.warning(note)
+
+
+def _listed(names: list[str], shown: int = 12) -> str:
+    return ", ".join(names[:shown]) + (t(" … and {n} more", n=len(names) - shown) if len(names) > shown else "")
+
+
 if diff.missing:
-    st.warning(f"{len(diff.missing)} tensor(s) of the file are not in the current trace: "
-               + ", ".join(diff.missing[:12]) + (" …" if len(diff.missing) > 12 else ""))
+    st.warning(t("{n} tensor(s) of the file are not in the current trace: {names}", n=len(diff.missing),
+                 names=_listed(diff.missing)))
 if diff.new:
-    st.warning(f"{len(diff.new)} tensor(s) of the current trace are not in the file: "
-               + ", ".join(diff.new[:12]) + (" …" if len(diff.new) > 12 else ""))
+    st.warning(t("{n} tensor(s) of the current trace are not in the file: {names}", n=len(diff.new),
+                 names=_listed(diff.new)))
 if not diff.diffs:
     st.stop()
 
@@ -91,20 +127,24 @@ def _where(w: dict) -> str:
     return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in w.items())
 
 
-st.markdown(f"**{len(diff.diffs)} tensor(s) differ**, worst first:")
+st.markdown(t("**{n} tensor(s) differ**, worst first:", n=len(diff.diffs)))
+if len(diff.diffs) > 200:
+    st.caption(t("The table lists the worst 200 of {n}.", n=len(diff.diffs)))
+# Column names are data keys (tests and exports read them); the page shows them as they are.
 st.dataframe([{"name": d.name, "max |diff|": d.max_abs, "problem": d.problem or "values",
                "where (worst cell)": _where(d.where)} for d in diff.diffs[:200]], hide_index=True)
 comparable = [d for d in diff.diffs if not d.problem]
 if not comparable:
-    st.info("Every differing tensor changed shape or dtype, so there is no cell-by-cell picture to draw "
-            "(different input lengths give different shapes: compare traces of the same text).")
+    st.info(t("Every differing tensor changed shape or dtype, so there is no cell-by-cell picture to draw "
+              "(different input lengths give different shapes: compare traces of the same text)."))
     st.stop()
-pick = st.selectbox("Draw the difference of", range(len(comparable)), key="snap_pick",
-                    format_func=lambda i: f"{comparable[i].name} (max |diff| {comparable[i].max_abs:.3g})")
+pick = st.selectbox(t("Draw the difference of"), range(len(comparable)), key="snap_pick",
+                    format_func=lambda i: t("{name} (max |diff| {value})", name=comparable[i].name,
+                                            value=f"{comparable[i].max_abs:.3g}"))
 d = comparable[pick]
 ref, cur = other[d.name], trace[d.name]
 head = 0
 if ref.dim() == 4 and ref.shape[1] > 1:
     heads = list(range(ref.shape[1]))
-    head = st.selectbox("Head", heads, index=int(d.where.get("head", 0)), key=f"snap_head_{d.name}")
+    head = st.selectbox(t("Head"), heads, index=int(d.where.get("head", 0)), key=f"snap_head_{d.name}")
 common.show_figure(F.diff_figure(ref, cur, d.name, head), key="snap_diff", filename=f"diff-{d.name}")
