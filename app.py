@@ -44,6 +44,6 @@ pages = {
                  for f, title, icon in entries if (ROOT / f).is_file()]
     for section, entries in SECTIONS.items()
 }
-page = st.navigation({s: ps for s, ps in pages.items() if ps})
+page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view: find your room at once
 common.sidebar()
 page.run()
