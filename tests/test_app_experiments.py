@@ -121,7 +121,7 @@ def test_head_importance_view(dates, lang):
     links = [m.value for m in at.markdown if "/attention?" in m.value]
     module, head, _ = hi.top(1)[0]
     kind, layer = heads.kind_of(module)
-    assert f"attn_kind={['encoder.self_attn', 'decoder.self_attn', 'decoder.cross_attn'].index(kind)}" in links[0]
+    assert f"attn_kind={dict(zip(heads.KINDS, ['enc', 'dec', 'cross'], strict=True))[kind]}" in links[0]
     assert f"layer={layer}&head={head}" in links[0]
 
 

@@ -22,6 +22,8 @@ METHOD_LABELS = {"raw": N_("Raw attention (last layer, mean of heads)"),
                  "rollout": N_("Attention rollout"),
                  "grad_x_input": N_("Gradient × input"),
                  "blank_out": N_("Blank-out (Δ log-prob)")}
+METRIC_LABELS = {"log-prob of the reference output": N_("log-prob of the reference output"),
+                 "exact match": N_("exact match"), "cosine preference": N_("cosine preference")}
 SUMMARY_LABELS = {"entropy": N_("Entropy (nats)"), "distance": N_("Mean attention distance (positions)"),
                   "special": N_("Share on special tokens")}
 
@@ -116,16 +118,17 @@ def _kind_maps(maps: Mapping[str, np.ndarray], kind_value: str, title: str, cust
             hm.customdata = np.array([[f"{k.split('.')[0]}.layers.{i}.{k.split('.')[1]}" for _ in range(H)]
                                       for i in range(L)])
         fig.add_trace(hm, 1, c)
-        fig.update_xaxes(title=t("head"), row=1, col=c)
-        fig.update_yaxes(title=t("layer") if c == 1 else None, autorange="reversed", row=1, col=c)
+        fig.update_xaxes(title=t("head"), type="category", row=1, col=c)
+        fig.update_yaxes(title=t("layer") if c == 1 else None, type="category", autorange="reversed", row=1, col=c)
     return _layout(fig, title, 330)
 
 
 def importance_maps(hi) -> go.Figure:
     """Layer × head maps of a HeadImportance, one per attention kind (Δ score when the head is removed)."""
-    return _kind_maps(hi.by_kind(), t("Δ {metric}", metric=t(hi.metric)),
+    metric = t(METRIC_LABELS.get(hi.metric, hi.metric))
+    return _kind_maps(hi.by_kind(), t("Δ {metric}", metric=metric),
                       t("Head importance: Δ {metric} when the head is knocked out (intact: {base:.4g})",
-                        metric=t(hi.metric), base=hi.base))
+                        metric=metric, base=hi.base))
 
 
 def summary_maps(summary: Mapping, quantity: str) -> go.Figure:
@@ -175,8 +178,8 @@ def flip_maps(hf, labels: Sequence[str]) -> go.Figure:
         fig.add_trace(F.heatmap_trace(z, "diff", [str(h) for h in range(H)], [str(i) for i in range(L)],
                                       value_name=names[c - 1], zrange=r, showscale=c == 3,
                                       hover_x=t("head"), hover_y=t("layer")), 1, c)
-        fig.update_xaxes(title=t("head"), row=1, col=c)
-        fig.update_yaxes(title=t("layer") if c == 1 else None, autorange="reversed", row=1, col=c)
+        fig.update_xaxes(title=t("head"), type="category", row=1, col=c)
+        fig.update_yaxes(title=t("layer") if c == 1 else None, type="category", autorange="reversed", row=1, col=c)
     q, k1, k2 = labels
     return _layout(fig, t("Preference of “{q}” for “{a}” over “{b}” (w[{a}] − w[{b}]) per head",
                           q=q, a=k1, b=k2), 360)

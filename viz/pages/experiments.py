@@ -22,7 +22,7 @@ from viz.i18n import N_, current_lang, t
 
 VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
          "attribution": N_("Attribution"), "compare": N_("Two inputs (MiniLM)")}
-KIND_INDEX = {"encoder.self_attn": 0, "decoder.self_attn": 1, "decoder.cross_attn": 2}  # Attention page's order
+KIND_IDS = {"encoder.self_attn": "enc", "decoder.self_attn": "dec", "decoder.cross_attn": "cross"}  # ?attn_kind=
 SIDES = {"*": N_("both"), "encoder": N_("encoder"), "decoder": N_("decoder")}
 MODE_LABELS = {"zero": N_("zero"), "mean": N_("mean over positions"), "uniform": N_("uniform attention")}
 PAIR_A = "The animal didn't cross the street because it was too tired"
@@ -275,7 +275,7 @@ def cheating_panel(sel) -> None:
 
 def _attention_link(sel, module: str, head: int) -> str:
     kind, layer = heads.kind_of(module)
-    q = {"checkpoint": sel.name, "text": sel.text, "attn_kind": KIND_INDEX[kind], "layer": layer, "head": head,
+    q = {"checkpoint": sel.name, "text": sel.text, "attn_kind": KIND_IDS[kind], "layer": layer, "head": head,
          "lang": current_lang()}
     if sel.target:
         q["target"] = sel.target
