@@ -119,6 +119,8 @@ def test_full_page_link_carries_the_lesson_model_and_sentence():
     assert at.session_state["source_text"] == "我们明天会喝两杯茶"
     assert at.query_params["text"] == "我们明天会喝两杯茶"
     assert any(t.value == "Step-by-step decoder" for t in at.title)
+    at.switch_page(PAGE).run()  # back to the lessons: the same lesson, not lesson 1
+    assert at.header[0].value.startswith("7. ")
 
 
 def test_full_page_link_opens_the_same_view():

@@ -119,7 +119,8 @@ def load(lesson: LS.Lesson, text: str):
 
 
 def seed_state() -> None:
-    common.seed_from_query("lesson_n", "lesson", 1, int, common.int_in(1, N))
+    # Streamlit drops a widget's state on another page: `_lesson_keep` brings the lesson back.
+    common.seed_from_query("lesson_n", "lesson", st.session_state.get("_lesson_keep", 1), int, common.int_in(1, N))
     common.seed_from_query("lesson_present", "present", False, lambda v: v in ("1", "true"), None)
 
 
@@ -130,12 +131,12 @@ def go(delta: int) -> None:
 def nav(n: int) -> None:
     prev_col, pick_col, next_col = st.columns([1, 4, 1], vertical_alignment="bottom")
     prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,), disabled=n <= 1,
-                    use_container_width=True)
+                    width="stretch")
     numbers = range(1, N + 1)
     pick_col.selectbox(t("Lesson"), numbers, key="lesson_n", label_visibility="collapsed",
                        format_func=option_labels(numbers, lambda i: f"{i}. {t(LS.LESSONS[i - 1].title)}"))
     next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,), disabled=n >= N,
-                    use_container_width=True)
+                    width="stretch")
 
 
 def progress(slot, n: int) -> None:
@@ -249,7 +250,7 @@ def show_lesson(n: int, present: bool) -> None:
 
 def main() -> None:
     seed_state()
-    n = st.session_state["lesson_n"]
+    n = st.session_state["_lesson_keep"] = st.session_state["lesson_n"]
     present = bool(st.session_state["lesson_present"])
     common.write_query(lesson=n, present=1 if present else None)
     top = st.container()  # the toggle: first in normal mode, last in presentation mode
