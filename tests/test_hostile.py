@@ -199,3 +199,22 @@ def test_streamlit_config_keeps_the_app_offline_and_bounded():
     for section, options in cfg.items():
         for option in options:
             config.get_option(f"{section}.{option}")  # raises on an option this version does not have
+
+
+@pytest.mark.browser
+@pytest.mark.xfail(strict=True, reason="app.py's page_icon ':material/grid_view:' makes Streamlit fetch the favicon "
+                   "from fonts.gstatic.com; an emoji page_icon is drawn inline (data: URL)")
+def test_nothing_loads_from_another_host(server, page):
+    """Fonts, icons, scripts, metrics: every request the pages make goes to the app's own server."""
+    from urllib.parse import urlparse
+
+    from browser_support import wait_drawn
+
+    own = urlparse(server).netloc
+    remote: list[str] = []
+    page.on("request", lambda r: remote.append(r.url) if urlparse(r.url).scheme in ("http", "https", "ws", "wss")
+            and urlparse(r.url).netloc != own else None)
+    for path, chart in (("/", True), ("/snapshots", False), ("/lessons?lang=zh", False)):
+        page.goto(server + path)
+        wait_drawn(page, need_chart=chart)
+    assert not remote, f"requests to other hosts: {sorted(set(remote))}"
