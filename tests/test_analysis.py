@@ -100,6 +100,9 @@ def test_attribution_methods_against_direct_computations(small_model, batch):
     fd = [(logp(scaled(j, eps)) - logp(scaled(j, -eps))) / (2 * eps) for j in range(S)]
     np.testing.assert_allclose(attr.scores["grad_x_input"], fd, atol=1e-7)
     assert attr.spearman["raw"] == pytest.approx(attribution.spearman(attr.scores["raw"], blank))
+    last = attr.by_layer[-1]  # the last layer's raw attention and the rollout through every layer
+    assert (last["raw"], last["rollout"]) == pytest.approx((attr.spearman["raw"], attr.spearman["rollout"]))
+    assert [r["layer"] for r in attr.by_layer] == [0, 1]
     assert all(p.grad is None for p in model.parameters())  # nothing accumulated in the model
 
 

@@ -132,7 +132,7 @@ def test_attribution_view(dates):
     fig = figure(at, "Which source token drove output 5")
     for bar, method in zip(fig["data"], attr.scores, strict=True):
         np.testing.assert_allclose(z_of({"z": bar["x"]}), attr.scores[method], atol=1e-5)
-    assert len(at.dataframe) == 1
+    assert len(at.dataframe) == 2
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

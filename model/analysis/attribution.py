@@ -80,6 +80,8 @@ class Attribution:
     token: str  # the output token there
     scores: dict[str, np.ndarray]  # method -> (S,): raw, rollout, grad_x_input, blank_out
     spearman: dict[str, float]  # method -> ρ with blank_out
+    by_layer: list[dict]  # per decoder layer l: ρ of raw attention of layer l and of rollout up to l,
+    # at this position ("raw", "rollout") and averaged over every output position ("raw_mean", "rollout_mean")
 
 
 def attribute(model, src: torch.Tensor, tgt: torch.Tensor, labels: torch.Tensor, position: int,
@@ -89,7 +91,6 @@ def attribute(model, src: torch.Tensor, tgt: torch.Tensor, labels: torch.Tensor,
     T = tgt.shape[1]
     if not 0 <= position < T:
         raise ValueError(f"output position {position} does not exist: the output has {T} positions (0..{T - 1})")
-    label = int(labels[0, position])
     with torch.no_grad():
         _, trace = model.run_with_trace(src, tgt, names="*_attn.weights")
     w = {n: trace[n][0].double().numpy() for n in trace.names()}  # (H, Lq, Lk)
@@ -97,17 +98,26 @@ def attribute(model, src: torch.Tensor, tgt: torch.Tensor, labels: torch.Tensor,
     enc = [w[f"encoder.layers.{i}.self_attn.weights"] for i in range(L_enc)]
     dec = [w[f"decoder.layers.{i}.self_attn.weights"] for i in range(L_dec)]
     cross = [w[f"decoder.layers.{i}.cross_attn.weights"] for i in range(L_dec)]
+    blank = _blank_out(model, src, tgt, labels)  # (T, S)
     scores = {
         "raw": cross[-1].mean(0)[position],
         "rollout": rollout_seq2seq(enc, dec, cross)[position],
-        "grad_x_input": _grad_x_input(model, src, tgt, position, label),
-        "blank_out": _blank_out(model, src, tgt, position, label),
+        "grad_x_input": _grad_x_input(model, src, tgt, position, int(labels[0, position])),
+        "blank_out": blank[position],
     }
     rho = {k: spearman(v, scores["blank_out"]) for k, v in scores.items() if k != "blank_out"}
+    by_layer = []
+    for layer in range(L_dec):
+        raw, roll = cross[layer].mean(0), rollout_seq2seq(enc, dec[:layer + 1], cross[:layer + 1])  # (T, S)
+        each = {k: [spearman(m[t], blank[t]) for t in range(T)] for k, m in (("raw", raw), ("rollout", roll))}
+        by_layer.append({"layer": layer, "raw": each["raw"][position], "rollout": each["rollout"][position],
+                         "raw_mean": float(np.nanmean(each["raw"])),
+                         "rollout_mean": float(np.nanmean(each["rollout"]))})
     meta = meta or {}
     toks = meta.get("next_tokens") or []
     return Attribution(list(meta.get("src_tokens") or []), position,
-                       toks[position] if position < len(toks) else str(label), scores, rho)
+                       toks[position] if position < len(toks) else str(int(labels[0, position])), scores, rho,
+                       by_layer)
 
 
 def _grad_x_input(model, src, tgt, position: int, label: int) -> np.ndarray:
@@ -127,13 +137,14 @@ def _grad_x_input(model, src, tgt, position: int, label: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def _blank_out(model, src, tgt, position: int, label: int) -> np.ndarray:
-    """log p(label) intact − log p(label) with source token j hidden, for every j, in one batch."""
+def _blank_out(model, src, tgt, labels) -> np.ndarray:
+    """(T, S): log p(label_t) intact − log p(label_t) with source token j hidden, for every output
+    position t and source token j, in one batch of S + 1 rows."""
     S = src.shape[1]
     hooks = iv.block_source_by_row(list(range(S)), first_row=1)
-    logits = model.run_with_hooks(src.repeat(S + 1, 1), tgt.repeat(S + 1, 1), hooks=hooks)
-    logp = logits[:, position].log_softmax(-1)[:, label].double()
-    return (logp[0] - logp[1:]).numpy()
+    logits = model.run_with_hooks(src.repeat(S + 1, 1), tgt.repeat(S + 1, 1), hooks=hooks)  # (S+1, T, V)
+    logp = logits.log_softmax(-1).gather(-1, labels.repeat(S + 1, 1)[..., None])[..., 0].double()  # (S+1, T)
+    return (logp[0] - logp[1:]).T.numpy()
 
 
 def attribution_for(ckpt, trace, position: int) -> Attribution:

@@ -328,6 +328,11 @@ def attribution_view(sel, ckpt, trace) -> None:
     common.show_figure(FX.attribution_bars(attr), key="exp_attr", filename="attribution")
     st.dataframe([{t("method"): t(FX.METHOD_LABELS[m]), "ρ": round(r, 3)} for m, r in attr.spearman.items()],
                  hide_index=True)
+    st.markdown(t("**Layer by layer.** Spearman ρ with blank-out of the raw cross-attention of each decoder layer "
+                  "and of the rollout up to that layer, for this token and averaged over every output token."))
+    st.dataframe([{t("decoder layer"): r["layer"], t("raw, this token"): round(r["raw"], 3),
+                   t("rollout, this token"): round(r["rollout"], 3), t("raw, mean"): round(r["raw_mean"], 3),
+                   t("rollout, mean"): round(r["rollout_mean"], 3)} for r in attr.by_layer], hide_index=True)
 
 
 # ---------------------------------------------------------------- view: two inputs (MiniLM)
