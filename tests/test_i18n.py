@@ -65,11 +65,35 @@ def test_extraction_finds_the_ui_text():
     assert len(ids) > 100 and "Lessons" in ids and "Presentation mode" in ids
 
 
+# Babel's reader is lenient (an unterminated string silently becomes an empty msgstr): every
+# line must also be one of the gettext forms, with its quoted string closed.
+PO_LINE = re.compile(r'(#.*|(msgctxt|msgid|msgid_plural|msgstr(\[\d+\])?) )?"(?:[^"\\]|\\.)*"\s*|#.*|\s*')
+
+
+def po_problems(po: Path) -> list[str]:
+    lines = po.read_text(encoding="utf-8").splitlines()
+    bad = [f"{po.name}:{i}: {line!r}" for i, line in enumerate(lines, 1) if not PO_LINE.fullmatch(line)]
+    n_ids = sum(line.startswith("msgid ") for line in lines)
+    # Babel yields a header message even when the file has none.
+    n_read = len(list(read(po))) - (0 if any(line == 'msgid ""' for line in lines) else 1)
+    if n_read != n_ids:
+        bad.append(f"{po.name}: {n_ids} msgid lines but Babel read {n_read} messages")
+    return bad
+
+
 @pytest.mark.parametrize("po", PO_FILES, ids=lambda p: p.name)
 def test_po_file_parses(po):
     cat = read(po)
     assert cat.locale and str(cat.locale) == "zh"
     assert len([m for m in cat if m.id]) > 0
+    assert not po_problems(po)
+
+
+def test_po_check_catches_an_unterminated_string(tmp_path):
+    bad = tmp_path / "bad.po"
+    bad.write_text('msgid ""\nmsgstr ""\n"Language: zh\\n"\n\nmsgid "a"\nmsgstr "b\n\nmsgid "c"\nmsgstr "d"\n',
+                   encoding="utf-8")
+    assert po_problems(bad) and 'msgstr "b' in po_problems(bad)[0]
 
 
 def test_every_msgid_has_chinese():
