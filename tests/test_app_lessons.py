@@ -202,6 +202,8 @@ def test_alignment_answer_follows_yesterday():
     live = LS.live_alignment(trace)
     assert live.args == {"word": "yesterday"}
     rows = trace["decoder.layers.1.cross_attn.weights"][0].mean(0)
+    np.testing.assert_allclose(live.figure.data[0].z, rows.numpy(), rtol=1e-6)  # the drawn alignment
+    assert live.figure.data[0].y[5] == "5: ##le → yesterday"  # the row that predicts "yesterday"
     k = int(rows[trace.meta["next_tokens"].index("yesterday")].argmax())
     assert live.correct == (F.token_labels(trace.meta["src_tokens"], k + 1)[k],)
     assert trace.meta["src_tokens"][k] in "昨天"

@@ -206,7 +206,8 @@ def alignment_rows(trace) -> np.ndarray:
 
 def live_alignment(trace, param=None) -> Live:
     rows, src, nxt = alignment_rows(trace), _tokens(trace, "src"), list(trace.meta.get("next_tokens") or [])
-    fig = FD.alignment_figure(rows, nxt, src, title=t("Cross-attention, last layer, mean of the heads"))
+    fig = FD.alignment_figure(rows, F.step_labels(_tokens(trace, "tgt"), nxt), src,
+                              title=t("Cross-attention, last layer, mean of the heads"))
     words = [i for i, w in enumerate(nxt) if w != "[EOS]" and not w.startswith("##")]
     if not words:
         return Live(fig, [], {}, (), "", t("The model wrote no word for this input."))
