@@ -579,3 +579,20 @@ def test_exported_figure_names_model_and_sentence_and_fits_the_heatmap(shipped):
         head["layout"]["title"]["text"]
     w, h = head["layout"]["width"], head["layout"]["height"]
     assert w < 2 * h  # not a 2080×760 strip
+
+
+@pytest.mark.parametrize("page", ["viz/pages/attention.py", "viz/pages/tokens.py", "viz/pages/schedule.py"])
+def test_chinese_pages_are_in_chinese(page):
+    """Every caption, title and figure title of these pages is translated (URL values stay the same)."""
+    import re
+
+    cjk = re.compile(r"[\u4e00-\u9fff]")
+    at = run_app(page, query={"lang": "zh"})
+    assert_clean(at)
+    texts = [e.value for e in (*at.title, *at.caption, *at.markdown, *at.subheader)]
+    english = [x for x in texts if not cjk.search(x)]
+    assert not english, english
+    titles = [f["layout"]["title"]["text"].split("<br>")[0] for f in figures(at)]
+    assert all(cjk.search(x) and not re.search(r"\b(head|heads|weights|layer|model)\b", x) for x in titles), titles
+    if page.endswith("attention.py"):
+        assert at.query_params["attn_kind"] == "cross" and at.query_params["view"] == "heads"  # stable ids

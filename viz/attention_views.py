@@ -68,11 +68,12 @@ def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
         st.info(t("This trace holds no attention weights (capture '*.weights' to see them)."))
         st.stop()
     kinds = list(mods)
+    lang = current_lang()  # labels in this session's language, also when a test formats them later
     # Open on cross-attention when there is one: it is where a trained model's alignment shows.
     common.seed_from_query(f"{key}_kind", f"{key}_kind", "cross" if "cross" in mods else kinds[0],
                            valid=lambda v: v in mods)
     c1, c2, c3 = st.columns([2, 1, 1])
-    kind = c1.radio(t("Attention"), kinds, format_func=lambda k: t(KINDS[k][0]), key=f"{key}_kind",
+    kind = c1.radio(t("Attention"), kinds, format_func=lambda k: t(KINDS[k][0], lang=lang), key=f"{key}_kind",
                     horizontal=True)
     names = mods[kind]
     n_heads = trace[f"{names[0]}.weights"].shape[1]
@@ -88,8 +89,9 @@ def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
 
 
 def _choose_view(key: str) -> str:
+    lang = current_lang()
     common.seed_from_query(f"{key}_view", "view", "heads", valid=lambda v: v in VIEWS)
-    view = st.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v]), key=f"{key}_view",
+    view = st.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang), key=f"{key}_view",
                                 required=True, label_visibility="collapsed")
     common.write_query(view=view)
     return view
@@ -112,9 +114,11 @@ def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
     if n_q <= F.QUERY_WINDOW:
         return None
     windows = F.query_windows(n_q)
+    lang = current_lang()
     common.clamp_state(key, 0, len(windows) - 1)  # another module may have fewer query rows
     i = st.selectbox(t("Query rows ({n} at a time)", n=F.QUERY_WINDOW), range(len(windows)), key=key,
-                     format_func=lambda j: t("rows {a}–{b} of {n}", a=windows[j][0], b=windows[j][1] - 1, n=n_q))
+                     format_func=lambda j: t("rows {a}–{b} of {n}", lang, a=windows[j][0],
+                                              b=windows[j][1] - 1, n=n_q))
     a, b = windows[i]
     st.caption(t("A long input ({n} queries): this view shows query rows {a}–{b}, each with all {k} keys and "
                  "exact values, to keep the page light. Pick other rows above; the head heatmap at the top "
@@ -240,7 +244,7 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int) ->
     name = names[layer]
     st.caption(t(
         "Why divide by √d_k? If the entries of q and k are independent with mean 0 and variance 1, "
-        "q·k = Σ_{{i=1}}^{{d_k}} q_i k_i has mean 0 and Var(q·k) = Σ Var(q_i k_i) = d_k. Large scores push "
+        "q·k = Σ_{i=1}^{d_k} q_i k_i has mean 0 and Var(q·k) = Σ Var(q_i k_i) = d_k. Large scores push "
         "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
         "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
         "the softmax rows would be (entropy 0 = one-hot, log n = uniform)."))

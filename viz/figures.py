@@ -574,10 +574,10 @@ def vectors_heatmap(m, tokens: Sequence[str] | None, title: str, value_name: str
     """A (position × dimension) matrix: embeddings, positional encodings, layer outputs."""
     m = arr(m)
     fig = go.Figure(heatmap_trace(m, "values", list(range(m.shape[1])), token_labels(tokens, m.shape[0]),
-                                  value_name, zrange=zrange, hover_x="dim", hover_y="position"))
+                                  value_name, zrange=zrange, hover_x=t("dim"), hover_y=t("position")))
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=m.shape[0] <= 60,
-                     title="position · token" if tokens else "position")
-    fig.update_xaxes(title="dimension")
+                     title=t("position: token") if tokens else t("position"))
+    fig.update_xaxes(title=t("dimension"))
     return _layout(fig, title, _size(m.shape[0], 300, 12, 700))
 
 
@@ -588,14 +588,14 @@ def embedding_sum_figure(tok, pos, out, tokens: Sequence[str] | None, scale_note
     y = token_labels(tokens, tok.shape[0])
     xs = list(range(tok.shape[1]))
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.04, subplot_titles=[
-        f"token embedding{scale_note}", "+ positional encoding", "= input to layer 0"])
-    for c, (m, label) in enumerate([(tok, "embedding"), (pos, "PE"), (out, "sum")], start=1):
+        t("token embedding") + scale_note, t("+ positional encoding"), t("= input to layer 0")])
+    for c, (m, label) in enumerate([(tok, t("embedding")), (pos, "PE"), (out, t("sum"))], start=1):
         fig.add_trace(heatmap_trace(m, "values", xs, y, label, zrange=r, showscale=(c == 3),
-                                    hover_x="dim", hover_y="position"), 1, c)
+                                    hover_x=t("dim"), hover_y=t("position")), 1, c)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=tok.shape[0] <= 60, row=1, col=1)
-    fig.update_xaxes(title="dimension")
-    return _layout(fig, "embedding + position", _size(tok.shape[0], 300, 12, 700))
+    fig.update_xaxes(title=t("dimension"))
+    return _layout(fig, t("embedding + position"), _size(tok.shape[0], 300, 12, 700))
 
 
 def pe_curves(pe, dims: Sequence[int]) -> go.Figure:
@@ -610,11 +610,12 @@ def pe_curves(pe, dims: Sequence[int]) -> go.Figure:
             continue
         fn = "sin" if j % 2 == 0 else "cos"
         wavelength = 2 * math.pi * 10000 ** ((j - j % 2) / d)
-        fig.add_trace(go.Scatter(x=pos, y=pe[:, j], mode="lines", name=f"dim {j} ({fn}, λ≈{wavelength:.3g})",
-                                 hovertemplate=f"dim {j}<br>pos %{{x}}<br>PE = %{{y:.6g}}<extra></extra>"))
-    fig.update_xaxes(title="position")
+        label = t("dim {j}", j=j)
+        fig.add_trace(go.Scatter(x=pos, y=pe[:, j], mode="lines", name=f"{label} ({fn}, λ≈{wavelength:.3g})",
+                                 hovertemplate=f"{label}<br>pos %{{x}}<br>PE = %{{y:.6g}}<extra></extra>"))
+    fig.update_xaxes(title=t("position"))
     fig.update_yaxes(title="PE(pos, dim)", range=[-1.1, 1.1])
-    return _layout(fig, "positional encoding curves", 340, legend={"orientation": "h", "y": -0.25})
+    return _layout(fig, t("positional encoding curves"), 340, legend={"orientation": "h", "y": -0.25})
 
 
 def pe_similarity(pe) -> go.Figure:
@@ -625,9 +626,9 @@ def pe_similarity(pe) -> go.Figure:
     n = sim.shape[0]
     fig = go.Figure(go.Heatmap(z=sim, x=list(range(n)), y=list(range(n)), colorscale="Cividis",
                                hovertemplate="pos %{y} · pos %{x}<br>PE·PE = %{z:.6g}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", title="position")
-    fig.update_xaxes(title="position")
-    return _layout(fig, "PE · PEᵀ (dot product of position vectors)", _size(n, 360, 6, 600))
+    fig.update_yaxes(autorange="reversed", title=t("position"))
+    fig.update_xaxes(title=t("position"))
+    return _layout(fig, t("PE · PEᵀ (dot product of position vectors)"), _size(n, 360, 6, 600))
 
 
 # ---------------------------------------------------------------- learning-rate schedule
@@ -641,11 +642,12 @@ def noam_curve(steps: np.ndarray, d_model: int, warmup: int, factor: float = 1.0
 
 def noam_figure(d_model: int, warmup: int, factor: float = 1.0, max_step: int | None = None,
                 presets: Sequence[tuple[int, int]] = ((512, 4000), (512, 8000), (256, 4000)),
-                log: Mapping | None = None, log_label: str = "recorded while training",
+                log: Mapping | None = None, log_label: str | None = None,
                 n_points: int = 600) -> go.Figure:
     """The Noam curve for the chosen (d_model, warmup, factor), the presets, the peak at step =
     warmup, and (optionally) the learning rate a checkpoint recorded while it trained."""
     max_step = max_step or max(20000, 4 * warmup)
+    log_label = log_label or t("recorded while training")
     # Sample the chosen warmup exactly, so the drawn curve reaches the true peak.
     steps = np.union1d(np.linspace(1, max_step, n_points).round().astype(np.int64), [warmup])
     fig = go.Figure()
@@ -655,22 +657,23 @@ def noam_figure(d_model: int, warmup: int, factor: float = 1.0, max_step: int | 
                                  hovertemplate=f"d={d}, warmup={w}<br>step %{{x}}<br>lr "
                                                f"%{{y:.6g}}<extra></extra>"))
     fig.add_trace(go.Scatter(x=steps, y=noam_curve(steps, d_model, warmup, factor).astype(np.float32),
-                             mode="lines", name=f"chosen: d={d_model}, warmup={warmup}, factor={factor:g}",
+                             mode="lines", name=t("chosen: d={d}, warmup={w}, factor={f}", d=d_model, w=warmup,
+                                                  f=f"{factor:g}"),
                              line={"width": 3},
-                             hovertemplate="chosen<br>step %{x}<br>lr %{y:.6g}<extra></extra>"))
+                             hovertemplate=t("chosen<br>step %{x}<br>lr %{y:.6g}") + "<extra></extra>"))
     peak = float(noam_curve(np.array([warmup]), d_model, warmup, factor)[0])
     fig.add_trace(go.Scatter(x=[warmup], y=[peak], mode="markers", marker={"size": 10, "color": "#ff4b4b"},
-                             name="peak", hovertemplate="peak at step = warmup = %{x}<br>lr "
-                                                        "%{y:.6g}<extra></extra>"))
-    fig.add_annotation(x=warmup, y=peak, text=f"peak: step = warmup = {warmup}<br>lr = {peak:.3g}",
+                             name=t("peak"), hovertemplate=t("peak at step = warmup = %{x}<br>lr %{y:.6g}")
+                             + "<extra></extra>"))
+    fig.add_annotation(x=warmup, y=peak, text=t("peak: step = warmup = {w}<br>lr = {lr}", w=warmup, lr=f"{peak:.3g}"),
                        showarrow=True, arrowhead=2, ax=40, ay=-40)
     if log and log.get("step") and log.get("lr"):
         fig.add_trace(go.Scatter(x=np.asarray(log["step"]), y=np.asarray(log["lr"], dtype=np.float32),
                                  mode="lines", name=log_label, line={"color": "#2ca02c", "width": 2},
-                                 hovertemplate=f"{log_label}<br>step %{{x}}<br>lr %{{y:.6g}}<extra></extra>"))
-    fig.update_xaxes(title="training step")
-    fig.update_yaxes(title="learning rate")
-    return _layout(fig, "Noam schedule: lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)", 460,
+                                 hovertemplate=f"{log_label}<br>" + t("step %{x}<br>lr %{y:.6g}") + "<extra></extra>"))
+    fig.update_xaxes(title=t("training step"))
+    fig.update_yaxes(title=t("learning rate"))
+    return _layout(fig, t("Noam schedule: lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)"), 460,
                    legend={"orientation": "h", "y": -0.2})
 
 
@@ -692,8 +695,9 @@ def as_matrix(t, head: int = 0) -> np.ndarray:
 
 
 def diff_figure(reference, other, name: str, head: int = 0,
-                labels: tuple[str, str] = ("uploaded file", "current trace")) -> go.Figure:
+                labels: tuple[str, str] | None = None) -> go.Figure:
     """reference | other | other − reference for one capture (one head of a 4-D capture)."""
+    labels = labels or (t("uploaded file"), t("current trace"))
     a, b = as_matrix(reference, head), as_matrix(other, head)
     d = b - a
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.05,
@@ -702,9 +706,9 @@ def diff_figure(reference, other, name: str, head: int = 0,
     ya, xa = list(range(a.shape[0])), list(range(a.shape[1]))
     for c, (m, label) in enumerate([(a, labels[0]), (b, labels[1])], start=1):
         fig.add_trace(heatmap_trace(m, "values", xa, ya, label, zrange=r, showscale=False,
-                                    hover_x="col", hover_y="row"), 1, c)
-    fig.add_trace(heatmap_trace(d, "diff", xa, ya, "difference", hover_x="col", hover_y="row"), 1, 3)
+                                    hover_x=t("col"), hover_y=t("row")), 1, c)
+    fig.add_trace(heatmap_trace(d, "diff", xa, ya, t("difference"), hover_x=t("col"), hover_y=t("row")), 1, 3)
     fig.update_yaxes(autorange="reversed")
-    where = f" · head {head}" if arr(reference).ndim == 4 else ""
+    where = " · " + t("head {h}", h=head) if arr(reference).ndim == 4 else ""
     worst = float(np.nanmax(np.abs(d))) if d.size else 0.0
     return _layout(fig, f"{name}{where}: max |diff| = {worst:.3g}", _size(a.shape[0], 320, 4, 640))

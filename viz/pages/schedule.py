@@ -5,15 +5,16 @@ import streamlit as st
 from model import noam_lr
 from viz import common
 from viz import figures as F
+from viz.i18n import t
 
 D_MODELS = [32, 64, 128, 256, 512, 768, 1024, 2048]
 
-st.title("Learning-rate schedule")
-st.caption(
+st.title(t("Learning-rate schedule"))
+st.caption(t(
     "The paper trains with Adam and the Noam schedule: lrate = factor · d_model^(−1/2) · min(step^(−1/2), "
     "step · warmup_steps^(−3/2)). For the first warmup_steps steps the rate grows linearly (a post-LN "
     "Transformer's early gradients are unreliable, so it starts gently), it peaks at step = warmup_steps, "
-    "then decays as 1/√step. A larger d_model means a smaller rate everywhere.")
+    "then decays as 1/√step. A larger d_model means a smaller rate everywhere."))
 
 
 def schedule_of(meta: dict) -> dict:
@@ -49,26 +50,26 @@ warmup = c2.slider("warmup_steps", 1, 20000, step=1, key="sch_w")
 factor = c3.slider("factor", 0.05, 10.0, step=0.05, key="sch_f")
 common.write_query(d_model=d_model, warmup=warmup, factor=factor)
 peak = noam_lr(warmup, d_model, warmup, factor)
-st.markdown(f"Peak learning rate **{peak:.3g}** at step **{warmup}** = warmup_steps "
-            f"(= factor · d_model^(−1/2) · warmup^(−1/2)).")
+st.markdown(t("Peak learning rate **{lr}** at step **{w}** = warmup_steps (= factor · d_model^(−1/2) · "
+              "warmup^(−1/2)).", lr=f"{peak:.3g}", w=warmup))
 
 log = ckpt.log if ckpt else None
-label = f"'{ckpt.name}' while training" if ckpt else "recorded"
+label = t("'{name}' while training", name=ckpt.name) if ckpt else t("recorded")
 has_log = bool(log and log.get("step") and log.get("lr"))
 max_step = max(20000, 2 * warmup)
 if has_log:
-    st.button(f"Match the '{ckpt.name}' checkpoint (d_model={ckpt.cfg.d_model}"
-              + (f", warmup={trained['warmup']}" if "warmup" in trained else "") + ")",
+    st.button(t("Match the '{name}' checkpoint (d_model={d}{w})", name=ckpt.name, d=ckpt.cfg.d_model,
+                w=f", warmup={trained['warmup']}" if "warmup" in trained else ""),
               on_click=_match_checkpoint, key="sch_match",
               disabled=ckpt.cfg.d_model not in D_MODELS and "warmup" not in trained)
-    zoom = st.toggle("Zoom to the checkpoint's training run", value=False, key="sch_zoom")
+    zoom = st.toggle(t("Zoom to the checkpoint's training run"), value=False, key="sch_zoom")
     if zoom:
         max_step = max(int(max(log["step"])), 2)
 fig = F.noam_figure(d_model, warmup, factor, max_step=max_step, log=log if has_log else None, log_label=label)
 common.show_figure(fig, key="sch_fig", filename=f"noam-d{d_model}-w{warmup}")
 if has_log:
-    st.caption(f"Green: the learning rate the optimizer actually used at each step while '{ckpt.name}' "
-               f"trained (d_model = {ckpt.cfg.d_model}, read from its training log). Dotted: the paper's "
-               "presets 512/4000 and two variants, for comparison.")
+    st.caption(t("Green: the learning rate the optimizer actually used at each step while '{name}' trained "
+                 "(d_model = {d}, read from its training log). Dotted: the paper's presets 512/4000 and two "
+                 "variants, for comparison.", name=ckpt.name, d=ckpt.cfg.d_model))
 elif ckpt:
-    st.info(f"The '{ckpt.name}' checkpoint has no recorded learning rates.")
+    st.info(t("The '{name}' checkpoint has no recorded learning rates.", name=ckpt.name))

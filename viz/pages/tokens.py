@@ -6,11 +6,12 @@ import streamlit as st
 from model import sinusoidal_encoding
 from viz import common
 from viz import figures as F
+from viz.i18n import N_, current_lang, t
 
-st.title("Tokens & embeddings")
-st.caption("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
-           "(each token has an integer id); the embedding table maps each id to a d_model-dimensional "
-           "vector; a positional encoding is added so the model knows the order.")
+st.title(t("Tokens & embeddings"))
+st.caption(t("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
+             "(each token has an integer id); the embedding table maps each id to a d_model-dimensional "
+             "vector; a positional encoding is added so the model knows the order."))
 sel, trace = common.require_trace()
 ckpt, cfg, meta = sel.ckpt, sel.ckpt.cfg, trace.meta
 
@@ -18,24 +19,25 @@ ckpt, cfg, meta = sel.ckpt, sel.ckpt.cfg, trace.meta
 # ---------------------------------------------------------------- tokenization
 
 KIND_NOTE = {
-    "char": "**character** tokenizer: one token per character (Chinese is best tokenized by character: every "
-            "character carries meaning and the vocabulary stays small).",
-    "wordpiece": "**WordPiece** (BERT's subword scheme): words are split into known pieces, `##` marks a "
-                 "piece that continues a word (eat + ##ing), so rare words need no vocabulary entry of "
-                 "their own.",
+    "char": N_("**character** tokenizer: one token per character (Chinese is best tokenized by character: "
+               "every character carries meaning and the vocabulary stays small)."),
+    "wordpiece": N_("**WordPiece** (BERT's subword scheme): words are split into known pieces, `##` marks a "
+                    "piece that continues a word (eat + ##ing), so rare words need no vocabulary entry of "
+                    "their own."),
 }
 
 
 def source_table(text: str) -> list[dict]:
     pieces = ckpt.src_tokenizer.pieces(text.strip())
-    rows = [{"position": i, "token": F.show_token(p.token), "id": p.id,
-             "covers": F.show_token(text.strip()[p.span[0]:p.span[1]]),
-             "subword": "continues a word" if p.token.startswith("##") else "",
-             "[UNK]": "⚠ unknown" if p.is_unk else ""} for i, p in enumerate(pieces)]
+    col = {k: t(k) for k in ("position", "token", "id", "covers", "subword")}
+    rows = [{col["position"]: i, col["token"]: F.show_token(p.token), col["id"]: p.id,
+             col["covers"]: common.shorten(text.strip()[p.span[0]:p.span[1]]),
+             col["subword"]: t("continues a word") if p.token.startswith("##") else "",
+             "[UNK]": t("⚠ unknown") if p.is_unk else ""} for i, p in enumerate(pieces)]
     # Tokens the model reads beyond the text (a trailing [EOS] marks the end of the source).
     ids, toks = (meta.get("src_ids") or [[]])[0], common.tokens_of(trace, "src")
-    rows += [{"position": i, "token": toks[i], "id": ids[i], "covers": "(added)", "subword": "", "[UNK]": ""}
-             for i in range(len(rows), len(ids))]
+    rows += [{col["position"]: i, col["token"]: toks[i], col["id"]: ids[i], col["covers"]: t("(added)"),
+              col["subword"]: "", "[UNK]": ""} for i in range(len(rows), len(ids))]
     return rows
 
 
@@ -43,46 +45,50 @@ def target_table() -> list[dict]:
     ids = (meta.get("tgt_ids") or [[]])[0]
     toks = common.tokens_of(trace, "tgt")
     nxt = meta.get("next_tokens") or []
-    return [{"position": i, "decoder input": F.show_token(t), "id": i_,
-             "subword": "continues a word" if t.startswith("##") else "",
-             "should predict next": F.show_token(nxt[i]) if i < len(nxt) else ""}
-            for i, (t, i_) in enumerate(zip(toks, ids, strict=False))]
+    return [{t("position"): i, t("decoder input"): F.show_token(tok), t("id"): i_,
+             t("subword"): t("continues a word") if tok.startswith("##") else "",
+             t("should predict next"): F.show_token(nxt[i]) if i < len(nxt) else ""}
+            for i, (tok, i_) in enumerate(zip(toks, ids, strict=False))]
 
 
-st.subheader("Tokenization")
+st.subheader(t("Tokenization"))
 left, right = st.columns(2)
 with left:
-    st.markdown(f"**Source** ({ckpt.src_tokenizer.kind}, vocabulary {ckpt.src_tokenizer.vocab_size}): "
-                + KIND_NOTE.get(ckpt.src_tokenizer.kind, ""))
+    st.markdown(t("**Source** ({kind}, vocabulary {n}): ", kind=ckpt.src_tokenizer.kind,
+                  n=ckpt.src_tokenizer.vocab_size) + t(KIND_NOTE.get(ckpt.src_tokenizer.kind, "")))
     st.dataframe(source_table(sel.text), hide_index=True)
 with right:
-    how = "teacher-forced target you typed" if sel.target else "model's own greedy translation"
-    st.markdown(f"**Target** ({ckpt.tgt_tokenizer.kind}, vocabulary {ckpt.tgt_tokenizer.vocab_size}): the "
-                f"{how}, `{meta.get('target', '')}`. The decoder reads [BOS] + target (shifted right) and "
-                f"learns to predict the next token at every position, [EOS] last.")
+    how = t("the teacher-forced target you typed") if sel.target else t("the model's own greedy translation")
+    st.markdown(t("**Target** ({kind}, vocabulary {n}): {how}, `{target}`. The decoder reads [BOS] + target "
+                  "(shifted right) and learns to predict the next token at every position, [EOS] last.",
+                  kind=ckpt.tgt_tokenizer.kind, n=ckpt.tgt_tokenizer.vocab_size, how=how,
+                  target=meta.get("target", "")))
     st.dataframe(target_table(), hide_index=True)
 
 # ---------------------------------------------------------------- embeddings
 
-st.subheader("Token embedding × √d_model")
-side = st.radio("Side", ["encoder", "decoder"], horizontal=True, key="tok_side",
-                format_func={"encoder": "Encoder (source)", "decoder": "Decoder (target)"}.get)
+st.subheader(t("Token embedding × √d_model"))
+SIDES = {"encoder": N_("Encoder (source)"), "decoder": N_("Decoder (target)")}
+lang = current_lang()
+common.seed_from_query("tok_side", "side", "encoder", valid=lambda v: v in SIDES)
+side = st.radio(t("Side"), list(SIDES), horizontal=True, key="tok_side", format_func=lambda v: t(SIDES[v], lang=lang))
+common.write_query(side=side)
 tokens = common.tokens_of(trace, "src" if side == "encoder" else "tgt")
 scaled = cfg.scale_embedding
 st.caption(
-    f"Each token id selects one row of the embedding matrix (vocabulary × d_model, d_model = {cfg.d_model})"
-    + (f"; the row is multiplied by √d_model = {np.sqrt(cfg.d_model):.3g} so that the embedding is not "
-       f"drowned by the positional encoding, whose entries lie in [−1, 1]." if scaled else ".")
-    + (" The target embedding is shared with the pre-softmax (output) matrix." if cfg.tie_generator else ""))
+    t("Each token id selects one row of the embedding matrix (vocabulary × d_model, d_model = {d}).", d=cfg.d_model)
+    + (" " + t("The row is multiplied by √d_model = {s} so that the embedding is not drowned by the positional "
+               "encoding, whose entries lie in [−1, 1].", s=f"{np.sqrt(cfg.d_model):.3g}") if scaled else "")
+    + (" " + t("The target embedding is shared with the pre-softmax (output) matrix.") if cfg.tie_generator else ""))
 common.show_figure(F.vectors_heatmap(trace[f"{side}.embed.tok"][0], tokens,
-                                     f"{side}.embed.tok: token embedding" + (" × √d_model" if scaled else ""),
-                                     "embedding"), key="tok_embed", filename=f"{side}-token-embedding")
+                                     f"{side}.embed.tok: " + t("token embedding") + (" × √d_model" if scaled else ""),
+                                     t("embedding")), key="tok_embed", filename=f"{side}-token-embedding")
 
-st.subheader("Positional encoding")
-st.caption("Attention itself ignores order (shuffle the tokens and every weight moves with them), so a "
-           "position signal is added: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / "
-           "10000^(2i/d_model)). The base is 10000 (not 1000). Low dimensions oscillate fast, high "
-           "dimensions slowly: the wavelengths grow geometrically from 2π to 10000·2π.")
+st.subheader(t("Positional encoding"))
+st.caption(t("Attention itself ignores order (shuffle the tokens and every weight moves with them), so a "
+             "position signal is added: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / "
+             "10000^(2i/d_model)). The base is 10000 (not 1000). Low dimensions oscillate fast, high "
+             "dimensions slowly: the wavelengths grow geometrically from 2π to 10000·2π."))
 sinusoidal = cfg.positional == "sinusoidal"
 n_input = trace[f"{side}.embed.pos"].shape[0]
 if sinusoidal:
@@ -90,40 +96,40 @@ if sinusoidal:
     top = max(cfg.max_len, 256)
     common.seed_from_query("tok_npos", "positions", max(64, n_input), int, common.int_in(2, top))
     common.clamp_state("tok_npos", 2, top)
-    n_pos = st.slider("Positions to show", 2, top, key="tok_npos",
-                      help="The table is a fixed function of (position, dimension); the input uses its "
-                           f"first rows, and this model never uses rows past max_len = {cfg.max_len}.")
+    n_pos = st.slider(t("Positions to show"), 2, top, key="tok_npos",
+                      help=t("The table is a fixed function of (position, dimension); the input uses its "
+                             "first rows, and this model never uses rows past max_len = {n}.", n=cfg.max_len))
     common.write_query(positions=n_pos)
     pe = sinusoidal_encoding(n_pos, cfg.d_model).numpy()
 else:
-    st.info("This model learns its positional embeddings; only the input's positions are shown.")
+    st.info(t("This model learns its positional embeddings; only the input's positions are shown."))
     pe = F.arr(trace[f"{side}.embed.pos"])
     n_pos = pe.shape[0]
-pe_title = f"positional encoding ({n_pos} positions × {cfg.d_model} dims)"
+pe_title = t("positional encoding ({n} positions × {d} dims)", n=n_pos, d=cfg.d_model)
 common.show_figure(F.vectors_heatmap(pe, None, pe_title, "PE", zrange=1.0), key="tok_pe",
                    filename="positional-encoding")
 c1, c2 = st.columns(2)
 with c1:
     d = cfg.d_model
     default_dims = sorted({0, 1, 4, min(d - 2, d // 2), d - 2})
-    dims = st.multiselect("Dimensions", list(range(d)), default=default_dims, key="tok_dims")
+    dims = st.multiselect(t("Dimensions"), list(range(d)), default=default_dims, key="tok_dims")
     common.show_figure(F.pe_curves(pe, dims), key="tok_pe_curves", filename="pe-curves")
 with c2:
-    st.caption("PE·PEᵀ: PE_pos · PE_(pos+k) = Σ_i cos(k·ω_i) depends only on the offset k, so each diagonal "
-               "is constant. PE_(pos+k) is a fixed rotation of PE_pos, which lets attention pick up relative "
-               "positions." if sinusoidal else "PE·PEᵀ of the learned position vectors.")
+    st.caption(t("PE·PEᵀ: PE_pos · PE_(pos+k) = Σ_i cos(k·ω_i) depends only on the offset k, so each diagonal "
+                 "is constant. PE_(pos+k) is a fixed rotation of PE_pos, which lets attention pick up relative "
+                 "positions.") if sinusoidal else t("PE·PEᵀ of the learned position vectors."))
     common.show_figure(F.pe_similarity(pe[: min(n_pos, 256)]), key="tok_pe_sim", filename="pe-similarity")
 
-st.subheader("Embedding + position = the input of layer 0")
+st.subheader(t("Embedding + position = the input of layer 0"))
 extra = []
 if cfg.n_token_types:
-    extra.append("token-type (segment) embeddings")
+    extra.append(t("token-type (segment) embeddings"))
 if cfg.embed_norm:
-    extra.append("a LayerNorm")
-st.caption("x = Embedding(token) × √d_model + PE(pos), then dropout (off at inference). Each row is one "
-           "token at its position; the same token at two positions gets two different vectors."
-           + (f" This model also adds {' and '.join(extra)}, so the right panel is not the plain sum."
-              if extra else ""))
+    extra.append(t("a LayerNorm"))
+st.caption(t("x = Embedding(token) × √d_model + PE(pos), then dropout (off at inference). Each row is one "
+             "token at its position; the same token at two positions gets two different vectors.")
+           + (" " + t("This model also adds {what}, so the right panel is not the plain sum.",
+                      what=t(" and ").join(extra)) if extra else ""))
 common.show_figure(F.embedding_sum_figure(trace[f"{side}.embed.tok"][0], trace[f"{side}.embed.pos"],
                                           trace[f"{side}.embed.out"][0], tokens,
                                           " × √d_model" if scaled else ""),
