@@ -87,6 +87,7 @@ def test_head_finder_figure_carries_exact_values_per_cell(metric):
     np.testing.assert_allclose(cd[:, 2], w1.ravel(), rtol=1e-6)
     assert [tuple(map(int, c[:2])) for c in cd[:2]] == [(0, 0), (0, 1)]
     assert len(fig.layout.shapes) == 1
+    assert (fig.layout.xaxis.title.text, fig.layout.yaxis.title.text) == ("head", "layer")  # not the selection
     with pytest.raises(ValueError):
         FP.head_finder_figure(w1, w2, "a", "b", "c", "entropy")
 

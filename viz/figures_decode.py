@@ -297,9 +297,9 @@ def training_curves_figure(log: dict, warmup: int | None = None, total_steps: in
 
 
 def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], row_names: Sequence[str],
-                      src_tokens: Sequence[str], current: int | None = None) -> go.Figure:
+                      src_tokens: Sequence[str], current: int | None = None, what: str = "") -> go.Figure:
     """A few frames side by side (same colour scale), to see the alignment appear over training.
-    row_names: unique names of the rows, as for `alignment_figure`."""
+    row_names: unique names of the rows, as for `alignment_figure`; `what`: which attention map."""
     n = len(frames)
     xs, ys = labels(src_tokens), list(row_names)
     fig = make_subplots(rows=1, cols=max(n, 1), horizontal_spacing=0.012,
@@ -313,7 +313,8 @@ def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], row_names: Seque
             fig.layout.annotations[i - 1].font = dict(color=ORANGE, size=14)
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
-    fig.update_layout(height=190, title=t("Film strip (cross-attention of the probe example)"), **_BASE)
+    fig.update_layout(height=190, title=t("Film strip of the probe example: {what}", what=what or t("cross-attention")),
+                      **_BASE)
     return fig
 
 

@@ -116,9 +116,9 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
         z, kind, what = w1, "weights", f"weight({src}→{to1})"
     else:
         raise ValueError(f"metric must be 'weight' or 'difference', got {metric!r}")
-    head, layer = t("head"), t("layer")
+    head_word, layer_word = t("head"), t("layer")
     heat = heatmap_trace(z, kind, list(range(H)), list(range(L)), what,
-                         zrange=1.0 if kind == "diff" else None, hover_x=head, hover_y=layer)
+                         zrange=1.0 if kind == "diff" else None, hover_x=head_word, hover_y=layer_word)
     heat.update(hoverinfo="skip", hovertemplate=None)  # the markers carry the hover
     ll, hh = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
     # Plain lists, not a typed array: the browser returns a clicked point's customdata as sent.
@@ -127,7 +127,7 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
     marks = go.Scatter(
         x=hh.ravel().tolist(), y=ll.ravel().tolist(), mode="markers", customdata=custom, showlegend=False,
         marker={"size": 26, "opacity": 0.0, "symbol": "square"},
-        hovertemplate=(f"{layer} %{{customdata[0]}}, {head} %{{customdata[1]}}<br>{src}→{to1} = "
+        hovertemplate=(f"{layer_word} %{{customdata[0]}}, {head_word} %{{customdata[1]}}<br>{src}→{to1} = "
                        f"%{{customdata[2]:.4f}}<br>{src}→{to2} = %{{customdata[3]:.4f}}<br>"
                        + t("click to open this head below") + "<extra></extra>"))
     fig = go.Figure([heat, marks])
@@ -135,8 +135,8 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
         layer, h = selected
         fig.add_shape(type="rect", x0=h - 0.5, x1=h + 0.5, y0=layer - 0.5, y1=layer + 0.5,
                       line={"color": "#ff4b4b", "width": 3})
-    fig.update_xaxes(title=head, tickmode="linear", dtick=1, range=[-0.5, H - 0.5])
-    fig.update_yaxes(title=layer, tickmode="linear", dtick=1, autorange="reversed")
+    fig.update_xaxes(title=head_word, tickmode="linear", dtick=1, range=[-0.5, H - 0.5])
+    fig.update_yaxes(title=layer_word, tickmode="linear", dtick=1, autorange="reversed")
     return _layout(fig, t("{what} in every head", what=what), 120 + 40 * L)
 
 

@@ -200,7 +200,7 @@ def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int 
                                            row_title=row_title, key_title=key_title),
                        key=f"{prefix}_frame_fig", filename=f"{prefix}-step-{step}")
     picks = sorted(set(np.linspace(0, len(film) - 1, min(8, len(film))).round().astype(int)))
-    strip = fd.film_strip_figure([(steps[i], weights[i]) for i in picks], rows, cols, current=step)
+    strip = fd.film_strip_figure([(steps[i], weights[i]) for i in picks], rows, cols, current=step, what=what)
     common.show_figure(strip, key=f"{prefix}_strip", filename=f"{prefix}-strip")
     uniform = 1.0 / len(cols) if kind != "self_attn" else None
     common.show_figure(fd.sharpness_figure(steps, [fd.alignment_sharpness(w) for w in weights], current=step,
