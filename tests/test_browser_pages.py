@@ -19,7 +19,7 @@ from browser_support import SHOTS, VIEWPORT, wait_drawn
 pytestmark = pytest.mark.browser
 
 # Every drawn chart, as "title#hash of its data" (sorted): two pages with the same list draw the same picture.
-PICTURE = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => el.data).map(el => {
+PICTURE = r"""() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => el.data).map(el => {
     const s = JSON.stringify(el.data.map(d => [d.type, d.name, d.x, d.y, d.z, d.customdata, d.text]));
     let h = 0;
     for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
