@@ -413,3 +413,29 @@ def test_trained_model_joins_the_session_models(shipped):
     assert at.success and "✅" == at.success[0].proto.icon
     assert any("trained: reverse (step 10)" in c.value for c in at.caption)
     assert any("24noitnetta" in m.value for m in at.markdown)  # it runs: its output on the probe
+
+
+def test_a_model_that_never_stops_is_cut_at_the_shared_limit():
+    """Issue 13 §3: the reverse model on 116 characters never emits [EOS]; the page stops it at the
+    checkpoint's own limit (the one trace() uses on every other page) and says so, without an error."""
+    ckpt = load_shipped("reverse")
+    text = ("attention" * 13)[:116]
+    at = run_page(DECODER, query={"checkpoint": "reverse"}, text=text)
+    assert_clean(at)
+    assert any(f"stopped at the {ckpt.max_new_tokens}-token limit" in w.value for w in at.warning)
+    assert at.slider(key="dec_step").value == ckpt.max_new_tokens
+    _, tr = ckpt.trace(text, names="logits")  # what the Attention/Tokens/Snapshots pages draw
+    assert tr.meta["finished"] is False and len(tr.meta["tgt_tokens"]) == ckpt.max_new_tokens + 1
+
+
+def test_decoder_runs_a_model_trained_in_this_session(shipped):
+    """Issue 13 §9: a session model (the training page registers it) decodes on this page, in this
+    session only (never through the process-wide cache, where another session's model could answer)."""
+    name = "trained: reverse (step 10)"
+    mine = untrained(1.0)
+    mine.meta["example"] = "attention42"
+    at = run_page(DECODER, state={"session_models": {name: mine}, "checkpoint": name, "source_text": "hello42"})
+    assert_clean(at)
+    out = mine.translate("hello42")
+    assert any(f"`{out.text}`" in m.value for m in at.markdown)
+    assert at.session_state["_dec_memo"]["decode"][0][0] is mine
