@@ -62,6 +62,7 @@ class BeamNode:
     finished: bool  # ended with [EOS]
     best: bool = False  # on the path of the returned hypothesis
     step: Step | None = field(default=None, repr=False)
+    loop: Loop | None = None  # this token completed a loop: the hypothesis stopped here
 
 
 @dataclass
@@ -143,6 +144,12 @@ class LoopGuard:
         self.src = _periodic_runs(list(src_tokens), max_n)
         self.out: list[str] = []
         self.run = [0] * (max_n + 1)
+
+    def copy(self) -> LoopGuard:
+        twin = object.__new__(LoopGuard)
+        twin.repeats, twin.max_n, twin.src, twin.out, twin.run = (self.repeats, self.max_n, self.src,
+                                                                  list(self.out), list(self.run))
+        return twin
 
     def push(self, token: str) -> Loop | None:
         out = self.out
@@ -417,13 +424,18 @@ def beam_search(
     n_top: int = 5,
     id_to_token: Callable[[int], str] = str,
     detok: Callable[[Sequence[int]], str] | None = None,
+    src_tokens: Sequence[str] | None = None,
+    stop_loops: int | None = 3,
 ) -> Translation:
     """Beam search over one source, keeping the whole tree.
 
     Each step extends every live hypothesis by every token, keeps the 2W best candidates in
     order: a candidate ending in [EOS] is finished, the others fill the W live slots. Stops once
     W hypotheses have finished (or at the length limit); returns the finished hypothesis with the
-    best length-penalised score. Width 1 is exactly greedy decoding.
+    best length-penalised score. Width 1 is exactly greedy decoding, up to a loop.
+    A hypothesis that falls into a loop (see `generate`: needs `src_tokens`) stops there, like one cut
+    by the length limit: it is returned only if none finished with [EOS] (so where greedy decoding
+    stops at a loop, beam search carries on with the next best candidates).
     """
     if not isinstance(beam_width, int) or beam_width < 1:
         raise ValueError(f"beam_width must be a positive integer, got {beam_width!r}")
@@ -435,6 +447,8 @@ def beam_search(
     cache = model.new_cache()
     tree = [BeamNode(0, None, id_to_token(bos), bos, 0, 0.0, 0.0, 0.0, False)]
     live = [0]  # node ids of the live hypotheses, one per cache row
+    root_guard = _guards(None if src_tokens is None else [src_tokens], stop_loops, 1)
+    guards = {0: root_guard[0]} if root_guard else None  # node id -> its hypothesis's loop guard
     finished: list[int] = []
     y = torch.tensor([[bos]])
     for t in range(limit):
@@ -475,7 +489,10 @@ def beam_search(
                 step=step,
             )
             tree.append(node)
-            if is_eos:
+            if guards is not None and not is_eos:
+                guards[node.id] = guards[parent.id].copy()
+                node.loop = guards[node.id].push(node.token)
+            if is_eos or node.loop is not None:
                 finished.append(node.id)
             else:
                 new_live.append(node.id)
@@ -499,6 +516,7 @@ def beam_search(
         i = tree[i].parent
     path = path[::-1][1:]  # drop the root
     ended = tree[best].finished
+    loop = tree[best].loop
     out_nodes = path[:-1] if ended else path
     out = [node.token_id for node in out_nodes]
     steps = [node.step for node in path] if record else []
@@ -512,4 +530,5 @@ def beam_search(
         score=tree[best].score,
         beam_tree=tree,
         options={"beam_width": W, "length_penalty": alpha},
+        loop=loop,
     )

@@ -229,3 +229,22 @@ def test_loop_guard_never_stops_a_correct_output(name):
     plain = dec.greedy_batch(c.model, src, t.bos_id, t.eos_id)
     guarded = dec.greedy_batch(c.model, src, t.bos_id, t.eos_id, src_tokens=src_tokens, id_to_token=t.id_to_token)
     assert guarded == plain
+
+
+def test_beam_search_stops_loops_too():
+    c = ckpt("zh-en")
+    t = c.tgt_tokenizer
+    src = c.encode_source("我爱学习")
+    src_tokens = c.src_tokenizer.tokens(src[0].tolist())
+    greedy = dec.generate(c.model, src, t.bos_id, t.eos_id, src_tokens=src_tokens, **kw(c))
+    one = dec.beam_search(c.model, src, t.bos_id, t.eos_id, beam_width=1, src_tokens=src_tokens, **kw(c))
+    # width 1 follows greedy up to the loop; there greedy stops, beam search takes the next best candidate
+    assert one.token_ids[:4] == greedy.token_ids[:4] and one.token_ids[4] != greedy.token_ids[4]
+    stopped = [n for n in one.beam_tree if n.loop is not None]
+    assert stopped[0].loop == greedy.loop and stopped[0].token == "study" and stopped[0].depth == 5
+    wide = dec.beam_search(c.model, src, t.bos_id, t.eos_id, beam_width=4, src_tokens=src_tokens, **kw(c))
+    assert wide.finished != wide.looped  # it ended with [EOS] or it looped, never both
+    looped = [n for n in wide.beam_tree if n.loop is not None]
+    assert looped and all(not n.finished for n in looped)
+    for n in looped:  # a looped hypothesis is never extended
+        assert all(m.parent != n.id for m in wide.beam_tree)
