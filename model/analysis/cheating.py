@@ -41,17 +41,18 @@ def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 
     cheat.model = copy.deepcopy(ckpt.model).train()
     hooks = iv.no_lookahead_mask()
     opt = torch.optim.Adam(cheat.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
-    torch.manual_seed(seed)
     curve = []
     pairs = task.sample(steps * batch_size, seed=seed, split="train")
-    for s in range(steps):
-        src, tgt, labels = make_batch(pairs[s * batch_size:(s + 1) * batch_size], ckpt.src_tokenizer,
-                                      ckpt.tgt_tokenizer, ckpt.cfg.pad_id, ckpt.src_eos)
-        loss = iv.pad_loss(cheat.model.run_with_hooks(src, tgt, hooks=hooks), labels, ckpt.cfg.pad_id)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        curve.append(loss.item())
+    with torch.random.fork_rng():  # dropout draws from a seeded RNG; the global one is restored after
+        torch.manual_seed(seed)
+        for s in range(steps):
+            src, tgt, labels = make_batch(pairs[s * batch_size:(s + 1) * batch_size], ckpt.src_tokenizer,
+                                          ckpt.tgt_tokenizer, ckpt.cfg.pad_id, ckpt.src_eos)
+            loss = iv.pad_loss(cheat.model.run_with_hooks(src, tgt, hooks=hooks), labels, ckpt.cfg.pad_id)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
     cheat.model.eval()
     test = held_out(ckpt, n_eval)
     return Cheating(steps, curve, teacher_forced_loss(cheat, test, hooks), exact_match(cheat, test, hooks))
