@@ -37,7 +37,8 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
     ],
 }
 
-st.set_page_config(page_title="Attention Lab", page_icon=":material/grid_view:", layout="wide")
+# A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
+st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
 i18n.language_switch()
 pages = {
     t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))

@@ -202,8 +202,6 @@ def test_streamlit_config_keeps_the_app_offline_and_bounded():
 
 
 @pytest.mark.browser
-@pytest.mark.xfail(strict=True, reason="app.py's page_icon ':material/grid_view:' makes Streamlit fetch the favicon "
-                   "from fonts.gstatic.com; an emoji page_icon is drawn inline (data: URL)")
 def test_nothing_loads_from_another_host(server, page):
     """Fonts, icons, scripts, metrics: every request the pages make goes to the app's own server."""
     from urllib.parse import urlparse
