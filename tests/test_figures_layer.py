@@ -231,7 +231,7 @@ def test_architecture_shapes_come_from_the_config_and_match_the_trace(run):
 
 
 def test_block_params_open_the_right_view():
-    assert FA.block_params("cross", 1, 3) == {"attn_kind": "2", "layer": "1", "head": "3"}
+    assert FA.block_params("cross", 1, 3) == {"attn_kind": "cross", "layer": "1", "head": "3"}
     assert FA.block_params("dec_norm2", 1, 0) == {"stack": "decoder", "layer": "1", "sub": "cross_attn"}
     assert FA.block_params("masks", 0, 0) == {}
 

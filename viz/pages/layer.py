@@ -110,8 +110,10 @@ def experiment() -> None:
         return
     st.caption(t("Seed 002 says post-LN is hard to train without learning-rate warmup and pre-LN is not. The same "
                  "small model ({task} task, {steps} steps, batch {batch}) trained four times: post-LN and pre-LN, "
-                 "with warmup 1 (the full learning rate from the first step) and with warmup {w}.",
-                 task=res["task"], steps=res["steps"], batch=res["batch_size"], w=res["warmups"][1]))
+                 "with warmup 1 and with warmup {w}. Both warmups reach the same peak learning rate {lr}: warmup 1 "
+                 "starts there at step 1, warmup {w} climbs to it (Noam schedule, then 1/√step).",
+                 task=res["task"], steps=res["steps"], batch=res["batch_size"], w=res["warmups"][1],
+                 lr=f"{res.get('peak_lr', float('nan')):.2g}"))
     common.show_figure(FL.prenorm_figure(res), key="ly_prenorm", filename="post-ln-vs-pre-ln")
     st.dataframe(prenorm.summary(res), hide_index=True)
     st.caption(t("{which}. Command: `{cmd}`", cmd=res["command"],
