@@ -37,6 +37,7 @@ Hooks = dict[str, Hook]
 
 ATTN = "*_attn"  # glob over every attention module: encoder/decoder self_attn, decoder cross_attn
 MODES = ("zero", "mean", "uniform")
+SIDES = ("*", "encoder", "decoder")
 
 
 def N_(msg: str) -> str:  # marks UI text for the translation catalog (viz.i18n translates it)
@@ -178,6 +179,8 @@ def block_source_by_row(positions: list[int], first_row: int = 1) -> Hooks:
 def no_positional(side: str = "*") -> Hooks:
     """Add no positional encoding (side "encoder", "decoder" or "*"): the model sees a bag of
     tokens, and self-attention cannot tell their order."""
+    if side not in SIDES:
+        raise SpecError(f"unknown side {side!r}; choose one of {SIDES}")
     return {f"{side}.embed.pos": lambda pe, name: torch.zeros_like(pe)}
 
 

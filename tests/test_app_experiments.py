@@ -102,10 +102,15 @@ def test_exact_match_button_runs_with_progress(dates):
     assert shown and shown[0].value == f"100% → {want:.0%}"
 
 
-def test_bad_spec_in_the_url_says_why():
-    at = run_page({"exp": "ablate_head:module=decoder.layers.1.cross_attn,head=two"})
+@pytest.mark.parametrize("spec, message", [
+    ("ablate_head:module=decoder.layers.1.cross_attn,head=two", "head must be int"),
+    ("ablate_head:module=decoder.layers.1.cross_attn,head=1,mode=loud", "unknown ablation mode 'loud'"),
+    ("no_positional:side=left", "unknown side 'left'"),
+])
+def test_bad_spec_in_the_url_says_why(spec, message):
+    at = run_page({"exp": spec})
     assert not at.exception
-    assert any("head must be int" in e.value for e in at.error)
+    assert any(message in e.value for e in at.error)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

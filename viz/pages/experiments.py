@@ -23,7 +23,7 @@ from viz.i18n import N_, current_lang, t
 VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
          "attribution": N_("Attribution"), "compare": N_("Two inputs (MiniLM)")}
 KIND_IDS = {"encoder.self_attn": "enc", "decoder.self_attn": "dec", "decoder.cross_attn": "cross"}  # ?attn_kind=
-SIDES = {"*": N_("both"), "encoder": N_("encoder"), "decoder": N_("decoder")}
+SIDES = dict(zip(iv.SIDES, (N_("both"), N_("encoder"), N_("decoder")), strict=True))
 MODE_LABELS = {"zero": N_("zero"), "mean": N_("mean over positions"), "uniform": N_("uniform attention")}
 PAIR_A = "The animal didn't cross the street because it was too tired"
 PAIR_B = "The animal didn't cross the street because it was too wide"
@@ -93,6 +93,8 @@ def _seed_from_url() -> None:
     for spec in filter(None, (st.query_params.get("exp") or DEFAULT_SPEC).split(";")):
         try:
             ident, kwargs = iv.parse(spec)
+            if kwargs:  # values the widgets could not show (a mode or side that does not exist) fail here
+                iv.REGISTRY[ident].make(**kwargs)
         except iv.SpecError as e:
             common.show_error(t("This link's intervention could not be read: {e}", e=e))
             continue
