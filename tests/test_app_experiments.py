@@ -158,3 +158,26 @@ def test_no_lookahead_mask_offers_the_cheating_experiment():
     assert_clean(at)
     assert at.button(key="exp_cheat_button").label.startswith("Fine-tune a copy for 60 steps without the mask")
     assert any("Why the mask exists" in m.value for m in at.markdown)
+
+
+# ---------------------------------------------------------------- figure builders draw the computed numbers
+
+
+def test_figures_draw_the_traced_numbers(dates):
+    from viz import figures_experiments as FX
+
+    ba = runs.before_after(dates, TEXT, iv.no_scaling(dates.cfg.d_head))
+    m = "decoder.layers.0.cross_attn"
+    fig = FX.attention_diff(ba.trace_before, ba.trace_same, m, ba.trace_before.meta)
+    want = (ba.trace_same[f"{m}.weights"] - ba.trace_before[f"{m}.weights"])[0].numpy()
+    for h, panel in enumerate(fig.data):
+        np.testing.assert_allclose(np.asarray(panel.z), want[h], atol=1e-6)
+    fig = FX.alignment_pair(ba.trace_before, ba.trace_after, m)
+    for panel, tr in zip(fig.data, (ba.trace_before, ba.trace_after), strict=True):
+        np.testing.assert_allclose(np.asarray(panel.z), tr[f"{m}.weights"][0].mean(0).numpy(), atol=1e-6)
+    summary = heads.head_summary(ba.trace_before)
+    fig = FX.summary_maps(summary, "entropy")
+    for panel, kind in zip(fig.data, heads.KINDS, strict=True):
+        rows = [i for i, mod in enumerate(summary["modules"]) if heads.kind_of(mod)[0] == kind]
+        np.testing.assert_allclose(np.asarray(panel.z), summary["entropy"][rows], atol=1e-5)
+    assert len(FX.summary_maps(summary, "distance").data) == 2  # cross-attention has no distance

@@ -99,34 +99,37 @@ def alignment_pair(before: Mapping, after: Mapping, module: str) -> go.Figure:
 # ---------------------------------------------------------------- heads
 
 
-def _kind_maps(maps: Mapping[str, np.ndarray], kind_value: str, title: str, custom: bool = True,
-               scale: str = "diff") -> go.Figure:
-    kinds = list(maps)
-    fig = make_subplots(1, len(kinds), subplot_titles=[t(KIND_LABELS.get(k, k)) for k in kinds],
-                        horizontal_spacing=0.08)
-    r = F.symmetric_range(*maps.values()) if scale == "diff" else None
-    for c, k in enumerate(kinds, start=1):
-        z = np.asarray(maps[k], np.float32)
-        L, H = z.shape
-        hm = F.heatmap_trace(z, "diff", [str(h) for h in range(H)], [str(i) for i in range(L)],
-                             value_name=kind_value, zrange=r, showscale=c == len(kinds),
-                             hover_x=t("head"), hover_y=t("layer")) if scale == "diff" else go.Heatmap(
-            z=z, x=[str(h) for h in range(H)], y=[str(i) for i in range(L)], colorscale="Viridis",
-            showscale=c == len(kinds), hovertemplate=t("layer") + " %{y}, " + t("head") + " %{x}<br>"
-            + kind_value + " = %{z:.4g}<extra></extra>")
-        if custom:
-            hm.customdata = np.array([[f"{k.split('.')[0]}.layers.{i}.{k.split('.')[1]}" for _ in range(H)]
-                                      for i in range(L)])
+def _layer_head_maps(maps: Mapping[str, np.ndarray], value_name: str | Sequence[str], title: str,
+                     diverging: bool = True, height: int = 330) -> go.Figure:
+    """One layer × head heatmap per entry of `maps` (panel title -> (layers, H) array), side by side;
+    diverging maps share one range centred at 0, the others are sequential (Viridis)."""
+    names = [value_name] * len(maps) if isinstance(value_name, str) else list(value_name)
+    fig = make_subplots(1, len(maps), subplot_titles=list(maps), horizontal_spacing=0.07)
+    r = F.symmetric_range(*maps.values()) if diverging else None
+    for c, (z, name) in enumerate(zip(maps.values(), names, strict=True), start=1):
+        z = np.asarray(z, np.float32)
+        x, y = [str(h) for h in range(z.shape[1])], [str(i) for i in range(z.shape[0])]
+        last = c == len(maps)
+        if diverging:
+            hm = F.heatmap_trace(z, "diff", x, y, value_name=name, zrange=r, showscale=last,
+                                 hover_x=t("head"), hover_y=t("layer"))
+        else:
+            hover = f"{t('layer')} %{{y}}, {t('head')} %{{x}}<br>{name} = %{{z:.4g}}<extra></extra>"
+            hm = go.Heatmap(z=z, x=x, y=y, colorscale="Viridis", showscale=last, hovertemplate=hover)
         fig.add_trace(hm, 1, c)
         fig.update_xaxes(title=t("head"), type="category", row=1, col=c)
         fig.update_yaxes(title=t("layer") if c == 1 else None, type="category", autorange="reversed", row=1, col=c)
-    return _layout(fig, title, 330)
+    return _layout(fig, title, height)
+
+
+def _by_kind_title(maps: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {t(KIND_LABELS.get(k, k)): v for k, v in maps.items()}
 
 
 def importance_maps(hi) -> go.Figure:
     """Layer × head maps of a HeadImportance, one per attention kind (Δ score when the head is removed)."""
     metric = t(METRIC_LABELS.get(hi.metric, hi.metric))
-    return _kind_maps(hi.by_kind(), t("Δ {metric}", metric=metric),
+    return _layer_head_maps(_by_kind_title(hi.by_kind()), t("Δ {metric}", metric=metric),
                       t("Head importance: Δ {metric} when the head is knocked out (intact: {base:.4g})",
                         metric=metric, base=hi.base))
 
@@ -140,7 +143,7 @@ def summary_maps(summary: Mapping, quantity: str) -> go.Figure:
         maps.setdefault(kind_of(m)[0], []).append(row)
     maps = {k: np.stack(v) for k, v in maps.items() if not np.isnan(np.stack(v)).all()}
     label = t(SUMMARY_LABELS[quantity])
-    return _kind_maps(maps, label, label, custom=False, scale="seq")
+    return _layer_head_maps(_by_kind_title(maps), label, label, diverging=False)
 
 
 # ---------------------------------------------------------------- attribution
@@ -171,18 +174,10 @@ def attribution_bars(attr) -> go.Figure:
 def flip_maps(hf, labels: Sequence[str]) -> go.Figure:
     """Layer × head maps: preference w[to1] − w[to2] in A, in B, and the flip A − B."""
     names = [t("preference in A"), t("preference in B"), t("flip (A − B)")]
-    fig = make_subplots(1, 3, subplot_titles=names, horizontal_spacing=0.06)
-    r = F.symmetric_range(hf.pref_a, hf.pref_b, hf.flip)
-    for c, z in enumerate((hf.pref_a, hf.pref_b, hf.flip), start=1):
-        L, H = z.shape
-        fig.add_trace(F.heatmap_trace(z, "diff", [str(h) for h in range(H)], [str(i) for i in range(L)],
-                                      value_name=names[c - 1], zrange=r, showscale=c == 3,
-                                      hover_x=t("head"), hover_y=t("layer")), 1, c)
-        fig.update_xaxes(title=t("head"), type="category", row=1, col=c)
-        fig.update_yaxes(title=t("layer") if c == 1 else None, type="category", autorange="reversed", row=1, col=c)
     q, k1, k2 = labels
-    return _layout(fig, t("Preference of “{q}” for “{a}” over “{b}” (w[{a}] − w[{b}]) per head",
-                          q=q, a=k1, b=k2), 360)
+    return _layer_head_maps(dict(zip(names, (hf.pref_a, hf.pref_b, hf.flip), strict=True)), names,
+                            t("Preference of “{q}” for “{a}” over “{b}” (w[{a}] − w[{b}]) per head",
+                              q=q, a=k1, b=k2), height=360)
 
 
 def row_diff(hf) -> go.Figure:
