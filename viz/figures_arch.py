@@ -28,29 +28,32 @@ class Block(NamedTuple):
 
 ATTN, NORM, FFN, EMB, OUT = "#fbe3b3", "#f6f6b8", "#c9e7f8", "#f7cfd6", "#d9d2f0"
 ENC_X, DEC_X = 0.27, 0.73
+
+
+def _attention(kind: str) -> dict:
+    """The Attention page's URL parameters (viz/attention_views.py) for one kind: enc, dec or cross."""
+    return {"attn_kind": kind, "layer": "{layer}", "head": "{head}"}
+
+
+def _sublayer(stack: str, sub: str) -> dict:
+    """The Inside-a-layer page's URL parameters for one sublayer (its Add & Norm included)."""
+    return {"stack": stack, "layer": "{layer}", "sub": sub}
+
+
 BLOCKS = [
     Block("src_embed", N_("Input embedding ×√d + positional encoding"), ENC_X, 0.10, EMB, "tokens", {}),
-    Block("enc_self", N_("Multi-head self-attention"), ENC_X, 0.30, ATTN, "attention",
-          {"attn_kind": "enc", "layer": "{layer}", "head": "{head}"}),
-    Block("enc_norm1", N_("Add & Norm"), ENC_X, 0.41, NORM, "layer",
-          {"stack": "encoder", "layer": "{layer}", "sub": "self_attn"}),
-    Block("enc_ffn", N_("Feed-forward network"), ENC_X, 0.53, FFN, "layer",
-          {"stack": "encoder", "layer": "{layer}", "sub": "ffn"}),
-    Block("enc_norm2", N_("Add & Norm"), ENC_X, 0.64, NORM, "layer",
-          {"stack": "encoder", "layer": "{layer}", "sub": "ffn"}),
+    Block("enc_self", N_("Multi-head self-attention"), ENC_X, 0.30, ATTN, "attention", _attention("enc")),
+    Block("enc_norm1", N_("Add & Norm"), ENC_X, 0.41, NORM, "layer", _sublayer("encoder", "self_attn")),
+    Block("enc_ffn", N_("Feed-forward network"), ENC_X, 0.53, FFN, "layer", _sublayer("encoder", "ffn")),
+    Block("enc_norm2", N_("Add & Norm"), ENC_X, 0.64, NORM, "layer", _sublayer("encoder", "ffn")),
     Block("tgt_embed", N_("Output embedding ×√d + positional encoding"), DEC_X, 0.10, EMB, "tokens", {}),
-    Block("dec_self", N_("Masked multi-head self-attention"), DEC_X, 0.26, ATTN, "attention",
-          {"attn_kind": "dec", "layer": "{layer}", "head": "{head}"}),
-    Block("dec_norm1", N_("Add & Norm"), DEC_X, 0.35, NORM, "layer",
-          {"stack": "decoder", "layer": "{layer}", "sub": "self_attn"}),
+    Block("dec_self", N_("Masked multi-head self-attention"), DEC_X, 0.26, ATTN, "attention", _attention("dec")),
+    Block("dec_norm1", N_("Add & Norm"), DEC_X, 0.35, NORM, "layer", _sublayer("decoder", "self_attn")),
     Block("cross", N_("Multi-head cross-attention (Q: decoder, K, V: encoder)"), DEC_X, 0.46, ATTN, "attention",
-          {"attn_kind": "cross", "layer": "{layer}", "head": "{head}"}),
-    Block("dec_norm2", N_("Add & Norm"), DEC_X, 0.55, NORM, "layer",
-          {"stack": "decoder", "layer": "{layer}", "sub": "cross_attn"}),
-    Block("dec_ffn", N_("Feed-forward network"), DEC_X, 0.65, FFN, "layer",
-          {"stack": "decoder", "layer": "{layer}", "sub": "ffn"}),
-    Block("dec_norm3", N_("Add & Norm"), DEC_X, 0.74, NORM, "layer",
-          {"stack": "decoder", "layer": "{layer}", "sub": "ffn"}),
+          _attention("cross")),
+    Block("dec_norm2", N_("Add & Norm"), DEC_X, 0.55, NORM, "layer", _sublayer("decoder", "cross_attn")),
+    Block("dec_ffn", N_("Feed-forward network"), DEC_X, 0.65, FFN, "layer", _sublayer("decoder", "ffn")),
+    Block("dec_norm3", N_("Add & Norm"), DEC_X, 0.74, NORM, "layer", _sublayer("decoder", "ffn")),
     Block("generator", N_("Linear + softmax → next-token probabilities"), DEC_X, 0.92, OUT, "decoder", {}),
     Block("masks", N_("Masks"), 0.5, 0.10, "#e4e7ec", "padding", {}),
 ]
