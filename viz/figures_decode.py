@@ -313,8 +313,8 @@ def film_strip_figure(frames: Sequence[tuple[int, np.ndarray]], row_names: Seque
             fig.layout.annotations[i - 1].font = dict(color=ORANGE, size=14)
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
-    fig.update_layout(height=190, title=t("Film strip of the probe example: {what}", what=what or t("cross-attention")),
-                      **_BASE)
+    fig.update_layout(height=210, title=t("Film strip of the probe example: {what}", what=what or t("cross-attention")),
+                      **(_BASE | dict(margin=dict(l=10, r=10, t=75, b=10))))  # room for the step titles
     return fig
 
 

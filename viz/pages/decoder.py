@@ -187,8 +187,9 @@ def token_chips(tokens: list[str], new: str, model_p: float, sample_p: float | N
     else:
         where = t("p = {ps} in the distribution it was sampled from (after temperature, top-k, top-p); "
                   "p = {pm} under the model (softmax of the raw logits)", ps=f"{sample_p:.4f}", pm=f"{model_p:.4f}")
-    st.html(f"<div>{html.escape(t('Decoder input:'))} {seen} &nbsp;→&nbsp; {html.escape(t('chosen:'))} {chosen} "
-            f"<span style='color:#666'>({html.escape(where)})</span></div>")
+    inp, pick = html.escape(t("Decoder input:")), html.escape(t("chosen:"))
+    where = html.escape(where)
+    st.html(f"<div>{inp} {seen} &nbsp;→&nbsp; {pick} {chosen} <span style='color:#666'>({where})</span></div>")
 
 
 def next_token_view(ckpt, rec, step: int, strategy: str, options: dict) -> None:
