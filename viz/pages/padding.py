@@ -116,7 +116,7 @@ c1.metric(t("Right: sum / real tokens"), f"{losses.right_mean:.4f}",
           help=t("{s} / {n} real tokens, what F.cross_entropy(ignore_index=pad_id) computes.",
                  s=f"{per_token.sum():.4f}", n=n_real))
 c2.metric(t("Wrong (seed 001): torch.mean(loss * mask)"), f"{losses.wrong_mean:.4f}",
-          delta=f"{losses.wrong_mean - losses.right_mean:+.4f}", delta_color="inverse",
+          delta=f"{losses.wrong_mean - losses.right_mean:+.4f}", delta_color="off",
           help=t("{s} / {n} positions: the [PAD] zeros are counted, so the loss shrinks as padding grows.",
                  s=f"{per_token.sum():.4f}", n=n_all))
 st.dataframe([{t("sentence"): i, t("position"): j, t("label"): meta["next_tokens"][i][j],
