@@ -208,7 +208,8 @@ def test_play_starts_from_the_first_step_and_pauses(shipped):
     assert_clean(at)
     assert at.slider(key="dec_step").value == 1  # replays from the start
     assert at.session_state["dec_playing"] is True
-    at.run()  # a rerun before the tick is due (the fragment timer fired early) does not advance
+    at.session_state["dec_tick"] = float("inf")  # the injected clock: the next tick is not due yet
+    at.run()  # a rerun before the tick is due does not advance
     assert at.slider(key="dec_step").value == 1
     at.session_state["dec_tick"] = float("-inf")  # the injected clock: the last advance was long ago
     at.run()  # what the fragment's timer does in the browser: a rerun advances one step
