@@ -417,6 +417,12 @@ def output_line(out, limit: int) -> None:
         st.markdown(t("**Output:** `{text}` · {stats}, ended with [EOS]", text=out.text, stats=stats))
         return
     st.markdown(t("**Output:** `{text}` · {stats}", text=out.text, stats=stats))
+    loop = getattr(out, "loop", None)
+    if loop is not None:  # model.decode's loop guard stopped it (when the caller enables it)
+        st.warning(t("The model did not stop: its output ends with “{ngram}” repeated {n} times, more often than "
+                     "the source repeats it, so decoding stopped there (a loop).", ngram=" ".join(loop.ngram),
+                     n=loop.repeats), icon="🔁")
+        return
     st.warning(t("The model did not stop: it produced no [EOS] and was stopped at the {limit}-token limit "
                  "(the model's max_len − 1 positions; the same limit on every page).", limit=limit), icon="✂️")
 
