@@ -51,9 +51,12 @@ def _check_header(path: Path, label: str, max_names: int) -> None:
         if len(head) < 8:
             raise TraceFileError(f"{label} is {size} bytes: too short to be a safetensors file")
         n = int.from_bytes(head, "little")
-        if n > MAX_HEADER_BYTES or 8 + n > size:
+        if n > MAX_HEADER_BYTES:
             raise TraceFileError(f"{label} is not a safetensors trace: its first 8 bytes announce a {n:,}-byte "
-                                 f"header, but the file has {size:,} bytes (limit {MAX_HEADER_BYTES:,})")
+                                 f"header (the limit is {MAX_HEADER_BYTES:,})")
+        if 8 + n > size:
+            raise TraceFileError(f"{label} is truncated (or not safetensors): its header alone should take "
+                                 f"{n:,} bytes, and the file has {size:,}")
         try:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -76,7 +79,7 @@ def _check_header(path: Path, label: str, max_names: int) -> None:
         if min(shape, default=0) < 0 or not 0 <= start <= end <= data or end - start != claimed:
             raise TraceFileError(f"{label}: tensor {name[:80]!r} claims shape {shape[:8]} ({claimed:,} bytes) at "
                                  f"bytes {start:,}..{end:,}, but the file holds {data:,} bytes of data; "
-                                 "the file is corrupt or forged")
+                                 "the file is truncated, corrupt or forged")
 
 
 class Trace(Mapping):

@@ -23,6 +23,16 @@ def _fail_unexpected_skip(report, may_skip: bool, where: str) -> None:
                            "or mark it @pytest.mark.may_skip(reason=...) if skipping is legitimate.")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The fast subset (`pytest -m "not slow"`) leaves out the real-browser tests and every module that
+    runs the app (AppTest): they start Streamlit and load models, seconds a test. Other slow tests carry
+    @pytest.mark.slow themselves."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("browser") or (module is not None and "AppTest" in vars(module)):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -130,6 +130,7 @@ def test_head_importance_batched_equals_one_at_a_time(small_model, batch):
     assert abs(top[0][2]) == pytest.approx(np.abs(hi.delta).max())
 
 
+@pytest.mark.slow
 def test_exact_match_importance_matches_single_ablations(dates):
     pairs = runs.held_out(dates, 4)
     em = heads.exact_match_importance(dates, pairs)
@@ -151,6 +152,7 @@ def test_head_summary_hand_example():
 # ---------------------------------------------------------------- decoding under hooks
 
 
+@pytest.mark.slow
 def test_greedy_without_hooks_equals_the_cached_decoder(dates):
     t = dates.tgt_tokenizer
     pairs = runs.held_out(dates, 6)
@@ -166,6 +168,7 @@ def test_greedy_without_hooks_equals_the_cached_decoder(dates):
     np.testing.assert_allclose(one.logprobs, want.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_before_after_traces(dates):
     ba = runs.before_after(dates, "3 november 2023", iv.no_positional("encoder"))
     assert ba.before.text == "2023-11-03" and ba.after.text != ba.before.text
@@ -182,6 +185,7 @@ def test_teacher_forced_loss_and_the_seed_loss(dates):
     assert cut["loss"] > runs.teacher_forced_loss(dates, runs.held_out(dates, 20))["loss"]
 
 
+@pytest.mark.slow
 def test_training_without_the_mask_leaves_the_checkpoint_alone(dates):
     before = {k: v.clone() for k, v in dates.model.state_dict().items()}
     c = cheating.train_without_mask(dates, steps=2, batch_size=8, n_eval=4)
@@ -208,6 +212,7 @@ def test_compare_inputs_on_minilm(minilm):
         compare.compare_inputs(minilm, PAIR_A, PAIR_B, to1="zebra")
 
 
+@pytest.mark.slow
 def test_preference_importance_equals_a_single_ablation(minilm):
     hi = compare.preference_importance(minilm, PAIR_A)
     assert hi.delta.shape == (6, 12)

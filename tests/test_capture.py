@@ -123,7 +123,10 @@ def test_truncated_foreign_and_missing_trace_files(small_model, batch, tmp_path)
     trace.save(good)
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(good.read_bytes()[:200])
-    with pytest.raises(TraceFileError, match="truncated, corrupt"):
+    with pytest.raises(TraceFileError, match="cut.safetensors is truncated"):
+        Trace.load(cut)
+    cut.write_bytes(good.read_bytes()[:-10])  # the header intact, the data short
+    with pytest.raises(TraceFileError, match="holds .* bytes of data; the file is truncated"):
         Trace.load(cut)
     from safetensors.torch import save_file
 

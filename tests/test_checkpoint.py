@@ -26,6 +26,7 @@ def test_shipped_checkpoints_are_listed():
     assert list_checkpoints() == sorted(REQUIRED_ACCURACY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REQUIRED_ACCURACY))
 def test_shipped_heldout_accuracy(name):
     """Exact match on 500 test-split pairs (never seen in training), batched greedy decoding."""
@@ -188,6 +189,7 @@ def test_tokenizer_that_does_not_match_the_model_is_refused(copy):
         load_checkpoint(copy)
 
 
+@pytest.mark.slow
 def test_one_generation_limit_for_trace_and_translate():
     """A model that never stops (reverse, 116 characters: longer than it was trained on) is cut at
     the same limit by trace() and translate(), and both say so, instead of trace() failing with

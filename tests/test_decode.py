@@ -24,6 +24,7 @@ def kw(c):
     return {"id_to_token": t.id_to_token, "detok": t.decode}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TEXTS))
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
 def test_teacher_forced_pass_reproduces_step_logits(name, strategy):
@@ -43,6 +44,7 @@ def test_teacher_forced_pass_reproduces_step_logits(name, strategy):
         torch.testing.assert_close(s.self_attn, own, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TEXTS))
 def test_kv_cache_equals_recomputing_the_prefix(name):
     c = ckpt(name)
@@ -62,6 +64,7 @@ def test_kv_cache_equals_recomputing_the_prefix(name):
     )
 
 
+@pytest.mark.slow
 def test_batched_greedy_matches_single_greedy():
     c = ckpt("dates")
     texts = ["3 november 2023", "2023年11月3日", "Friday, 1 March 2024", "1999/12/31"]
@@ -94,6 +97,7 @@ def test_beam_tree_structure():
     assert out.options == {"beam_width": 3, "length_penalty": 0.6}
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_reproducible():
     c = ckpt("zh-en")
     opts = {"temperature": 1.5, "top_k": 20, "top_p": 0.95}
@@ -136,6 +140,7 @@ def test_step_records():
         assert s.logits.shape == (c.cfg.tgt_vocab_size,)
 
 
+@pytest.mark.slow
 def test_bad_inputs():
     c = ckpt("dates")
     for text in ("", "   \n\t"):
@@ -217,6 +222,7 @@ def test_loop_guard_rule():
         dec.LoopGuard([], 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TEXTS))
 def test_loop_guard_never_stops_a_correct_output(name):
     """On held-out test pairs the guard changes nothing: the shipped models' right answers never loop."""
@@ -231,6 +237,7 @@ def test_loop_guard_never_stops_a_correct_output(name):
     assert guarded == plain
 
 
+@pytest.mark.slow
 def test_beam_search_stops_loops_too():
     c = ckpt("zh-en")
     t = c.tgt_tokenizer

@@ -121,6 +121,7 @@ def test_the_model_continues_with_the_hook_result_and_the_trace_records_it(batch
     assert tr.meta["hooks"] == {"*.embed.pos": "zero_pos"}
 
 
+@pytest.mark.slow
 def test_a_hook_on_keys_acts_once_per_position_under_the_kv_cache():
     """Greedy decoding (KV cache) under a hook == a teacher-forced pass under it on the output."""
     ckpt = load_checkpoint("dates")
@@ -185,6 +186,7 @@ def test_hooks_in_eight_threads_never_see_each_other(batch):
     assert all(all(v) for v in results.values()) and len(results) == 8
 
 
+@pytest.mark.slow
 def test_pretrained_encoder_takes_hooks():
     from model import pretrained
 
@@ -197,6 +199,7 @@ def test_pretrained_encoder_takes_hooks():
     assert not torch.equal(hidden[-1], hooked[-1])
 
 
+@pytest.mark.slow
 def test_capture_cli_runs_without_runpy_warning(tmp_path):
     out = tmp_path / "x.safetensors"
     r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "model.capture", "--checkpoint",

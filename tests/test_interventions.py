@@ -132,6 +132,7 @@ def test_sinusoidal_positions_read_back():
         assert torch.equal(iv.sinusoidal_positions(table), pos)
 
 
+@pytest.mark.slow
 def test_pe_base_1000_equals_rebased_table_also_when_decoding_with_cache(small_model, batch):
     ref = copy.deepcopy(small_model)
     table = iv.sinusoidal_table(torch.arange(ref.cfg.max_len), ref.cfg.d_model, base=1000.0).float()

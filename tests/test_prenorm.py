@@ -20,6 +20,7 @@ def test_noam_factor_puts_the_peak_at_peak_lr(warmup):
     assert all(noam_lr(s, 64, warmup, factor=f) <= 0.003 * (1 + 1e-12) for s in range(1, 400))
 
 
+@pytest.mark.slow
 def test_run_experiment_trains_four_runs_with_the_same_peak(tmp_path):
     res = P.run_experiment(steps=4, batch_size=8, warmup=3, peak_lr=0.002, model=TINY, results=tmp_path / "r.json")
     assert [r["label"] for r in res["runs"]] == ["post-LN, warmup 1", "pre-LN, warmup 1",

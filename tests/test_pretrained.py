@@ -168,6 +168,7 @@ def test_pad_token_in_text_is_an_error(mini):
 # ---------------------------------------------------------------- vs reference
 
 
+@pytest.mark.slow
 @needs_package
 @pytest.mark.parametrize("which", ["seed", "mixed", "short", "max_length"])
 def test_hidden_states_and_attention_match_reference(mini, bert, which):
@@ -188,6 +189,7 @@ def test_hidden_states_and_attention_match_reference(mini, bert, which):
     torch.testing.assert_close(trace["encoder.out"], ref.last_hidden_state, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @needs_package
 def test_sentence_embeddings_match_reference(mini, bert, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -217,6 +219,7 @@ def test_sentence_embeddings_match_reference(mini, bert, monkeypatch):
     assert food @ bread > food @ drums + 0.2
 
 
+@pytest.mark.slow
 @needs_package
 def test_embedding_does_not_depend_on_batching(mini):
     alone = torch.cat([mini.embed(t) for t in TEXTS])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from model import load_checkpoint
@@ -22,6 +23,7 @@ def _trace():
     return load_checkpoint("dates").trace("3 november 2023", names=["*.weights", "logits"])[1]
 
 
+@pytest.mark.slow
 def test_training_in_one_thread_while_another_traces():
     reference = _trace()  # before anyone trains
     threads = torch.get_num_threads()

@@ -19,17 +19,20 @@ def tiny():
     return train("dates", TINY, steps=60, batch_size=32, warmup=20, film_every=20, eval_n=20)
 
 
+@pytest.mark.slow
 def test_short_run_lowers_the_loss(tiny):
     loss = tiny.log["loss"]
     assert len(loss) == 60 and sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.5
     assert sum(tiny.log["acc"][-10:]) > sum(tiny.log["acc"][:10])
 
 
+@pytest.mark.slow
 def test_log_lr_follows_noam(tiny):
     for step, lr in zip(tiny.log["step"], tiny.log["lr"], strict=True):
         assert lr == pytest.approx(noam_lr(step, 32, 20, factor=0.5))
 
 
+@pytest.mark.slow
 def test_meta_and_film(tiny):
     m = tiny.meta
     assert m["task"] == "dates" and m["steps"] == 60 and 0.0 <= m["accuracy"] <= 1.0
@@ -51,6 +54,7 @@ def test_teacher_forcing_batch_shifts_targets():
     assert src[0, 3:].tolist() == [src_tok.eos_id, 0, 0]  # sources end with [EOS]
 
 
+@pytest.mark.slow
 def test_callback_can_stop_and_sees_metrics():
     seen = []
 
@@ -65,6 +69,7 @@ def test_callback_can_stop_and_sees_metrics():
     assert [s for s, _ in c.film()] == [0, 2, 4, 5]
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_the_global_rng_untouched():
     """Dropout on, so the run draws random numbers: from its own seeded fork, not the process's generator."""
     cfg = TINY | {"dropout": 0.1}
@@ -85,6 +90,7 @@ def test_same_seed_same_run_and_the_global_rng_untouched():
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.slow
 def test_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
     main(
         [
