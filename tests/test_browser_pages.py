@@ -85,17 +85,22 @@ def change_pretrained(page) -> None:
 CHANGES = {"decoder": change_decoder, "training": change_training, "pretrained": change_pretrained}
 
 
-@pytest.mark.parametrize("name", list(CHANGES))
-def test_reload_and_shared_link_give_the_same_picture_and_back_leaves(name, server, browser, page):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.goto(server + "/")  # the page the user comes from
+def open_and_change(page, server: str, name: str) -> None:
+    """Come from the default page, open `name` (a page change: one history entry), change its view."""
+    page.goto(server + "/")
     wait_drawn(page)
-    page.goto(f"{server}/{name}")  # url_path = the file stem (app.py); the nav may fold long lists
+    page.goto(f"{server}/{name}")  # url_path = the file stem (app.py)
     wait_drawn(page)
     CHANGES[name](page)
+    assert not page.locator('[data-testid="stException"]').count()
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_reload_and_shared_link_give_the_same_picture(name, server, browser, page):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    open_and_change(page, server, name)
     url, picture = page.url, page.evaluate(PICTURE)
     assert picture, "no chart drawn"
-    assert not page.locator('[data-testid="stException"]').count()
     page.screenshot(path=str(SHOTS / f"link-{name}-changed.png"), full_page=True)
 
     page.reload()
@@ -114,6 +119,11 @@ def test_reload_and_shared_link_give_the_same_picture_and_back_leaves(name, serv
     finally:
         fresh.close()
 
-    page.go_back()  # one press leaves the page: the control changes replaced the history entry
-    page.wait_for_function(f"() => location.pathname !== {urlparse(url).path!r}", timeout=30_000)
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_back_leaves_the_page_in_one_press(name, server, page):
+    """View changes replace the history entry; only the page change added one."""
+    open_and_change(page, server, name)
+    page.go_back()
+    page.wait_for_function(f"() => location.pathname !== '/{name}'", timeout=30_000)
     assert urlparse(page.url).path == "/"
