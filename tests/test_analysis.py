@@ -70,6 +70,7 @@ def test_spearman_ties_and_constants():
     assert math.isnan(attribution.spearman([1, 1, 1], [1, 2, 3]))
 
 
+@pytest.mark.slow
 def test_attribution_methods_against_direct_computations(small_model, batch):
     model = small_model.double()
     src, tgt = batch[0][:1], batch[1][:1]
@@ -109,6 +110,7 @@ def test_attribution_methods_against_direct_computations(small_model, batch):
 # ---------------------------------------------------------------- heads
 
 
+@pytest.mark.slow
 def test_head_importance_batched_equals_one_at_a_time(small_model, batch):
     src, tgt = batch[0][:1], batch[1][:1]
     labels = torch.roll(tgt, -1, 1)
@@ -176,6 +178,7 @@ def test_before_after_traces(dates):
     assert ba.trace_after.meta["next_tokens"][:-1] == ba.after.tokens
 
 
+@pytest.mark.slow
 def test_teacher_forced_loss_and_the_seed_loss(dates):
     zh = load_checkpoint("zh-en")  # targets of different lengths: a padded batch
     got = runs.teacher_forced_loss(zh, runs.held_out(zh, 20))
