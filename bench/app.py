@@ -10,7 +10,7 @@ In a real browser (Playwright + Debian's Chromium, like tests/test_browser.py):
 - bytes: websocket frames received by the browser for a 256-token input, on the attention
   and decoder pages (a random-weight clone of the shipped checkpoint with max_len 512: the
   shipped ones are trained on short inputs), against the hello-world page.
-Targets: cold start <= 4 s, head change <= 0.5 s.
+Targets (issue 12): cold start <= 1.3x the hello-world page, head change <= 150 ms (median).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ st.title("Hello")
 st.write("A reference page: one small plotly chart.")
 st.plotly_chart(go.Figure(go.Heatmap(z=[[0, 1], [1, 0]])))
 '''
-TARGET_COLD_S, TARGET_HEAD_S = 4.0, 0.5
+TARGET_COLD_RATIO, TARGET_HEAD_S = 1.3, 0.150
 
 
 def free_port() -> int:
@@ -124,6 +124,23 @@ def cold_start(browser, app: Path, path: str = "/", env: dict | None = None) -> 
         stop_server(proc)
 
 
+def pick_head(page, h: int) -> float:
+    """Choose head `h` in the "Head" select; seconds from the click to a heatmap redrawn with that head
+    (its title says "· head h ·"). Waits for the page to settle before returning."""
+    page.locator('[data-testid="stSelectbox"]').get_by_role("combobox", name="Head", exact=True).first.click()
+    option = page.get_by_role("option", name=str(h), exact=True)
+    option.wait_for()
+    t0 = time.perf_counter()
+    option.click()
+    page.wait_for_function(
+        "h => [...document.querySelectorAll('.js-plotly-plot')].some("
+        "el => (el.layout?.title?.text || '').includes('· head ' + h + ' ·'))", arg=h, polling="raf",
+        timeout=60_000)
+    took = time.perf_counter() - t0
+    wait_drawn(page)  # let the rest of the page settle before the next change
+    return took
+
+
 def head_changes(browser, port: int, heads: list[str]) -> list[float]:
     """Seconds from choosing another head on the attention page to the redrawn heatmap, per change."""
     ctx = browser.new_context(viewport=VIEWPORT)
@@ -131,22 +148,7 @@ def head_changes(browser, port: int, heads: list[str]) -> list[float]:
     try:
         page.goto(f"http://127.0.0.1:{port}/")
         wait_drawn(page)
-        combo = page.locator('[data-testid="stSelectbox"]').get_by_role("combobox", name="Head", exact=True)
-        combo = combo.first
-        times = []
-        for h in heads:
-            combo.click()
-            option = page.get_by_role("option", name=h, exact=True)
-            option.wait_for()
-            t0 = time.perf_counter()
-            option.click()
-            page.wait_for_function(
-                "h => [...document.querySelectorAll('.js-plotly-plot')].some("
-                "el => (el.layout?.title?.text || '').includes('· head ' + h))", arg=h, polling="raf",
-                timeout=30_000)
-            times.append(time.perf_counter() - t0)
-            wait_drawn(page)  # let the rest of the page settle before the next change
-        return times
+        return [pick_head(page, int(h)) for h in heads]
     finally:
         ctx.close()
 
@@ -233,7 +235,7 @@ def main() -> None:
     print(f"cold start -> first page drawn   app {app_draw:6.2f} s (server ready {ready:.2f} s, script done "
           f"{script:.2f} s)   "
           f"hello-world {ref_draw:.2f} s   ratio {app_draw / ref_draw:.2f}x   "
-          f"target <= {TARGET_COLD_S:g} s [{'ok' if app_draw <= TARGET_COLD_S else 'MISSED'}]")
+          f"target <= {TARGET_COLD_RATIO:g}x [{'ok' if app_draw / ref_draw <= TARGET_COLD_RATIO else 'MISSED'}]")
     print(f"change head -> heatmap redrawn   median {head * 1000:6.0f} ms (min {min(heads) * 1000:.0f}, "
           f"max {max(heads) * 1000:.0f}, n={len(heads)})   target <= {TARGET_HEAD_S * 1000:g} ms "
           f"[{'ok' if head <= TARGET_HEAD_S else 'MISSED'}]")

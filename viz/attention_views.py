@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+import weakref
 from collections import OrderedDict
+from contextlib import nullcontext
 
 import streamlit as st
 
@@ -45,6 +48,7 @@ VIEWS = {  # stable id (URL value) -> label
     "masks": N_("Masks"), "qkvz": N_("Q · K · V · z"), "sqrt": N_("Why √d_k"),
 }
 FIGURE_CACHE = 8  # head-independent figures kept per session (each a few hundred kB at most)
+SHARED_FIGURES = 32  # ... and shared by all sessions (figures of shared traces; pooled, so small)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -126,20 +130,39 @@ def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
     return a, b
 
 
-def cached_figure(trace, build, *args, **kwargs):
-    """`build(trace, *args, **kwargs)` for this session's trace, cached in the session (bounded LRU).
+_SHARED: OrderedDict = OrderedDict()  # head-independent figures of shared traces, all sessions
+_SHARED_LOCK = threading.Lock()
 
-    For figures that do not depend on the head: a head switch then costs nothing for them. The key
-    holds the trace object itself, so a new trace never meets an old trace's figure."""
-    cache = st.session_state.setdefault("_al_figures", OrderedDict())
-    key = (id(trace), build.__name__, args, tuple(sorted(kwargs.items())), current_lang())
-    hit = cache.get(key)
-    if hit is None or hit[0] is not trace:
-        hit = cache[key] = (trace, build(trace, *args, **kwargs))
-        while len(cache) > FIGURE_CACHE:
+
+def cached_figure(trace, build, *args, shared: bool = False):
+    """`build(trace, *args)`, cached (bounded LRU) for figures that do not depend on the head, so a
+    head switch costs nothing for them.
+
+    shared=False: in this session (the figure may be changed in place, e.g. the model view's outline).
+    shared=True: for every session (never changed after building): a class opening the same link builds
+    it once. An entry refers to its trace weakly (it never keeps a trace alive) and is used only for that
+    very trace object, so a new trace never meets an old trace's figure."""
+    key = (id(trace), build.__name__, args, current_lang())
+    if shared:
+        cache, lock, size = _SHARED, _SHARED_LOCK, SHARED_FIGURES
+    else:
+        cache, lock, size = st.session_state.setdefault("_al_figures", OrderedDict()), nullcontext(), FIGURE_CACHE
+    with lock:
+        hit = cache.get(key)
+    if hit is None or hit[0]() is not trace:
+        hit = (weakref.ref(trace), build(trace, *args))
+    with lock:
+        cache[key] = hit
+        cache.move_to_end(key)
+        while len(cache) > size:
             cache.popitem(last=False)
-    cache.move_to_end(key)
     return hit[1]
+
+
+def _shared(trace) -> bool:
+    """Whether `trace` comes from the process-wide trace cache (a shipped model), not from a model
+    trained in this session (whose traces must not outlive the session in a process-wide cache)."""
+    return trace.meta.get("checkpoint") not in common.session_models()
 
 
 def render_attention(trace, key: str = "attn", output: str | None = None) -> None:
@@ -179,7 +202,7 @@ def _all_heads(trace, key: str, names: list[str], layer: int, head: int) -> None
         st.caption(t("A long input: each panel is downsampled {b}×, each cell is the max of a {b}×{b} block of "
                      "weights (a single sharp weight stays visible); hover shows the positions a cell covers. "
                      "The head heatmap above is at full resolution.", b=block))
-    common.show_figure(cached_figure(trace, F.heads_grid, name), key=f"{key}_heads_fig",
+    common.show_figure(cached_figure(trace, F.heads_grid, name, shared=_shared(trace)), key=f"{key}_heads_fig",
                        filename=f"{name}-heads")
 
 
@@ -248,7 +271,7 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int) ->
         "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
         "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
         "the softmax rows would be (entropy 0 = one-hot, log n = uniform)."))
-    common.show_figure(cached_figure(trace, F.scaling_figure, name), key=f"{key}_scale_fig",
+    common.show_figure(cached_figure(trace, F.scaling_figure, name, shared=_shared(trace)), key=f"{key}_scale_fig",
                        filename=f"{name}-sqrt-dk")
     s = F.scaling_stats(trace, name)
     st.caption(t("Measured on this module: Var(q) = {vq}, Var(k) = {vk}, Var(QKᵀ) = {vqk}, Var(QKᵀ/√d_k) = "
