@@ -10,7 +10,7 @@ State rules (Streamlit serves many sessions from threads of one process):
 
 URL rules (issue 13): the URL carries the view (model, text, page controls) so a link reopens it.
 `write_query` is the one place that writes it. Streamlit's frontend *pushes* a history entry for
-every query-string change; `_history_patch` (injected by the sidebar) turns a push that keeps the
+every query-string change; `install_history_patch` (app.py, first thing) turns a push that keeps the
 page path into a replace, so only a page change adds an entry and Back leaves a page in one press.
 `seed_from_query` gives a widget its first value: the URL, else the value this session last had
 (so Attention -> Tokens -> Attention keeps the view, and so does an input error), else a default.
@@ -215,8 +215,13 @@ _HISTORY_PATCH = """<script>
 </script>"""
 
 
-def _history_patch() -> None:
+def install_history_patch() -> None:
+    """Draw the patch (an invisible script in the sidebar). app.py calls it once per run, before the
+    first URL write (the language switch's ?lang=), so that write replaces the history entry too."""
     st.sidebar.html(_HISTORY_PATCH, unsafe_allow_javascript=True)
+
+
+_history_patch = install_history_patch  # the name app.py uses
 
 
 def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], Any] = str,
@@ -246,7 +251,7 @@ def write_query(**params: Any) -> None:
     """Mirror the current view into the URL so it can be shared (None removes a parameter).
 
     The one place that writes the URL: one message per call, none when nothing changed, and a
-    replaced (not pushed) history entry, see `_history_patch`."""
+    replaced (not pushed) history entry, see `install_history_patch`."""
     current = {k: st.query_params.get_all(k) for k in st.query_params}
     new = {k: v[-1] if len(v) == 1 else v for k, v in current.items()}
     for k, v in params.items():
@@ -305,7 +310,6 @@ def sidebar() -> Selection | None:
     """Checkpoint select, source text and figure-export format, in the sidebar. Call once per run
     (app.py does), before the page. Returns None (after showing why) if no model can be loaded."""
     st.session_state[_SEL_KEY] = None
-    _history_patch()
     try:
         names = checkpoint_names()
     except Exception as e:  # any failure here must still leave a page with a message
