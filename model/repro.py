@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import TransformerConfig
+from .trace import check_safetensors_header
 from .transformer import Transformer
 
 MODEL_DIR_FORMAT = "attention-lab-model-dir"
@@ -119,7 +120,10 @@ def load_model_dir(path: str | Path = TINY_MODEL) -> CharModel:
                          f"{MODEL_DIR_FORMAT!r} and model.safetensors)")
     info = json.loads((path / "config.json").read_text())
     model = Transformer(TransformerConfig.from_dict(info["config"]))
-    model.load_state_dict(load_file(str(path / "model.safetensors")))  # strict: every weight must match
+    weights = path / "model.safetensors"
+    # A pickle, a forged header or a truncated file: a clear ValueError before any tensor is read.
+    check_safetensors_header(weights, f"{path.name}/model.safetensors", max_names=100_000, what="model")
+    model.load_state_dict(load_file(str(weights)))  # strict: every weight must match
     return CharModel(model, info["vocab"], info.get("task", "reverse"), name=path.name)
 
 

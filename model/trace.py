@@ -35,8 +35,9 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, 
              "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 
-def _check_header(path: Path, label: str, max_names: int) -> None:
-    """Refuse, from the first bytes and the JSON header alone, what is not a sane safetensors file."""
+def check_safetensors_header(path: Path, label: str, max_names: int, what: str = "trace") -> None:
+    """Refuse, from the first bytes and the JSON header alone, what is not a sane safetensors file
+    (`what` names the expected content in messages: "trace", "model")."""
     size = path.stat().st_size
     if size == 0:
         raise TraceFileError(f"{label}: the file is empty (0 bytes)", "empty")
@@ -52,7 +53,7 @@ def _check_header(path: Path, label: str, max_names: int) -> None:
             raise TraceFileError(f"{label} is {size} bytes: too short to be a safetensors file")
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER_BYTES:
-            raise TraceFileError(f"{label} is not a safetensors trace: its first 8 bytes announce a {n:,}-byte "
+            raise TraceFileError(f"{label} is not a safetensors {what}: its first 8 bytes announce a {n:,}-byte "
                                  f"header (the limit is {MAX_HEADER_BYTES:,})")
         if 8 + n > size:
             raise TraceFileError(f"{label} is truncated (or not safetensors): its header alone should take "
@@ -60,9 +61,9 @@ def _check_header(path: Path, label: str, max_names: int) -> None:
         try:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TraceFileError(f"{label} is not a safetensors trace: its header is not JSON ({e})") from None
+            raise TraceFileError(f"{label} is not a safetensors {what}: its header is not JSON ({e})") from None
     if not isinstance(header, dict):
-        raise TraceFileError(f"{label} is not a safetensors trace: its header is not a JSON object")
+        raise TraceFileError(f"{label} is not a safetensors {what}: its header is not a JSON object")
     entries = {k: v for k, v in header.items() if k != "__metadata__"}
     if len(entries) > max_names:
         raise TraceFileError(f"{label} holds {len(entries):,} tensors; a trace of one forward pass has a few "
@@ -139,7 +140,7 @@ class Trace(Mapping):
         label = label or path.name
         if not path.is_file():
             raise TraceFileError(f"no trace file at {path}", "missing")
-        _check_header(path, label, MAX_NAMES if max_names is None else max_names)
+        check_safetensors_header(path, label, MAX_NAMES if max_names is None else max_names)
         try:
             with safe_open(str(path), framework="pt") as f:
                 header = f.metadata() or {}

@@ -216,3 +216,16 @@ def test_nothing_loads_from_another_host(server, page):
         page.goto(server + path)
         wait_drawn(page, need_chart=chart)
     assert not remote, f"requests to other hosts: {sorted(set(remote))}"
+
+
+@pytest.mark.parametrize("name", ["pickle", "huge tensors", "empty"])
+def test_a_model_directory_with_hostile_weights_is_refused(name, tmp_path):
+    import shutil
+
+    from model.repro import TINY_MODEL, load_model_dir
+
+    shutil.copytree(TINY_MODEL, tmp_path / "tiny")
+    (tmp_path / "tiny" / "model.safetensors").write_bytes(HOSTILE[name][0])
+    with pytest.raises(ValueError, match="tiny/model.safetensors") as e:
+        load_model_dir(tmp_path / "tiny")
+    assert HOSTILE[name][2] in str(e.value) or name == "huge tensors"
