@@ -12,6 +12,7 @@ import streamlit as st
 
 from viz import common, i18n
 from viz.i18n import N_, t
+from viz.task_help import task_help
 
 ROOT = Path(__file__).parent
 DEFAULT = "viz/pages/attention.py"  # opens at "/": the view that shows a Transformer thinking
@@ -39,12 +40,13 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
 
 # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
 st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
+common._history_patch()  # before the first ?lang= write, so that write replaces the history entry
 i18n.language_switch()
 pages = {
     t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
                  for f, title, icon in entries if (ROOT / f).is_file()]
     for section, entries in SECTIONS.items()
 }
-page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view: find your room at once
-common.sidebar()
+page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view
+task_help(common.sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
 page.run()

@@ -27,9 +27,9 @@ def _use_example() -> None:
     st.session_state[PICKER_KEY] = None
 
 
-def problems_text(task: Task, text: str) -> list[str]:
-    """The input problems of `text`, translated."""
-    return [t(p.message, **p.args) for p in task.input_problems(text)]
+def problems_text(task: Task, text: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """The input problems of `text` (minus the kinds in `skip`), translated."""
+    return [t(p.message, **p.args) for p in task.input_problems(text) if p.kind not in skip]
 
 
 def task_help(sel, container=None) -> None:
@@ -48,5 +48,6 @@ def task_help(sel, container=None) -> None:
         st.markdown("\n".join(f"- {t(line)}" for line in task.grammar))
     box.selectbox(t("Example sentences"), task.examples, index=None, key=PICKER_KEY,
                   placeholder=t("Pick one to put it in the source text"), on_change=_use_example)
-    for msg in problems_text(task, sel.text):
+    # Empty input and unknown characters: every page already says so above its figures (the [UNK] note).
+    for msg in problems_text(task, sel.text, skip=("empty", "vocabulary")):
         box.warning(msg, icon="🧭")
