@@ -1,15 +1,30 @@
-"""Attention Lab's instrumented Transformer ("Attention Is All You Need"). No UI imports here."""
+"""Attention Lab's instrumented Transformer ("Attention Is All You Need"). No UI imports here.
 
-from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
-from .checkpoint import list_checkpoints, load_checkpoint
-from .config import TransformerConfig
-from .recorder import CaptureError
-from .schedule import noam_lr
-from .trace import Trace, TraceDiff, TraceFileError, compare_traces
-from .transformer import Transformer, label_smoothed_loss, sinusoidal_encoding
+The names below load on first use (PEP 562), so importing a light submodule (the pytest plugin
+`model.snapshot`, auto-loaded into every pytest run) does not import torch.
+"""
 
-__all__ = [
-    "CaptureError", "MultiHeadAttention", "Trace", "TraceDiff", "TraceFileError", "Transformer",
-    "TransformerConfig", "attention_mask", "causal_mask", "compare_traces", "label_smoothed_loss",
-    "list_checkpoints", "load_checkpoint", "noam_lr", "padding_mask", "sinusoidal_encoding",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "MultiHeadAttention": "attention", "attention_mask": "attention", "causal_mask": "attention",
+    "padding_mask": "attention", "list_checkpoints": "checkpoint", "load_checkpoint": "checkpoint",
+    "TransformerConfig": "config", "CaptureError": "recorder", "noam_lr": "schedule",
+    "Trace": "trace", "TraceDiff": "trace", "TraceFileError": "trace", "compare_traces": "trace",
+    "Transformer": "transformer", "label_smoothed_loss": "transformer", "sinusoidal_encoding": "transformer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

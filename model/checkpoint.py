@@ -36,9 +36,9 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 LOG_KEYS = ("step", "loss", "lr", "acc")
 
 DECODE_OPTIONS = {
-    "greedy": {"max_new_tokens", "n_top"},
-    "beam": {"beam_width", "length_penalty", "max_new_tokens", "n_top"},
-    "sample": {"temperature", "top_k", "top_p", "seed", "max_new_tokens", "n_top"},
+    "greedy": {"max_new_tokens", "n_top", "stop_loops"},
+    "beam": {"beam_width", "length_penalty", "max_new_tokens", "n_top", "stop_loops"},
+    "sample": {"temperature", "top_k", "top_p", "seed", "max_new_tokens", "n_top", "stop_loops"},
 }
 
 
@@ -163,13 +163,22 @@ class Checkpoint:
             options["max_new_tokens"] = self.max_new_tokens
         if strategy == "beam" and "length_penalty" in options:
             options["length_penalty_alpha"] = options.pop("length_penalty")
+        src_tokens = self.src_tokenizer.tokens(src[0].tolist())  # the loop guard compares with the source
+        kw = {**options, **self._decode_kw(), "src_tokens": src_tokens}
         with self.model.hooks(hooks):
             if strategy == "beam":
-                out = dec.beam_search(self.model, src, t.bos_id, t.eos_id, **options, **self._decode_kw())
+                out = dec.beam_search(self.model, src, t.bos_id, t.eos_id, **kw)
             else:
-                out = dec.generate(self.model, src, t.bos_id, t.eos_id, strategy, **options, **self._decode_kw())
-        out.src_tokens = self.src_tokenizer.tokens(src[0].tolist())
+                out = dec.generate(self.model, src, t.bos_id, t.eos_id, strategy, **kw)
+        out.src_tokens = src_tokens
         return out
+
+    def _greedy_ids(self, src: torch.Tensor) -> list[list[int]]:
+        """Batched greedy outputs (no [EOS]) under the shared length limit and the loop guard."""
+        t = self.tgt_tokenizer
+        rows = [self.src_tokenizer.tokens(r.tolist()) for r in src]
+        return dec.greedy_batch(self.model, src, t.bos_id, t.eos_id, self.max_new_tokens,
+                                src_tokens=rows, id_to_token=t.id_to_token)
 
     def translate_batch(self, texts: list[str], batch_size: int = 250) -> list[str]:
         """Greedy outputs of many inputs, batched and without records (for evaluation)."""
@@ -178,7 +187,7 @@ class Checkpoint:
         for i in range(0, len(texts), batch_size):
             rows = [self.encode_source(x)[0] for x in texts[i : i + batch_size]]
             src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.cfg.pad_id)
-            outs += [t.decode(ids) for ids in dec.greedy_batch(self.model, src, t.bos_id, t.eos_id)]
+            outs += [t.decode(ids) for ids in self._greedy_ids(src)]
         return outs
 
     def evaluate(self, pairs: list[tuple[str, str]], batch_size: int = 250) -> float:
@@ -211,12 +220,14 @@ class Checkpoint:
         generated = target is None
         if generated:
             with self.model.hooks(hooks):
-                ids = dec.greedy_batch(self.model, src, t.bos_id, t.eos_id, self.max_new_tokens)[0]
+                ids = self._greedy_ids(src)[0]
             target = t.decode(ids)
-            finished = len(ids) < self.max_new_tokens  # greedy_batch cuts [EOS]: a full-length row has none
+            looped = _loop_of(t.tokens(ids), self.src_tokenizer.tokens(src[0].tolist()))
+            # greedy_batch cuts [EOS]: a full-length row, or one the loop guard stopped, has none
+            finished = len(ids) < self.max_new_tokens and looped is None
         else:
             ids = self.target_ids(target)
-            finished = True
+            finished, looped = True, None
         tgt = torch.tensor([[t.bos_id, *ids]])
         meta = {
             "src_tokens": self.src_tokenizer.tokens(src[0].tolist()),
@@ -229,6 +240,8 @@ class Checkpoint:
             "finished": finished,
             "max_new_tokens": self.max_new_tokens,
         }
+        if generated and looped is not None:
+            meta["looped"] = {"ngram": list(looped.ngram), "repeats": looped.repeats, "at_step": looped.at_step}
         return self.model.run_with_trace(src, tgt, names=names, meta=meta, hooks=hooks)
 
     # ------------------------------------------------------------------ film strip
@@ -302,6 +315,13 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _loop_of(out_tokens: list[str], src_tokens: list[str]) -> dec.Loop | None:
+    """The loop the guard stopped a greedy output at (it stops at the first token that completes one)."""
+    guard = dec.LoopGuard(src_tokens)
+    found = [guard.push(tok) for tok in out_tokens]
+    return found[-1] if found and found[-1] is not None else None
 
 
 def _canon(tok: Tokenizer, text: str) -> str:

@@ -200,10 +200,11 @@ def test_one_generation_limit_for_trace_and_translate():
     assert cap == c.cfg.max_len - 1  # [BOS] + output fits the model's positions
     _, tr = c.trace(text, names="logits")
     assert tr.meta["generated"] is True and tr.meta["finished"] is False and tr.meta["max_new_tokens"] == cap
-    assert len(tr.meta["tgt_tokens"]) == c.cfg.max_len and tr["logits"].shape[1] == c.cfg.max_len
-    out = c.translate(text)
-    assert not out.finished and len(out.steps) == len(out.tokens) == cap
-    assert ["[BOS]", *out.tokens] == tr.meta["tgt_tokens"]  # the same output, the same way
-    assert len(c.translate(text, max_new_tokens=10 * cap).tokens) == cap  # a larger ask is capped too
+    out = c.translate(text)  # this output falls into a loop: both stop at it, the same way, and say so
+    assert not out.finished and out.loop is not None and tr.meta["looped"]["at_step"] == out.loop.at_step
+    assert ["[BOS]", *out.tokens] == tr.meta["tgt_tokens"]
+    endless = c.translate(text, stop_loops=None)  # without the loop guard: the length limit
+    assert not endless.finished and len(endless.steps) == len(endless.tokens) == cap
+    assert len(c.translate(text, max_new_tokens=10 * cap, stop_loops=None).tokens) == cap  # a larger ask is capped
     _, short = c.trace(c.example, names="logits")
     assert short.meta["finished"] is True and c.translate(c.example).finished

@@ -249,7 +249,6 @@ assert plugin.deterministic.__module__ == "model.repro" and "torch" in sys.modul
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="model/__init__.py imports torch eagerly; it needs lazy exports (PEP 562)")
 def test_loading_the_plugin_imports_nothing_heavy():
     """pytest loads the plugin (entry point pytest11) into every run in the environment: it must stay light."""
     r = subprocess.run([sys.executable, "-c", LIGHT_PLUGIN], capture_output=True, text=True, timeout=120)
