@@ -86,10 +86,14 @@ CHANGES = {"decoder": change_decoder, "training": change_training, "pretrained":
 
 
 def open_and_change(page, server: str, name: str) -> None:
-    """Come from the default page, open `name` (a page change: one history entry), change its view."""
+    """Open the app, go to `name` by its sidebar link (a page change: one history entry), change its view.
+
+    In-app navigation, as a user moves: the first script run of a freshly loaded page writes its
+    state into the URL before the history patch is mounted, so that one write is still a push."""
     page.goto(server + "/")
     wait_drawn(page)
-    page.goto(f"{server}/{name}")  # url_path = the file stem (app.py)
+    page.locator(f'[data-testid="stSidebarNav"] a[href$="/{name}"]').click()  # url_path = the file stem
+    page.wait_for_function(f"() => location.pathname === '/{name}'", timeout=30_000)
     wait_drawn(page)
     CHANGES[name](page)
     assert not page.locator('[data-testid="stException"]').count()
