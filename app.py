@@ -40,7 +40,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
 
 # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
 st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
-common._history_patch()  # before the first ?lang= write, so that write replaces the history entry
+common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
 i18n.language_switch()
 pages = {
     t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
