@@ -596,3 +596,15 @@ def test_chinese_pages_are_in_chinese(page):
     assert all(cjk.search(x) and not re.search(r"\b(head|heads|weights|layer|model)\b", x) for x in titles), titles
     if page.endswith("attention.py"):
         assert at.query_params["attn_kind"] == "cross" and at.query_params["view"] == "heads"  # stable ids
+
+
+@pytest.mark.parametrize("page", ["viz/pages/attention.py", "viz/pages/tokens.py"])
+def test_an_output_that_loops_says_so_on_every_page(page):
+    """The zh-en model answers 我爱学习 with 'i love study study study': the trace stops at the loop,
+    and the page says why the output has no [EOS] (the same words as the decoder page)."""
+    at = run_app(page, checkpoint="zh-en", text="我爱学习")
+    assert not at.exception
+    notes = [w.value for w in at.warning if "did not stop" in w.value]
+    assert len(notes) == 1 and "“study” repeated 3 times" in notes[0], [w.value for w in at.warning]
+    ok = run_app(page, checkpoint="zh-en", text="我爱机器学习")
+    assert not [w.value for w in ok.warning if "did not stop" in w.value]

@@ -389,7 +389,23 @@ def require_trace(sel: Selection | None = None):
         st.stop()
     if note:
         st.warning(note, icon="🔤")
+    stop = stop_note(trace.meta)
+    if stop:
+        st.warning(stop, icon="✂️")
     return sel, trace
+
+
+def stop_note(meta) -> str | None:
+    """Why the model's own output ended without [EOS] (a loop, or the shared length limit); None if it ended."""
+    if not meta.get("generated") or meta.get("finished", True):
+        return None
+    loop = meta.get("looped")
+    if loop:
+        return t("The model did not stop: its output ends with “{ngram}” repeated {n} times, more often than the "
+                 "source repeats it, so decoding stopped there (a loop).", ngram=" ".join(loop["ngram"]),
+                 n=loop["repeats"])
+    return t("The model did not stop: it produced no [EOS] and was stopped at the {limit}-token limit (the model's "
+             "max_len − 1 positions; the same limit on every page).", limit=meta.get("max_new_tokens"))
 
 
 # ---------------------------------------------------------------- figures

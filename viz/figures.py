@@ -110,7 +110,7 @@ def _what(kind: str) -> str:
 
 def about(meta: Mapping) -> str:
     """The model and the sentence a figure shows, for its subtitle (so an exported image says so)."""
-    name, text = meta.get("checkpoint"), meta.get("text")
+    name, text = meta.get("checkpoint") or meta.get("model"), meta.get("text")  # "model": the pretrained encoder
     if not name and not text:
         return ""
     text = str(text or "")
@@ -248,7 +248,10 @@ def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping |
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     for r in range(1, rows + 1):  # token labels on the first column only: they would overlap the next panel
         fig.update_yaxes(showticklabels=len(y) <= 40, row=r, col=1)
-    fig.update_xaxes(type="category", showticklabels=len(x) <= 40, tickangle=-60)
+    fig.update_xaxes(type="category", tickangle=-60, showticklabels=False)
+    for h in range(H):  # token labels only under a panel with none below it: they would cover the head titles
+        if h + cols >= H:
+            fig.update_xaxes(showticklabels=len(x) <= 40, row=h // cols + 1, col=h % cols + 1)
     side = _size(len(y), 260, 8, 420)
     note = " · " + t("downsampled {b}×: each cell is the max of {b}×{b}", b=b) if b > 1 else ""
     return _layout(fig, _titled(t("{name} · all {n} heads · {what}", name=name, n=H, what=what) + note, meta),
