@@ -95,6 +95,7 @@ def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None
         job.done = True
         job.elapsed = time.monotonic() - job.started
         slot.release()
+        common.return_freed_memory()  # the run's optimizer and activations are gone: shrink the server
         job.finished.set()
 
 
