@@ -416,17 +416,20 @@ def test_trained_model_joins_the_session_models(shipped):
     assert any("24noitnetta" in m.value for m in at.markdown)  # it runs: its output on the probe
 
 
-def test_a_model_that_never_stops_is_cut_at_the_shared_limit():
-    """Issue 13 §3: the reverse model on 116 characters never emits [EOS]; the page stops it at the
-    checkpoint's own limit (the one trace() uses on every other page) and says so, without an error."""
+def test_a_model_that_never_stops_is_cut_and_the_page_says_why():
+    """Issue 13 §3 / 11 §4: the reverse model on 116 characters never emits [EOS]; it falls into a loop,
+    which the page stops at the same step trace() does on every other page, and says so, without an error.
+    (Without the loop guard the shared max_len − 1 limit cuts it: tests/test_checkpoint.py.)"""
     ckpt = load_shipped("reverse")
     text = ("attention" * 13)[:116]
     at = run_page(DECODER, query={"checkpoint": "reverse"}, text=text)
     assert_clean(at)
-    assert any(f"stopped at the {ckpt.max_new_tokens}-token limit" in w.value for w in at.warning)
-    assert at.slider(key="dec_step").value == ckpt.max_new_tokens
+    out = ckpt.translate(text)
+    assert out.loop is not None and not out.finished
+    assert any("did not stop" in w.value and "repeated" in w.value for w in at.warning)
+    assert at.slider(key="dec_step").value == len(out.steps)
     _, tr = ckpt.trace(text, names="logits")  # what the Attention/Tokens/Snapshots pages draw
-    assert tr.meta["finished"] is False and len(tr.meta["tgt_tokens"]) == ckpt.max_new_tokens + 1
+    assert tr.meta["finished"] is False and tr.meta["tgt_tokens"] == ["[BOS]", *out.tokens]
 
 
 def test_decoder_runs_a_model_trained_in_this_session(shipped):
