@@ -1,4 +1,6 @@
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +45,34 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield  # a module-level skip (or importorskip) skips a whole file at collection
     _fail_unexpected_skip(outcome.get_result(), False, collector.nodeid)
+
+
+# ---------------------------------------------------------------- the app under AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+def open_page(file: str | None = None, *, query: dict | None = None, state: dict | None = None,
+              timeout: float = 180):
+    """The app as a user opens it: the URL's query and the session state first, one run of app.py
+    (sidebar), then the page `file` (e.g. "viz/pages/attention.py"). State set to None is left unset."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.query_params.update({k: str(v) for k, v in (query or {}).items()})
+    for key, value in (state or {}).items():
+        if value is not None:
+            at.session_state[key] = value
+    at.run()
+    if file:
+        at.switch_page(file)
+        at.run()
+    return at
+
+
+def figures(at) -> list[dict]:
+    """Every plotly figure the run drew, as the JSON the browser receives."""
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
 def small_config(**kw) -> TransformerConfig:

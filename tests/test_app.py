@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean
+from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -58,17 +58,8 @@ def shipped() -> Default:
 
 def run_app(page: str | None = None, *, text: str | None = None, target: str | None = None,
             checkpoint: str | None = None, query: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if query:
-        at.query_params.update(query)
-    for key, value in (("checkpoint", checkpoint), ("source_text", text), ("target_text", target)):
-        if value is not None:
-            at.session_state[key] = value
-    at.run()
-    if page:
-        at.switch_page(page)
-        at.run()
-    return at
+    state = {"checkpoint": checkpoint, "source_text": text, "target_text": target}
+    return open_page(page, query=query, state=state, timeout=TIMEOUT)
 
 
 def figures(at: AppTest) -> list[dict]:

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean
+from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
 from model.checkpoint import sampling_distribution
 from viz import common
 from viz import figures_decode as fd
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 DECODER, TRAINING = "viz/pages/decoder.py", "viz/pages/training.py"
 TIMEOUT = 180
 
@@ -39,16 +37,8 @@ def shipped():
 
 def run_page(page: str, *, text: str | None = None, target: str | None = None, query: dict | None = None,
              state: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if query:
-        at.query_params.update(query)
-    for key, value in {"source_text": text, "target_text": target, **(state or {})}.items():
-        if value is not None:
-            at.session_state[key] = value
-    at.run()
-    at.switch_page(page)
-    at.run()
-    return at
+    return open_page(page, query=query, state={"source_text": text, "target_text": target, **(state or {})},
+                     timeout=TIMEOUT)
 
 
 def figure(at: AppTest, title_start: str) -> dict:

@@ -8,18 +8,16 @@ against `attribute`, the flip map against `compare_inputs`.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_clean
+from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
 from model import interventions as iv
 from model import load_checkpoint, pretrained
 from model.analysis import attribution_for, compare, heads, runs
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "viz/pages/experiments.py"
 TIMEOUT = 300
 TEXT = "3 november 2023"
@@ -32,14 +30,8 @@ def dates():
 
 
 def run_page(query: dict | None = None, state: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update({"checkpoint": "dates", "text": TEXT, **(query or {})})
-    for k, v in (state or {}).items():
-        at.session_state[k] = v
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
-    return at
+    return open_page(PAGE, query={"checkpoint": "dates", "text": TEXT, **(query or {})}, state=state,
+                     timeout=TIMEOUT)
 
 
 def figure(at: AppTest, title_start: str) -> dict:

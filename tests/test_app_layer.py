@@ -4,12 +4,10 @@ runs in English and Chinese with no exception or error, and draws the numbers th
 from __future__ import annotations
 
 import base64
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_clean
+from conftest import assert_clean, figures, open_page
 from streamlit.testing.v1 import AppTest
 
 from model import load_checkpoint
@@ -18,25 +16,12 @@ from model.tokenizer import Tokenizer
 from viz import figures_arch as FA
 from viz import figures_layer as FL
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["layer", "architecture", "padding", "tokenizers"]
 TIMEOUT = 300
 
 
 def run_page(page: str, lang: str = "en", query: dict | None = None, state: dict | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["lang"] = lang
-    at.query_params.update(query or {})
-    for k, v in (state or {}).items():
-        at.session_state[k] = v
-    at.run()
-    at.switch_page(f"viz/pages/{page}.py")
-    at.run()
-    return at
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return open_page(f"viz/pages/{page}.py", query={"lang": lang, **(query or {})}, state=state, timeout=TIMEOUT)
 
 
 def values(v) -> np.ndarray:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean
+from conftest import assert_clean, figures, open_page
 from streamlit.testing.v1 import AppTest
 from test_app import z_of
 from test_i18n import english_sentences, shown_texts, walk
@@ -21,24 +20,12 @@ from model.tasks import TASKS, closest_zh, date_fields, parse_date
 from viz import figures as F
 from viz import lessons as LS
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "viz/pages/lessons.py"
 TIMEOUT = 300
 
 
 def open_lessons(lang: str = "en", **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["lang"] = lang
-    for k, v in query.items():
-        at.query_params[k] = str(v)
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
-    return at
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return open_page(PAGE, query={"lang": lang, **query}, timeout=TIMEOUT)
 
 
 def question_radio(at: AppTest):
