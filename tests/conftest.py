@@ -75,6 +75,11 @@ def figures(at) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
+def shown(fig: dict) -> dict:
+    """The visible trace of a figure's JSON: the page's head heatmap carries every head, showing one."""
+    return next(d for d in fig["data"] if d.get("visible", True) is True)
+
+
 def small_config(**kw) -> TransformerConfig:
     base = dict(src_vocab_size=23, tgt_vocab_size=19, d_model=32, n_heads=4, n_encoder_layers=2,
                 n_decoder_layers=2, d_ff=64, dropout=0.0, max_len=64)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean, open_page
+from conftest import assert_clean, open_page, shown
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -126,11 +126,21 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     trace = shipped.trace(shipped.example)[1]
     name = "decoder.layers.0.cross_attn"  # the default view: cross-attention, where alignment shows
     head_fig = figure(at, f"{name} · head 0")
-    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, 0].numpy())
-    hover = head_fig["data"][0]["hovertemplate"]
+    np.testing.assert_array_equal(z_of(shown(head_fig)), trace[f"{name}.weights"][0, 0].numpy())
+    hover = shown(head_fig)["hovertemplate"]
     assert "%{z:.6g}" in hover and "%{y}" in hover  # exact value and the token names
-    assert head_fig["data"][0]["y"][0] == f"0: {trace.meta['tgt_tokens'][0]} → {trace.meta['next_tokens'][0]}"
-    assert head_fig["data"][0]["x"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
+    assert shown(head_fig)["y"][0] == f"0: {trace.meta['tgt_tokens'][0]} → {trace.meta['next_tokens'][0]}"
+    assert shown(head_fig)["x"][0].endswith(trace.meta["src_tokens"][0].replace(" ", "␣"))
+    # Every head rides along (head buttons switch in the browser): each trace is that head's weights.
+    assert len(head_fig["data"]) == shipped.cfg.n_heads
+    for h, tr in enumerate(head_fig["data"]):
+        np.testing.assert_array_equal(z_of(tr), trace[f"{name}.weights"][0, h].numpy())
+        assert tr["visible"] is (h == 0)
+    menu = head_fig["layout"]["updatemenus"][0]
+    assert menu["active"] == 0 and [b["label"] for b in menu["buttons"]] == [str(h) for h in range(
+        shipped.cfg.n_heads)]
+    assert [b["args"][0]["visible"].index(True) for b in menu["buttons"]] == list(range(shipped.cfg.n_heads))
+    assert all(f"· head {h} ·" in b["args"][1]["title.text"] for h, b in enumerate(menu["buttons"]))
 
     # Encoder self-attention, another layer and head: the figure follows the widgets.
     at.radio(key="attn_kind").set_value("enc")
@@ -142,7 +152,7 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     assert_clean(at)
     H = shipped.cfg.n_heads - 1
     head_fig = figure(at, f"{name} · head {H}")
-    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
+    np.testing.assert_array_equal(z_of(shown(head_fig)), trace[f"{name}.weights"][0, H].numpy())
 
     # Back to cross-attention in the last layer.
     at.radio(key="attn_kind").set_value("cross")
@@ -152,7 +162,7 @@ def test_attention_heatmap_is_the_captured_weights(shipped):
     L, H = shipped.cfg.n_decoder_layers - 1, shipped.cfg.n_heads - 1
     name = f"decoder.layers.{L}.cross_attn"
     head_fig = figure(at, f"{name} · head {H}")
-    np.testing.assert_array_equal(z_of(head_fig["data"][0]), trace[f"{name}.weights"][0, H].numpy())
+    np.testing.assert_array_equal(z_of(shown(head_fig)), trace[f"{name}.weights"][0, H].numpy())
     assert at.query_params["layer"] == str(L) and at.query_params["head"] == str(H)
 
     pipeline = figure(show_view(at, "pipeline"), f"{name} · head {H}: softmax")
@@ -171,7 +181,7 @@ def test_query_string_opens_a_shared_view(shipped):
     trace = shipped.trace(shipped.example)[1]
     fig = figure(at, f"decoder.layers.{L}.self_attn · head {H}")
     want = trace[f"decoder.layers.{L}.self_attn.weights"][0, H].numpy()
-    np.testing.assert_array_equal(z_of(fig["data"][0]), want)
+    np.testing.assert_array_equal(z_of(shown(fig)), want)
 
 
 def test_query_string_with_junk_falls_back(shipped):
@@ -347,6 +357,7 @@ def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeyp
         n_q = w.shape[1]
         head = figure(at, f"{mod} · head 0 · softmax weights")
         np.testing.assert_array_equal(z_of(head["data"][0]), w[0])  # full resolution
+        assert len(head["data"]) == 1 and "updatemenus" not in head["layout"]  # too big to carry every head
         grid = figure(at, f"{mod} · all")
         assert "downsampled 2×: each cell is the max of 2×2" in grid["layout"]["title"]["text"]
         for h, t in enumerate(grid["data"]):
@@ -374,7 +385,7 @@ def test_sessions_do_not_share_state(shipped):
     a.run()
     assert a.sidebar.text_area(key="source_text").value == shipped.example
     assert a.selectbox(key="attn_head").value == 0
-    assert len(figure(a, "decoder.layers.0.cross_attn · head 0")["data"][0]["x"]) == \
+    assert len(shown(figure(a, "decoder.layers.0.cross_attn · head 0"))["x"]) == \
         len(shipped.encode_source(shipped.example)[0])
 
 
@@ -415,8 +426,8 @@ def test_attention_views_work_on_an_encoder_only_trace():
     trace = Transformer(cfg).eval().run_with_trace(torch.tensor([[2, 11, 12, 13, 11, 3, 0]]))[1]
     fig = figure(at, "encoder.layers.2.self_attn · head 3")
     want = trace["encoder.layers.2.self_attn.weights"][0, 3].numpy()
-    np.testing.assert_array_equal(z_of(fig["data"][0]), want)
-    assert fig["data"][0]["y"][2] == "2: animal"
+    np.testing.assert_array_equal(z_of(shown(fig)), want)
+    assert shown(fig)["y"][2] == "2: animal"
     masks = figure(show_view(at, "masks", key="pre"), "encoder.layers.2.self_attn: mask")
     pad = z_of(masks["data"][0])
     assert pad[:, -1].all() and not pad[:, :-1].any()  # the [PAD] key column is blocked, for every query
@@ -543,7 +554,7 @@ def test_a_model_trained_in_the_session_is_offered_and_traced(shipped, tmp_path)
     at.switch_page("viz/pages/attention.py").run()
     assert_clean(at)
     want = mine.trace(shipped.example)[1]["decoder.layers.0.cross_attn.weights"][0, 0].numpy()
-    np.testing.assert_array_equal(z_of(figure(at, "decoder.layers.0.cross_attn · head 0")["data"][0]), want)
+    np.testing.assert_array_equal(z_of(shown(figure(at, "decoder.layers.0.cross_attn · head 0"))), want)
     at.switch_page("viz/pages/tokens.py").run()
     assert_clean(at)
     assert at.sidebar.selectbox(key="checkpoint").value == "my run"

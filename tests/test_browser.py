@@ -63,6 +63,42 @@ def test_changing_the_head_redraws_the_heatmap(server, paths, page):
     page.screenshot(path=str(SHOTS / "attention-head1.png"), full_page=True)
 
 
+def test_head_buttons_switch_in_the_browser_and_the_server_follows(server, paths, page):
+    """A head button inside the heatmap redraws at once (plotly, no round trip); then the Head select,
+    the view below and the URL follow, and a reload or a copied link opens on that head."""
+    page.goto(server + paths["attention"] + "?view=pipeline")
+    wait_drawn(page)
+    heatmap = ".st-key-attn_head_fig .js-plotly-plot"
+    title = f"() => document.querySelector('{heatmap}')?.layout?.title?.text || ''"
+    assert "· head 0 ·" in page.evaluate(title)
+    n_heads = page.locator(f"{heatmap} .updatemenu-button").count()
+    assert n_heads >= 2, "the head heatmap carries every head with a button each"
+    h = n_heads - 1
+    # What the figure shows at the end of the click's own event dispatch: nothing from the server can
+    # have arrived yet (JavaScript runs one task at a time), so a new head there was drawn by plotly alone.
+    page.evaluate(f"() => document.addEventListener('click', () => {{ window.__shown = ({title})(); }}, {{once: true}})")
+    page.locator(f"{heatmap} .updatemenu-button").nth(h).click()
+    assert f"· head {h} ·" in page.evaluate("() => window.__shown")
+    # ... then the server catches up: the URL, the Head select and the score pipeline below.
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get('head') === '{h}'", timeout=30_000)
+    wait_drawn(page)
+    assert page.locator('.st-key-attn_head input[aria-label="Head"]').input_value() == str(h)
+    titles = "() => [...document.querySelectorAll('.js-plotly-plot')].map(el => el.layout?.title?.text || '')"
+    assert any(f"· head {h}: softmax" in t for t in page.evaluate(titles)), page.evaluate(titles)
+    assert not page.locator('[data-testid="stException"]').count()
+    # A copied link (a new context) opens on the same head, its button active.
+    ctx = page.context.browser.new_context(viewport=page.viewport_size)
+    other = ctx.new_page()
+    try:
+        other.goto(page.url)
+        wait_drawn(other)
+        assert f"· head {h} ·" in other.evaluate(title)
+        active = other.evaluate(f"() => document.querySelector('{heatmap}').layout.updatemenus[0].active")
+        assert active == h
+    finally:
+        ctx.close()
+
+
 def test_decoder_play_advances_by_itself(server, paths, page):
     page.goto(server + paths["decoder"])
     wait_drawn(page)

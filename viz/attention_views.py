@@ -7,10 +7,12 @@ checkpoints (encoder self / decoder self / cross attention) and encoder-only tra
     from viz.attention_views import render_attention
     render_attention(trace, key="pre")      # key: a prefix for widget keys and URL params
 
-Cheap per click (issue 12): the explorer is an `st.fragment`, so changing the kind, layer, head or
-view reruns only the explorer, not the page; only the chosen view is built (a segmented control,
-kept in the URL, instead of tabs that build every view on every run); figures that do not depend on
-the head are cached in the session (bounded), so a head switch rebuilds two figures.
+Cheap per click (issue 12): the head heatmap carries every head of the layer and switches heads with
+its own buttons in the browser (no server round trip); a tiny component then tells the server, so the
+Head select, the view below and the URL follow. The explorer is an `st.fragment`, so changing the
+kind, layer, head or view reruns only the explorer, not the page; only the chosen view is built (a
+segmented control, kept in the URL, instead of tabs that build every view on every run); figures that
+do not depend on the head are cached in the session (bounded), so a head switch rebuilds two figures.
 
 Long inputs (up to 512 tokens) stay light: the chosen head's heatmap is at full resolution, the
 all-heads grid and the model view are max-pooled (said in their titles and captions), and the
@@ -50,6 +52,22 @@ VIEWS = {  # stable id (URL value) -> label
 FIGURE_CACHE = 8  # head-independent figures kept per session (each a few hundred kB at most)
 SHARED_FIGURES = 32  # ... and shared by all sessions (figures of shared traces; pooled, so small)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+# Reports a click on a head button of the head heatmap (key `figure`) as the trigger "head"; draws nothing.
+# Plotly has already switched the picture; this only lets the server catch up (select, views, URL).
+_HEAD_CLICKS_JS = """
+export default function ({ data, setTriggerValue }) {
+  const onClick = (event) => {
+    const button = event.target.closest && event.target.closest(".updatemenu-button");
+    if (!button || !button.closest(".st-key-" + data.figure)) return;
+    const buttons = [...button.parentNode.children].filter((el) => el.classList.contains("updatemenu-button"));
+    setTriggerValue("head", buttons.indexOf(button));
+  };
+  document.addEventListener("click", onClick, true);
+  return () => document.removeEventListener("click", onClick, true);
+}
+"""
+_head_clicks = st.components.v2.component("attention_lab.head_clicks", js=_HEAD_CLICKS_JS)
 
 
 def attention_modules(trace) -> dict[str, list[str]]:
@@ -109,6 +127,13 @@ def _on_model_view_click(key: str, chart_key: str) -> None:
         if cd and len(cd) == 2:
             st.session_state[f"{key}_layer"], st.session_state[f"{key}_head"] = int(cd[0]), int(cd[1])
             return
+
+
+def _on_head_click(key: str, n_heads: int) -> None:
+    """A head button was clicked in the browser: select that head (before the rerun, so the widget may change)."""
+    h = getattr(st.session_state.get(f"{key}_head_clicks"), "head", None)
+    if isinstance(h, int) and 0 <= h < n_heads:
+        st.session_state[f"{key}_head"] = h
 
 
 def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
@@ -186,8 +211,11 @@ def _explorer(trace, key: str, output: str | None) -> None:
         + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
         + (" " + t("Rows are labelled “position: input → predicted”: the token the decoder reads there and "
                    "the token it predicts from there.") if name.startswith("decoder.") else ""))
-    common.show_figure(F.attention_heatmap(trace, name, head, meta=meta), key=f"{key}_head_fig",
-                       filename=f"{name}-head{head}", width="content")
+    fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
+    common.show_figure(fig, key=f"{key}_head_fig", filename=f"{name}-head{head}", width="content")
+    if len(fig.data) > 1:  # the figure's head buttons switch in the browser; the server follows
+        _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
+                     on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
     view = _choose_view(key)
     VIEW_BUILDERS[view](trace, key, names, layer, head)
 

@@ -37,6 +37,7 @@ ALLOWED, BLOCKED = "#eef1f5", "#2b2d42"
 MASK_SCALE = [[0.0, ALLOWED], [0.5, ALLOWED], [0.5, BLOCKED], [1.0, BLOCKED]]
 MAX_THUMB = 64  # model view: each thumbnail is pooled down to at most this many cells a side
 MAX_GRID = 128  # all-heads grid: each panel is pooled down to at most this many cells a side
+HEAD_BUTTON_CELLS = 65_536  # all heads ride along in the head heatmap up to this many cells (~5 B each)
 QUERY_WINDOW = 64  # score pipeline and masks: query rows shown at a time when the input is longer
 
 KIND_TITLES = {"weights": N_("softmax weights"), "scores": "QKᵀ/√d_k", "mask": N_("mask (dark = blocked)")}
@@ -192,16 +193,36 @@ def _size(n: int, base: int = 320, per: int = 14, cap: int = 900) -> int:
 
 
 def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights",
-                      meta: Mapping | None = None) -> go.Figure:
-    """One head of one attention module: `<name>.weights` (or .scores) [0, head], query × key."""
-    w = arr(trace[f"{name}.{kind}"])[0, head]
+                      meta: Mapping | None = None, all_heads: bool = False) -> go.Figure:
+    """One head of one attention module: `<name>.weights` (or .scores) [0, head], query × key.
+
+    all_heads=True: the figure carries every head of the module (one trace each, only `head` visible)
+    and a row of head buttons that switch heads in the browser, with no server round trip (issue 12),
+    as long as all heads fit in HEAD_BUTTON_CELLS cells; a longer input gets the one head only."""
+    w = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
     meta = meta if meta is not None else getattr(trace, "meta", {})
-    y, x = axis_labels(meta, name, *w.shape)
+    y, x = axis_labels(meta, name, *w.shape[1:])
     qa, ka = _axis_title(name)
-    fig = go.Figure(heatmap_trace(w, "scores" if kind == "scores" else kind, x, y, value_name=_what(kind)))
-    height = _size(w.shape[0], 380, 16)
-    _layout(fig, _titled(t("{name} · head {head} · {what}", name=name, head=head, what=_what(kind)), meta), height,
-            width=_square_width(w.shape, height, x, y))
+    hk, what = "scores" if kind == "scores" else kind, _what(kind)
+    heads = list(range(w.shape[0])) if all_heads and w.size <= HEAD_BUTTON_CELLS else [head]
+    titles = [_titled(t("{name} · head {head} · {what}", name=name, head=h, what=what), meta) for h in heads]
+    fig = go.Figure([heatmap_trace(w[h], hk, x, y, value_name=what).update(visible=h == head) for h in heads])
+    height = _size(w.shape[1], 380, 16)
+    width = _square_width(w.shape[1:], height, x, y)
+    if len(heads) > 1:  # room for the head buttons, which start where the heatmap does (after the y labels)
+        width = max(width, 7 * max(map(len, y), default=2) + 90 + 30 * len(heads))
+    _layout(fig, titles[heads.index(head)], height, width=width)
+    if len(heads) > 1:  # each button shows its head's trace and title: plotly does it in the browser
+        fig.update_layout(
+            margin={"t": 100}, title={"y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}},
+            annotations=[{"text": t("head"), "xref": "paper", "yref": "paper", "x": 0.0, "y": 1.0, "xanchor": "left",
+                          "yanchor": "bottom", "yshift": 10, "showarrow": False, "font": {"size": 12}}],
+            updatemenus=[{"type": "buttons", "direction": "right", "active": head, "showactive": True, "x": 0.0,
+                          "xanchor": "left", "y": 1.0, "yanchor": "bottom", "pad": {"b": 6, "l": 44},
+                          "font": {"size": 11},
+                          "buttons": [{"label": str(h), "method": "update",
+                                       "args": [{"visible": [g == h for g in heads]}, {"title.text": title}]}
+                                      for h, title in zip(heads, titles, strict=True)]}])
     fig.update_yaxes(autorange="reversed", title=qa, type="category", scaleanchor="x", constrain="domain")
     fig.update_xaxes(title=ka, type="category", tickangle=-60, constrain="domain")
     return fig
