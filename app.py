@@ -1,16 +1,21 @@
 """Attention Lab: type a sentence, watch a Transformer think.  `streamlit run app.py`
 
-A thin entry point: the language switch and the shared sidebar (model + input, chosen once
-for every page), then `st.navigation` over file pages (AppTest.switch_page reaches file pages
-only). Every page has an explicit `url_path`, the same in every language, so a shared link
-opens the same page for everyone.
+A thin entry point, in two roles:
+- `streamlit run app.py` imports it once as a module and serves the `st.App` at the bottom, whose
+  lifespan warms the server (torch, the default models and traces: viz/warmup.py) while the first
+  browser is still loading the frontend;
+- every session runs it as its script (`__name__ == "__main__"`): `main()`, the language switch and
+  the shared sidebar (model + input, chosen once for every page), then `st.navigation` over file pages
+  (AppTest.switch_page reaches file pages only). Every page has an explicit `url_path`, the same in
+  every language, so a shared link opens the same page for everyone.
 """
 
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import streamlit as st
 
-from viz import common, i18n
+from viz import common, i18n, warmup
 from viz.i18n import N_, t
 from viz.task_help import task_help
 
@@ -38,15 +43,31 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
     ],
 }
 
-# A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
-st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
-common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
-i18n.language_switch()
-pages = {
-    t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
-                 for f, title, icon in entries if (ROOT / f).is_file()]
-    for section, entries in SECTIONS.items()
-}
-page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view
-task_help(common.sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
-page.run()
+
+def main() -> None:
+    # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
+    st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
+    common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
+    i18n.language_switch()
+    pages = {
+        t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
+                     for f, title, icon in entries if (ROOT / f).is_file()]
+        for section, entries in SECTIONS.items()
+    }
+    page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view
+    task_help(common.sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
+    page.run()
+
+
+@asynccontextmanager
+async def _lifespan(_app):
+    warmup.start()  # in the background: the server answers at once
+    yield
+
+
+if __name__ == "__main__":  # a session's script run
+    main()
+else:  # `streamlit run app.py` imports this module once, to find the app to serve
+    from starlette.middleware import Middleware
+
+    app = st.App(__file__, lifespan=_lifespan, middleware=[Middleware(warmup.PreloadPlotly)])

@@ -76,7 +76,8 @@ def test_head_buttons_switch_in_the_browser_and_the_server_follows(server, paths
     h = n_heads - 1
     # What the figure shows at the end of the click's own event dispatch: nothing from the server can
     # have arrived yet (JavaScript runs one task at a time), so a new head there was drawn by plotly alone.
-    page.evaluate(f"() => document.addEventListener('click', () => {{ window.__shown = ({title})(); }}, {{once: true}})")
+    page.evaluate(f"() => document.addEventListener('click', () => {{ window.__shown = ({title})(); }}, "
+                  "{once: true})")
     page.locator(f"{heatmap} .updatemenu-button").nth(h).click()
     assert f"· head {h} ·" in page.evaluate("() => window.__shown")
     # ... then the server catches up: the URL, the Head select and the score pipeline below.
@@ -115,3 +116,18 @@ def test_decoder_play_advances_by_itself(server, paths, page):
     page.get_by_role("button", name="⏸ Pause").click()
     page.wait_for_selector("text=▶ Play", timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_pages_tell_the_browser_to_preload_plotly(server):
+    """Every HTML page carries a modulepreload hint for plotly's chunk (fetched with the frontend, not after
+    the first script run), and the hinted file is served."""
+    import urllib.parse
+    import urllib.request
+
+    for path in ("/", "/decoder"):
+        with urllib.request.urlopen(server + path, timeout=30) as r:
+            link = r.headers.get("link", "")
+        assert "rel=modulepreload" in link and "PlotlyChart." in link, link
+        href = link.split(">")[0].lstrip("<")
+        with urllib.request.urlopen(urllib.parse.urljoin(server + path, href), timeout=30) as js:
+            assert js.status == 200 and "javascript" in js.headers["content-type"]

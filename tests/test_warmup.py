@@ -1,0 +1,59 @@
+"""The server warms itself (viz/warmup.py): the first visitor finds the default models and traces cached."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+
+from model.checkpoint import Checkpoint
+from viz import common, warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_warm_fills_the_caches_the_pages_use(monkeypatch):
+    common._load_shared.clear()
+    common._cached_trace.clear()
+    traced = []
+    real = Checkpoint.trace
+    monkeypatch.setattr(Checkpoint, "trace", lambda self, *a, **kw: traced.append(a) or real(self, *a, **kw))
+    warmup.warm()
+    names = common.checkpoint_names()
+    defaults = {common.default_checkpoint(names, lang) for lang in ("en", "zh")}
+    assert len(traced) == len(defaults) >= 2  # English and Chinese open on different models
+    for name in defaults:  # the page's own calls are cache hits now: no new forward pass
+        common.get_trace(name, common.load_ckpt(name).example)
+    assert len(traced) == len(defaults)
+
+
+def test_warm_never_raises(monkeypatch, caplog):
+    def broken():
+        raise OSError("no checkpoints here")
+
+    monkeypatch.setattr(common, "checkpoint_names", broken)
+    warmup.warm()  # logged, not raised: the page shows the real error to the first visitor
+    assert "warm-up failed" in caplog.text
+
+
+def test_start_runs_once_per_process(monkeypatch):
+    monkeypatch.setattr(warmup, "warm", lambda: None)
+    monkeypatch.setattr(warmup, "_started", threading.Lock())
+    first = warmup.start()
+    assert first is not None and warmup.start() is None
+    first.join(timeout=10)
+
+
+def test_app_py_is_the_served_app_and_the_script():
+    """`streamlit run app.py` finds an st.App (AST discovery) and runs app.py itself as each session's script."""
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    found = discover_asgi_app(ROOT / "app.py")
+    assert found.is_asgi_app and found.app_name == "app"
+    tree = ast.parse((ROOT / "app.py").read_text(encoding="utf-8"))
+    served = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "App"]
+    assert len(served) == 1 and isinstance(served[0].args[0], ast.Name) and served[0].args[0].id == "__file__"
+
+
+def test_plotly_chunk_is_found_in_the_installed_streamlit():
+    assert warmup._CHUNK is not None and warmup._CHUNK.is_file(), "the preload hint would be off"

@@ -1,0 +1,88 @@
+"""Warm the server while the first browser is still loading Streamlit's frontend (issue 12: cold start).
+
+`streamlit run app.py` finds the `st.App` in app.py and serves it; its lifespan calls `start()` as
+soon as the server is up. Without this, the first visitor's script run pays for everything at once:
+importing torch (~1 s here), loading the default models, tracing their example sentences and plotly's
+first figure (it imports its validators lazily). Here that work runs in a background thread, in
+parallel with the ~1 s the browser needs to fetch and start the frontend, through the very caches the
+pages use (`common.load_ckpt`, `common.get_trace`), so the first script run finds them filled; a
+script run that gets there first simply waits for the same cache entry instead of computing it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import streamlit as st
+
+_LOG = logging.getLogger(__name__)
+_THREAD = "attention-lab-warm-up"
+_started = threading.Lock()
+
+
+def _not_from_warm_up(record: logging.LogRecord) -> bool:
+    return record.threadName != _THREAD
+
+
+# The caches warn "missing ScriptRunContext" outside a script run: expected here, so not printed.
+logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_not_from_warm_up)
+
+
+def start() -> threading.Thread | None:
+    """Start warming once per process (a daemon thread); None if already started."""
+    if not _started.acquire(blocking=False):
+        return None
+    thread = threading.Thread(target=warm, name=_THREAD, daemon=True)
+    thread.start()
+    return thread
+
+
+def warm() -> None:
+    """Load what the first page of each language opens on. Never raises: a failure here only means the
+    first visitor waits (and sees the real error message on the page, where it belongs)."""
+    try:
+        from viz import common
+        from viz import figures as F
+        from viz.attention_views import attention_modules
+
+        names = common.checkpoint_names()
+        for lang in ("en", "zh"):  # each language opens on its own model and example
+            name = common.default_checkpoint(names, lang)
+            trace = common.get_trace(name, common.load_ckpt(name).example)
+            mods = attention_modules(trace)
+            first = (mods.get("cross") or next(iter(mods.values())))[0]
+            F.attention_heatmap(trace, first, 0, meta=trace.meta, all_heads=True).to_json()
+            F.heads_grid(trace, first, meta=trace.meta).to_json()
+        common.freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
+    except Exception:  # noqa: BLE001 - warming is an optimisation; the page reports real errors
+        _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
+
+
+# The browser's half: Streamlit's frontend fetches plotly's code (a ~4.6 MB chunk) only when the first
+# chart arrives, at the end of the first script run. Its file name is looked up in the installed
+# Streamlit, so an upgrade that renames it only turns the hint off.
+_CHUNK = next(iter(sorted(Path(st.__file__).parent.glob("static/static/js/PlotlyChart.*.js"))), None)
+
+
+class PreloadPlotly:
+    """ASGI middleware: every HTML page (the frontend's index.html) gets a `Link: rel=modulepreload`
+    header for plotly's chunk, so the browser fetches and compiles it alongside the frontend itself
+    instead of after the first script run has sent a chart."""
+
+    def __init__(self, app):
+        self.app = app
+        self.link = f"<./static/js/{_CHUNK.name}>; rel=modulepreload".encode() if _CHUNK else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.link is None:
+            return await self.app(scope, receive, send)
+
+        async def send_with_link(message):
+            if message["type"] == "http.response.start" and any(
+                    k == b"content-type" and v.startswith(b"text/html") for k, v in message.get("headers", [])):
+                message = {**message, "headers": [*message["headers"], (b"link", self.link)]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_link)
