@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import mmap
+import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
@@ -37,14 +41,119 @@ class CaptureError(ValueError):
 
 
 class Recorder:
-    def __init__(self, wanted: set[str]):
+    """Keeps the wanted tensors. With `reserve_bytes` (run_with_trace: the trace's estimated size),
+    they are copied into one `_Block` (see there why); without, they are kept as they are (no copy:
+    the model never writes into a tensor after recording it)."""
+
+    def __init__(self, wanted: set[str], reserve_bytes: int = 0):
         self.wanted = wanted
         self.tensors: dict[str, torch.Tensor] = {}
+        self.block = _Block(reserve_bytes) if reserve_bytes >= BLOCK_MIN_BYTES else None
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         if name in self.wanted:
-            # No copy: the model never writes into a tensor after recording it.
-            self.tensors[name] = tensor.detach().cpu()
+            kept = tensor.detach().cpu()
+            self.tensors[name] = kept if self.block is None else self.block.store(tensor, kept)
+
+
+# ---------------------------------------------------------------- trace memory
+
+BLOCK_MIN_BYTES = 2**20  # smaller traces (a training film's frames) stay in malloc'd tensors
+POOL_MAX_BYTES = 256 * 2**20  # freed blocks kept for the next trace, at most this much...
+POOL_IDLE_SECONDS = 10.0  # ...and for about this long: then their memory goes back to the OS
+
+
+class _Block:
+    """One anonymous memory mapping holding a whole trace: each recorded tensor is copied into it.
+
+    Why: a full trace is ~80 MiB of tensors that outlive the forward pass. Left where the forward
+    allocated them, glibc returns them to the OS when the trace is freed and the next trace
+    page-faults them in again: that cost 1.3-1.5x a plain forward (bench/forward.py). Copying into a
+    block that `_POOL` recycles costs one memcpy (~8 ms for a full trace) and no page faults, and the
+    forward's own tensors are freed at once and reused, as without capture. The block is handed to
+    the pool only when the last tensor viewing it is gone (a tensor kept from a dropped trace stays
+    valid), so every tensor of a trace keeps the whole block alive: `.clone()` what you keep longer.
+    """
+
+    def __init__(self, n_bytes: int):
+        m = _POOL.take(n_bytes)
+        view = memoryview(m)  # torch holds this view; when the last tensor on it dies, it dies
+        self.buf = torch.frombuffer(view, dtype=torch.uint8)
+        weakref.finalize(view, _POOL.give, m).atexit = False
+        self.used = 0
+        self.copies: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(recorded tensor) -> its copy
+
+    def store(self, tensor: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """The copy of `kept` (= tensor detached, on CPU) in the block; one copy per recorded tensor
+        (in post-LN, `<layer>.out` IS `<layer>.norm2.out`: both names get the same storage)."""
+        hit = self.copies.get(id(tensor))
+        if hit is not None and hit[0]() is tensor:  # the same live tensor, not a reused id
+            return hit[1]
+        n = kept.numel() * kept.element_size()
+        if self.used + n > self.buf.numel():  # larger than estimated: keep it where it is
+            return kept
+        slot = self.buf[self.used:self.used + n].view(kept.dtype).view(kept.shape)
+        self.used += -(-n // 64) * 64  # next slot 64-byte aligned, as torch's own allocations
+        slot.copy_(kept)  # bit-exact
+        self.copies[id(tensor)] = (weakref.ref(tensor), slot)
+        return slot
+
+
+class _Pool:
+    """Freed trace blocks, reused by the next traces instead of page-faulting fresh memory. Bounded
+    (POOL_MAX_BYTES) and draining: a block not reused within ~POOL_IDLE_SECONDS is unmapped (returned
+    to the OS), and `release_trace_memory()` unmaps them all at once. Thread-safe (sessions' threads)."""
+
+    def __init__(self):
+        self.free: list[tuple[float, mmap.mmap]] = []  # (when freed, block), oldest first
+        self.lock = threading.RLock()  # re-entrant: a finalizer may run `give` inside a locked section
+        self.timer: threading.Timer | None = None
+
+    def take(self, n: int) -> mmap.mmap:
+        with self.lock:
+            fits = [i for i, (_, m) in enumerate(self.free) if n <= len(m) <= n + n // 4]  # little waste
+            if fits:
+                return self.free.pop(min(fits, key=lambda i: len(self.free[i][1])))[1]
+        return mmap.mmap(-1, n)
+
+    def give(self, block: mmap.mmap) -> None:
+        with self.lock:
+            self.free.append((time.monotonic(), block))
+            while sum(len(m) for _, m in self.free) > POOL_MAX_BYTES:
+                self.free.pop(0)[1].close()
+            self._schedule()
+
+    def drain(self, idle_for: float = 0.0) -> int:
+        """Unmap the free blocks freed at least `idle_for` seconds ago; returns the bytes released."""
+        with self.lock:
+            now = time.monotonic()
+            old = [m for t, m in self.free if now - t >= idle_for]
+            self.free = [(t, m) for t, m in self.free if now - t < idle_for]
+            released = sum(len(m) for m in old)
+            for m in old:
+                m.close()
+            return released
+
+    def _schedule(self) -> None:  # with the lock held
+        if self.free and self.timer is None:
+            self.timer = threading.Timer(POOL_IDLE_SECONDS, self._expire)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _expire(self) -> None:
+        with self.lock:
+            self.timer = None
+            self.drain(POOL_IDLE_SECONDS)
+            self._schedule()  # blocks freed since then: look again later
+
+
+_POOL = _Pool()
+
+
+def release_trace_memory() -> int:
+    """Return the memory of freed traces to the OS now (it would be within ~POOL_IDLE_SECONDS).
+    A server calls this with malloc_trim when sessions end; returns the bytes released."""
+    return _POOL.drain()
 
 
 def record(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -91,10 +200,11 @@ def recording() -> bool:
 
 
 class capturing:
-    """Context manager: record the named tensors of every forward pass inside it."""
+    """Context manager: record the named tensors of every forward pass inside it (`reserve_bytes`:
+    see `Recorder`)."""
 
-    def __init__(self, wanted: set[str]):
-        self.recorder = Recorder(wanted)
+    def __init__(self, wanted: set[str], reserve_bytes: int = 0):
+        self.recorder = Recorder(wanted, reserve_bytes)
 
     def __enter__(self) -> Recorder:
         self._token = _RECORDER.set(self.recorder)

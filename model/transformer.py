@@ -347,8 +347,12 @@ class Transformer(nn.Module):
         T = 0 if tgt is None or self.cfg.encoder_only else tgt.shape[1]
         shapes = self.capture_names(B, S, T)
         wanted = recorder.select_names(list(shapes), names)
-        recorder.check_budget(recorder.estimate_bytes(shapes, wanted), budget_bytes)
-        with self.hooks(hooks), recorder.capturing(set(wanted)) as rec:
+        itemsize = next(self.parameters()).element_size()
+        n_bytes = recorder.estimate_bytes(shapes, wanted, itemsize)
+        recorder.check_budget(n_bytes, budget_bytes)
+        # The trace is copied into one reusable block of that size (+ 64-byte alignment per name):
+        # see recorder._Block for why.
+        with self.hooks(hooks), recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec:
             out = self(src, tgt, token_type_ids=token_type_ids)
         info = {
             "config": self.cfg.to_dict(),
