@@ -6,10 +6,11 @@ machine; wall time shown too); ratios only.
 Targets: off / nn.Transformer <= 1.10; full capture / off <= 1.35 (issue #12: with the LayerNorm and
 FFN capture points; TransformerLens's full cache costs 1.41-2.14x); weights only / off <= 1.10.
 
-Most of the full capture's cost here is memory, not Python: a full trace of this batch is ~79 MiB kept
-alive, and glibc hands large freed blocks back to the OS, so every call page-faults fresh memory.
-With MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 (freed memory kept for
-reuse) the same run measured 1.05x instead of 1.44x.
+A full trace of this batch is ~79 MiB that outlives the call. Left in the tensors the forward
+allocated, glibc returned it to the OS when the trace was freed and the next call page-faulted it
+again: 1.16-1.50x. The recorder now copies a trace into one block that later traces reuse
+(model/recorder.py, `_Block`), so "capture all" measures a forward, the copies (~8 ms) and no faults.
+Every case runs the public API (`model(...)`, `model.run_with_trace(...)`) as a user calls it.
 """
 
 from __future__ import annotations
