@@ -60,7 +60,8 @@ class Recorder:
 
 BLOCK_MIN_BYTES = 2**20  # smaller traces (a training film's frames) stay in malloc'd tensors
 POOL_MAX_BYTES = 256 * 2**20  # freed blocks kept for the next trace, at most this much...
-POOL_IDLE_SECONDS = 10.0  # ...and for about this long: then their memory goes back to the OS
+POOL_IDLE_SECONDS = 1.0  # ...and this long: then their memory goes back to the OS (a server's RSS falls
+                         # back a second after its sessions' traces are freed; malloc_trim can't see them)
 
 
 class _Block:
@@ -101,7 +102,7 @@ class _Block:
 
 class _Pool:
     """Freed trace blocks, reused by the next traces instead of page-faulting fresh memory. Bounded
-    (POOL_MAX_BYTES) and draining: a block not reused within ~POOL_IDLE_SECONDS is unmapped (returned
+    (POOL_MAX_BYTES) and draining: a block not reused within POOL_IDLE_SECONDS is unmapped (returned
     to the OS), and `release_trace_memory()` unmaps them all at once. Thread-safe (sessions' threads)."""
 
     def __init__(self):
@@ -132,11 +133,15 @@ class _Pool:
             released = sum(len(m) for m in old)
             for m in old:
                 m.close()
+            if not self.free and self.timer is not None:  # nothing left to expire
+                self.timer.cancel()
+                self.timer = None
             return released
 
-    def _schedule(self) -> None:  # with the lock held
+    def _schedule(self) -> None:  # with the lock held: wake up when the oldest free block expires
         if self.free and self.timer is None:
-            self.timer = threading.Timer(POOL_IDLE_SECONDS, self._expire)
+            delay = self.free[0][0] + POOL_IDLE_SECONDS - time.monotonic()
+            self.timer = threading.Timer(max(delay, 0.0), self._expire)
             self.timer.daemon = True
             self.timer.start()
 
@@ -144,14 +149,14 @@ class _Pool:
         with self.lock:
             self.timer = None
             self.drain(POOL_IDLE_SECONDS)
-            self._schedule()  # blocks freed since then: look again later
+            self._schedule()  # blocks freed since: wake up again for the next one
 
 
 _POOL = _Pool()
 
 
 def release_trace_memory() -> int:
-    """Return the memory of freed traces to the OS now (it would be within ~POOL_IDLE_SECONDS).
+    """Return the memory of freed traces to the OS now (else POOL_IDLE_SECONDS after they were freed).
     A server calls this with malloc_trim when sessions end; returns the bytes released."""
     return _POOL.drain()
 

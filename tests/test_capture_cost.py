@@ -97,6 +97,17 @@ def test_the_pool_keeps_at_most_its_limit(monkeypatch):
     assert release_trace_memory() == sum(2**20 + k for k in (3, 4))
 
 
+def test_a_block_not_reused_goes_back_to_the_os_after_the_idle_time(monkeypatch):
+    release_trace_memory()
+    monkeypatch.setattr(recorder, "POOL_IDLE_SECONDS", 0.05)
+    block = recorder._Block(2**20)
+    del block
+    assert len(recorder._POOL.free) == 1 and recorder._POOL.timer is not None
+    while (timer := recorder._POOL.timer) is not None:  # each timer's thread unmaps what expired, then ends
+        timer.join()
+    assert recorder._POOL.free == []
+
+
 @torch.no_grad()
 def test_a_hooked_tensor_is_what_the_model_continues_with_and_what_the_block_holds():
     model, (src, tgt) = _model(), _ids()
