@@ -1,8 +1,8 @@
 """Attention Lab: type a sentence, watch a Transformer think.  `streamlit run app.py`
 
 A thin entry point, in two roles:
-- `streamlit run app.py` imports it once as a module and serves the `st.App` at the bottom, whose
-  lifespan warms the server (torch, the default models and traces: viz/warmup.py) while the first
+- `streamlit run app.py` imports it once as a module and serves the `st.App` at the bottom; that
+  import starts warming the server (torch, the default models and traces: viz/warmup.py) while the first
   browser is still loading the frontend;
 - every session runs it as its script (`__name__ == "__main__"`): `main()`, the language switch and
   the shared sidebar (model + input, chosen once for every page), then `st.navigation` over file pages
@@ -10,7 +10,6 @@ A thin entry point, in two roles:
   every language, so a shared link opens the same page for everyone.
 """
 
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import streamlit as st
@@ -59,15 +58,10 @@ def main() -> None:
     page.run()
 
 
-@asynccontextmanager
-async def _lifespan(_app):
-    warmup.start()  # in the background: the server answers at once
-    yield
-
-
 if __name__ == "__main__":  # a session's script run
     main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
     from starlette.middleware import Middleware
 
-    app = st.App(__file__, lifespan=_lifespan, middleware=[Middleware(warmup.PreloadPlotly)])
+    warmup.start()  # in the background, while the server starts and the first browser loads the frontend
+    app = st.App(__file__, middleware=[Middleware(warmup.PreloadPlotly)])

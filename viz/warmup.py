@@ -1,7 +1,7 @@
 """Warm the server while the first browser is still loading Streamlit's frontend (issue 12: cold start).
 
-`streamlit run app.py` finds the `st.App` in app.py and serves it; its lifespan calls `start()` as
-soon as the server is up. Without this, the first visitor's script run pays for everything at once:
+`streamlit run app.py` imports app.py to find the `st.App` it serves, and that import calls `start()`:
+the work begins while the server starts. Without this, the first visitor's script run pays for everything:
 importing torch (~1 s here), loading the default models, tracing their example sentences and plotly's
 first figure (it imports its validators lazily). Here that work runs in a background thread, in
 parallel with the ~1 s the browser needs to fetch and start the frontend, through the very caches the
