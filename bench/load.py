@@ -46,6 +46,7 @@ import streamlit as st
 
 st.title("Hello")
 h = st.selectbox("Head", range(4))
+st.query_params["head"] = h  # like the app: the URL names the head (pick_head waits for it)
 z = np.random.default_rng(h).random((12, 16)).astype(np.float32)
 st.plotly_chart(go.Figure(go.Heatmap(z=z), layout={"title": {"text": f"reference · head {h} · weights"}}))
 '''  # the same interaction on the smallest app: a select that redraws one heatmap

@@ -69,6 +69,39 @@ _PROBE_TARGETS = {
 Callback = Callable[[int, dict], bool | None]
 
 
+class Adam:
+    """torch.optim.Adam's update on CPU (its single-tensor path; no weight decay, no amsgrad), written out.
+
+    Not torch.optim itself: its first call imports torch._dynamo, and with it sympy and torch.distributed
+    (~800 modules, ~75 MB), which a long-running app server then holds for good after one training run
+    (issue 12's memory target). The operations and their order are torch's own, so a run gives the same
+    bits (tests/test_memory.py checks against torch.optim.Adam)."""
+
+    def __init__(self, params, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9):
+        self.params = [p for p in params if p.requires_grad]
+        self.betas, self.eps = betas, eps
+        self.steps = [0] * len(self.params)  # per tensor, like torch: a tensor without a gradient is not stepped
+        self.exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        beta1, beta2 = self.betas
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            self.steps[i] += 1
+            m, v, n = self.exp_avg[i], self.exp_avg_sq[i], self.steps[i]
+            m.lerp_(p.grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (v.sqrt() / (1 - beta2**n) ** 0.5).add_(self.eps)
+            p.addcdiv_(m, denom, value=-(lr / (1 - beta1**n)))
+
+
 def default_max_len(task: Task) -> int:
     """Positions for the longest source (+ [EOS]) and decoder input ([BOS] + target), rounded up to 8.
     max_src_len / max_tgt_len are in characters, an upper bound on tokens for either tokenizer kind."""
@@ -244,9 +277,7 @@ def _train(
     }
     cfg = TransformerConfig.from_dict(fields)
     model, generator = seeded_model(cfg, seed)
-    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    # LambdaLR multiplies the base lr (1.0) by the Noam value; the scheduler counts from 0, Noam from 1.
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: noam_lr(i + 1, cfg.d_model, warmup, lr_factor))
+    opt = Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
 
     probe = probe_pair(t)
     pb_src, pb_in, _ = make_batch([probe], src_tok, tgt_tok, cfg.pad_id, src_eos)
@@ -292,11 +323,10 @@ def _train(
             src, tgt_in, label = make_batch(pairs, src_tok, tgt_tok, cfg.pad_id, src_eos)
             logits = model(src, tgt_in)  # teacher forcing: the whole target in one pass
             loss = label_smoothed_loss(logits, label, cfg.pad_id, smoothing)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss.backward()
-            lr = opt.param_groups[0]["lr"]
-            opt.step()
-            sched.step()
+            lr = noam_lr(step, cfg.d_model, warmup, lr_factor)
+            opt.step(lr)
             with torch.no_grad():
                 real = label != cfg.pad_id
                 acc = float((logits.argmax(-1) == label)[real].float().mean())
