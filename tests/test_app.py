@@ -454,6 +454,15 @@ def _view(at: AppTest) -> tuple:
             at.selectbox(key="attn_head").value, at.button_group(key="attn_view").value)
 
 
+def _told_to_browser(at: AppTest) -> None:
+    """Every control of the view tells the browser its value (set_value): a control drawn again after a
+    run without it (an input error, another page) is a new element there, which would otherwise show
+    its default while the chart and the URL show the kept value."""
+    for w in (at.radio(key="attn_kind"), at.selectbox(key="attn_layer"), at.selectbox(key="attn_head"),
+              at.button_group(key="attn_view")):
+        assert w.proto.set_value, f"{w.key}: the browser would show the default, not {w.value!r}"
+
+
 def _choose_view(at: AppTest, kind="dec", layer=1, head=3, view="pipeline") -> AppTest:
     at.radio(key="attn_kind").set_value(kind).run()
     at.selectbox(key="attn_layer").set_value(layer)
@@ -469,6 +478,7 @@ def test_controls_and_chart_agree_after_an_input_error(shipped):
     at.sidebar.text_area(key="source_text").set_value(shipped.example).run()
     assert_clean(at)
     assert _view(at) == ("dec", 1, 3, "pipeline")
+    _told_to_browser(at)
     figure(at, "decoder.layers.1.self_attn · head 3 · softmax weights")
     figure(at, "decoder.layers.1.self_attn · head 3: softmax")  # the pipeline view, same module and head
 
@@ -481,6 +491,7 @@ def test_attention_tokens_attention_keeps_the_view(shipped):
     at.switch_page("viz/pages/attention.py").run()
     assert_clean(at)
     assert _view(at) == ("enc", 1, 2, "qkvz")
+    _told_to_browser(at)
     figure(at, "encoder.layers.1.self_attn · head 2: per-head projections")
 
 

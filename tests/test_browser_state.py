@@ -42,6 +42,7 @@ def view_of(page) -> dict:
         "titles": page.evaluate(TITLES),
         "view": page.locator('[data-testid="stMain"] button[role=radio][aria-checked=true]').all_inner_texts(),
         "kind": page.locator('[data-testid="stRadio"] label:has(input:checked)').all_inner_texts(),
+        "layer, head": [page.locator(f".st-key-attn_{k} input").input_value() for k in ("layer", "head")],
         "text": page.locator('[data-testid="stSidebar"] textarea').first.input_value(),
         "query": {k: v for k, v in parse_qs(urlparse(page.url).query).items()},
     }
@@ -79,6 +80,29 @@ def test_a_shared_link_reopens_the_same_view(server, paths, browser, page):
     finally:
         fresh.close()
     assert after == before
+
+
+def type_text(page, text: str) -> None:
+    box = page.locator('[data-testid="stSidebar"] textarea').first
+    box.fill(text)
+    box.press("Control+Enter")
+    page.wait_for_function(f"() => (new URLSearchParams(location.search).get('text') || '') === {text!r}",
+                           timeout=60_000)
+    wait_drawn(page, need_chart=bool(text))
+
+
+def test_the_controls_show_the_view_after_an_input_error(server, paths, page):
+    """Issue 13 #1 as the browser shows it: after an empty text (a message, no chart) and a new sentence,
+    the radio and the selects show the kept kind, layer and head, as the chart and the URL do."""
+    page.goto(server + paths["attention"])
+    wait_drawn(page)
+    choose_a_view(page)
+    before = view_of(page)
+    assert before["layer, head"] == ["1", "2"], before
+    type_text(page, "")
+    assert page.locator('[data-testid="stAlert"]').filter(has_text="empty").count()
+    type_text(page, "5 may 2021")
+    assert view_of(page) == before
 
 
 def test_back_leaves_the_page_in_one_press(server, paths, page):

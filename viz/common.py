@@ -233,7 +233,10 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
     """
     kept = _KEPT + key
     if key in st.session_state:
-        st.session_state[kept] = st.session_state[key]
+        # Written back, so the widget tells the browser its value (set_value): after a run that did not
+        # draw it (an input error stopped the page; a fragment's widgets outlive such runs) the browser
+        # builds it anew and would show its default beside a chart and URL that show this value.
+        st.session_state[key] = st.session_state[kept] = st.session_state[key]
         return
     candidates = []
     raw = st.query_params.get(param)
