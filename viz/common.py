@@ -400,8 +400,12 @@ def require_trace(sel: Selection | None = None):
 
 
 def return_freed_memory() -> None:
-    """Give freed heap pages back to the OS. glibc keeps a finished thread's arena (a training run:
-    ~150 MB) for reuse; a classroom server should shrink once the run is over."""
+    """Give freed memory back to the OS: freed trace blocks (else they go 1 s later) and heap pages (glibc
+    keeps a finished thread's arena, a training run: ~150 MB, for reuse); a classroom server should
+    shrink once the run is over."""
+    from model.recorder import release_trace_memory
+
+    release_trace_memory()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do

@@ -19,7 +19,7 @@ __all__ = ["step_labels"]  # re-exported: the decoder-row labels every page uses
 
 BLUE, ORANGE, GREY, GREEN = "#4C78A8", "#F58518", "#BAB0AC", "#54A24B"
 ATTN_SCALE = WEIGHTS_SCALE  # one colour scale per quantity, app-wide
-_BASE = dict(margin=dict(l=10, r=10, t=50, b=10), template="plotly_white")
+_BASE = dict(margin=dict(l=10, r=10, t=50, b=10))  # no template: Streamlit's theme styles every chart
 
 
 def show(token: str) -> str:

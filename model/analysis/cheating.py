@@ -33,14 +33,14 @@ def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 
     """Fine-tune a deep copy of `ckpt` (the original is never touched) for `steps` Adam steps on its
     task's training pairs with no look-ahead mask; evaluate the copy on `n_eval` held-out pairs."""
     from ..tasks import TASKS
-    from ..train import make_batch
+    from ..train import Adam, make_batch
     from .runs import exact_match, held_out, teacher_forced_loss
 
     task = TASKS[ckpt.meta["task"]]
     cheat = copy.copy(ckpt)
     cheat.model = copy.deepcopy(ckpt.model).train()
     hooks = iv.no_lookahead_mask()
-    opt = torch.optim.Adam(cheat.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    opt = Adam(cheat.model.parameters(), betas=(0.9, 0.98), eps=1e-9)  # not torch.optim: see train.Adam
     curve = []
     pairs = task.sample(steps * batch_size, seed=seed, split="train")
     with torch.random.fork_rng():  # dropout draws from a seeded RNG; the global one is restored after
@@ -51,7 +51,7 @@ def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 
             loss = iv.pad_loss(cheat.model.run_with_hooks(src, tgt, hooks=hooks), labels, ckpt.cfg.pad_id)
             opt.zero_grad()
             loss.backward()
-            opt.step()
+            opt.step(lr)
             curve.append(loss.item())
     cheat.model.eval()
     test = held_out(ckpt, n_eval)
