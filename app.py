@@ -61,7 +61,5 @@ def main() -> None:
 if __name__ == "__main__":  # a session's script run
     main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
-    from starlette.middleware import Middleware
-
     warmup.start()  # in the background, while the server starts and the first browser loads the frontend
-    app = st.App(__file__, middleware=[Middleware(warmup.PreloadPlotly)])
+    app = st.App(__file__)

@@ -117,17 +117,3 @@ def test_decoder_play_advances_by_itself(server, paths, page):
     page.wait_for_selector("text=▶ Play", timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
 
-
-def test_pages_tell_the_browser_to_preload_plotly(server):
-    """Every HTML page carries a modulepreload hint for plotly's chunk (fetched with the frontend, not after
-    the first script run), and the hinted file is served."""
-    import urllib.parse
-    import urllib.request
-
-    for path in ("/", "/decoder"):
-        with urllib.request.urlopen(server + path, timeout=30) as r:
-            link = r.headers.get("link", "")
-        assert "rel=modulepreload" in link and "PlotlyChart." in link, link
-        href = link.split(">")[0].lstrip("<")
-        with urllib.request.urlopen(urllib.parse.urljoin(server + path, href), timeout=30) as js:
-            assert js.status == 200 and "javascript" in js.headers["content-type"]

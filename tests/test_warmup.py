@@ -54,6 +54,3 @@ def test_app_py_is_the_served_app_and_the_script():
     served = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "App"]
     assert len(served) == 1 and isinstance(served[0].args[0], ast.Name) and served[0].args[0].id == "__file__"
 
-
-def test_plotly_chunk_is_found_in_the_installed_streamlit():
-    assert warmup._CHUNK is not None and warmup._CHUNK.is_file(), "the preload hint would be off"

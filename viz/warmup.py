@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
-
-import streamlit as st
 
 _LOG = logging.getLogger(__name__)
 _THREAD = "attention-lab-warm-up"
@@ -58,31 +55,3 @@ def warm() -> None:
         common.freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
     except Exception:  # noqa: BLE001 - warming is an optimisation; the page reports real errors
         _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
-
-
-# The browser's half: Streamlit's frontend fetches plotly's code (a ~4.6 MB chunk) only when the first
-# chart arrives, at the end of the first script run. Its file name is looked up in the installed
-# Streamlit, so an upgrade that renames it only turns the hint off.
-_CHUNK = next(iter(sorted(Path(st.__file__).parent.glob("static/static/js/PlotlyChart.*.js"))), None)
-
-
-class PreloadPlotly:
-    """ASGI middleware: every HTML page (the frontend's index.html) gets a `Link: rel=modulepreload`
-    header for plotly's chunk, so the browser fetches and compiles it alongside the frontend itself
-    instead of after the first script run has sent a chart."""
-
-    def __init__(self, app):
-        self.app = app
-        self.link = f"<./static/js/{_CHUNK.name}>; rel=modulepreload".encode() if _CHUNK else None
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.link is None:
-            return await self.app(scope, receive, send)
-
-        async def send_with_link(message):
-            if message["type"] == "http.response.start" and any(
-                    k == b"content-type" and v.startswith(b"text/html") for k, v in message.get("headers", [])):
-                message = {**message, "headers": [*message["headers"], (b"link", self.link)]}
-            await send(message)
-
-        return await self.app(scope, receive, send_with_link)
