@@ -77,7 +77,9 @@ def lookahead_mask_figure(tokens: Sequence[str], predicted: Sequence[str] | None
     fig.update_yaxes(title=t("query (decoder position: input → predicted)"), **_token_axis(names, names, 32))
     fig.update_yaxes(range=[n - 0.5, -0.5])
     fig.update_xaxes(title=t("key (decoder input)"), side="top", scaleanchor="y", **_token_axis(keys, tokens, 24))
-    fig.update_layout(title=t("Look-ahead mask M at this step ({n}×{n})", n=n), height=_size(n, 24, 240, 660),
+    # The title sits at the very top: the key axis (and its title) takes the space just above the grid.
+    fig.update_layout(title={"text": t("Look-ahead mask M at this step ({n}×{n})", n=n), "y": 1.0, "yref": "container",
+                             "yanchor": "top", "pad": {"t": 10}}, height=_size(n, 24, 240, 660),
                       **(_BASE | dict(margin=dict(l=10, r=10, t=100, b=10))))
     return fig
 

@@ -53,5 +53,5 @@ def warm() -> None:
             F.attention_heatmap(trace, first, 0, meta=trace.meta, all_heads=True).to_json()
             F.heads_grid(trace, first, meta=trace.meta).to_json()
         common.freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
-    except Exception:  # noqa: BLE001 - warming is an optimisation; the page reports real errors
+    except Exception:  # warming is an optimisation: the page reports real errors
         _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
