@@ -57,6 +57,7 @@ cols = st.columns(3)
 for i, block in enumerate(FA.BLOCKS):
     params = FA.block_params(block.id, layer, head)
     side = t("Encoder") if block.id.startswith(("enc", "src")) else t("Decoder") if block.id != "masks" else ""
-    cols[i % 3].page_link(PAGE_FILES[block.page], label=f"{side}: {t(block.label)}" if side else t(block.label),
+    label = t("{side}: {block}", side=side, block=t(block.label)) if side else t(block.label)
+    cols[i % 3].page_link(PAGE_FILES[block.page], label=label,
                           query_params=params or None,
                           icon=":material/open_in_new:")
