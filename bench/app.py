@@ -191,7 +191,7 @@ def long_checkpoint(tmp: Path) -> tuple[str, str, str]:
     import torch
 
     from model import Transformer, TransformerConfig
-    from model.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
+    from model.toy.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 
     names = list_checkpoints()
     if not names:

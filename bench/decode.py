@@ -25,7 +25,7 @@ import time
 import torch
 
 from model import Transformer, TransformerConfig
-from model import decode as dec
+from model.toy import decode as dec
 
 VARIANTS = {  # label -> (use_cache, record)
     "cache, plain": (True, False),

@@ -16,8 +16,9 @@ import time
 import torch
 
 from model import interventions as iv
-from model import load_checkpoint, pretrained
+from model import load_checkpoint
 from model.analysis import compare, heads, importance_for
+from model.loaders import minilm as pretrained
 
 
 def report(label: str, cases: dict, reps: int) -> None:

@@ -22,7 +22,7 @@ import time
 import torch
 
 from model import Transformer, TransformerConfig, causal_mask
-from model.reference import to_torch_transformer
+from model.testing.reference import to_torch_transformer
 
 
 def main() -> None:

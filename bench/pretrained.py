@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model import pretrained  # noqa: E402
+from model.loaders import minilm as pretrained  # noqa: E402
 
 
 def text_of(mini, n_tokens: int) -> str:

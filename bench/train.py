@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from model import load_checkpoint
-from model.train import train
+from model.toy.train import train
 
 
 def recipe(task: str) -> dict:

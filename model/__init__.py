@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "MultiHeadAttention": "attention", "attention_mask": "attention", "causal_mask": "attention",
-    "padding_mask": "attention", "list_checkpoints": "checkpoint", "load_checkpoint": "checkpoint",
-    "TransformerConfig": "config", "CaptureError": "recorder", "noam_lr": "schedule",
-    "Trace": "trace", "TraceDiff": "trace", "TraceFileError": "trace", "compare_traces": "trace",
-    "Transformer": "transformer", "label_smoothed_loss": "transformer", "sinusoidal_encoding": "transformer",
+    "MultiHeadAttention": "core.attention", "attention_mask": "core.attention", "causal_mask": "core.attention",
+    "padding_mask": "core.attention", "list_checkpoints": "toy.checkpoint", "load_checkpoint": "toy.checkpoint",
+    "TransformerConfig": "core.config", "CaptureError": "core.recorder", "noam_lr": "toy.schedule",
+    "Trace": "core.trace", "TraceDiff": "core.trace", "TraceFileError": "core.trace", "compare_traces": "core.trace",
+    "Transformer": "families.transformer", "label_smoothed_loss": "families.transformer",
+    "sinusoidal_encoding": "families.transformer", "capture_shapes": "families.transformer",
 }
 __all__ = sorted(_EXPORTS)
 

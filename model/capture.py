@@ -1,6 +1,6 @@
 """`python -m model.capture --checkpoint NAME_OR_PATH --text "..." [--names GLOB] --out FILE`
 
-The command line only: the recorder itself is `model.recorder` (re-exported here for old imports).
+The command line only: the recorder itself is `model.core.recorder`.
 Nothing in the package imports this module, so `python -m` runs it without runpy's warning.
 """
 
@@ -9,24 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .recorder import (  # noqa: F401  (re-exports)
-    DEFAULT_BUDGET_BYTES,
-    CaptureError,
-    Recorder,
-    capture_shapes,
-    capturing,
-    check_budget,
-    estimate_bytes,
-    hooking,
-    record,
-    recording,
-    resolve_hooks,
-    select_names,
-)
-
 
 def main(argv: list[str] | None = None) -> int:
-    from .repro import deterministic, open_model
+    from model.testing.repro import deterministic, open_model
 
     p = argparse.ArgumentParser(prog="python -m model.capture", description="Capture a trace to a file.")
     p.add_argument("--checkpoint", required=True,

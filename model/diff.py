@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from .trace import Trace, TraceDiff, TraceFileError, compare_traces
+from model.core.trace import Trace, TraceDiff, TraceFileError, compare_traces
 
 
 class Tolerance(NamedTuple):
@@ -29,7 +29,8 @@ EXACT = Tolerance(0.0, 0.0)
 # By kind, as globs; the last matching rule wins. Integer and bool tensors are always exact.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "*": Tolerance(1e-5, 1e-4),  # activations: float32 noise scales with magnitude
-    "*.weights": Tolerance(1e-6),  # softmax weights live in [0, 1]
+    # softmax weights live in [0, 1]; float32 kernels of two CPUs (AVX2 vs AVX-512) differ by a few 1e-6
+    "*.weights": Tolerance(1e-5),
     "logits": Tolerance(1e-4),  # the sum of a long matmul: the most accumulated noise
     "masks.*": EXACT,
     "*.mask": EXACT,

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from model import Trace, load_checkpoint, pretrained
-from model import decode as dec
+from model import Trace, load_checkpoint
 from model import interventions as iv
 from model.analysis import attribution, cheating, compare, heads, runs
+from model.loaders import minilm as pretrained
+from model.toy import decode as dec
 
 PAIR_A = "The animal didn't cross the street because it was too tired"
 PAIR_B = "The animal didn't cross the street because it was too wide"

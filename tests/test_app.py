@@ -14,7 +14,7 @@ from conftest import assert_clean, open_page, shown
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
-from model.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
+from model.toy.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from viz import common
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

@@ -16,7 +16,7 @@ import torch
 from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
-from model.checkpoint import sampling_distribution
+from model.toy.checkpoint import sampling_distribution
 from viz import common
 from viz import figures_decode as fd
 
@@ -30,7 +30,7 @@ def shipped():
     if not names:
         pytest.skip("no checkpoints installed (model/checkpoints) or listed in $ATTENTION_LAB_CHECKPOINTS")
     name = common.default_checkpoint(names)
-    from model.checkpoint import load_checkpoint
+    from model.toy.checkpoint import load_checkpoint
 
     return name, load_checkpoint(name)
 
@@ -365,7 +365,7 @@ class FakeJob:
 
 
 def untrained(accuracy: float):
-    from model.checkpoint import Checkpoint
+    from model.toy.checkpoint import Checkpoint
 
     c = load_shipped("reverse")
     meta = {"task": "reverse", "accuracy": accuracy, "probe": c.meta["probe"]}
@@ -373,7 +373,7 @@ def untrained(accuracy: float):
 
 
 def load_shipped(name: str):
-    from model.checkpoint import load_checkpoint
+    from model.toy.checkpoint import load_checkpoint
 
     return load_checkpoint(name)
 

@@ -15,8 +15,9 @@ from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
 from model import interventions as iv
-from model import load_checkpoint, pretrained
+from model import load_checkpoint
 from model.analysis import attribution_for, compare, heads, runs
+from model.loaders import minilm
 
 PAGE = "viz/pages/experiments.py"
 TIMEOUT = 300
@@ -134,10 +135,10 @@ def test_attribution_view(dates):
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_two_inputs_on_minilm(lang):
-    assert pretrained.is_available()
+    assert minilm.is_available()
     at = run_page({"exp_view": "compare", "lang": lang})
     assert_clean(at)
-    hf = compare.compare_inputs(pretrained.load_minilm(), at.text_input(key="exp_cmp_a").value,
+    hf = compare.compare_inputs(minilm.load_minilm(), at.text_input(key="exp_cmp_a").value,
                                 at.text_input(key="exp_cmp_b").value)
     fig = figure(at, "Preference" if lang == "en" else "每个头")
     np.testing.assert_allclose(z_of(fig["data"][2]), hf.flip, atol=1e-5)

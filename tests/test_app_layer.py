@@ -11,8 +11,8 @@ from conftest import assert_clean, figures, open_page
 from streamlit.testing.v1 import AppTest
 
 from model import load_checkpoint
-from model.padding import batch_trace
-from model.tokenizer import Tokenizer
+from model.toy.padding import batch_trace
+from model.toy.tokenizer import Tokenizer
 from viz import figures_arch as FA
 from viz import figures_layer as FL
 
@@ -150,7 +150,7 @@ def test_tokenizer_page_trains_the_wordpiece_it_draws():
     at = run_page("tokenizers", query={"corpus": "zh-en:tgt", "vocab": "150"})
     assert_clean(at)
     strips = figure(at, "cut three ways")
-    from model.tasks import TASKS
+    from model.toy.tasks import TASKS
 
     corpus = [tgt for _, tgt in TASKS["zh-en"].sample(2000, seed=0, split="train")]
     tok = Tokenizer.train_wordpiece(corpus, 150)

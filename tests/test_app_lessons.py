@@ -15,8 +15,8 @@ from test_app import z_of
 from test_i18n import english_sentences, shown_texts, walk
 
 from model import noam_lr
-from model.checkpoint import load_checkpoint
-from model.tasks import TASKS, closest_zh, date_fields, parse_date
+from model.toy.checkpoint import load_checkpoint
+from model.toy.tasks import TASKS, closest_zh, date_fields, parse_date
 from viz import figures as F
 from viz import lessons as LS
 
@@ -217,7 +217,7 @@ def test_noam_answer_is_the_warmup():
 
 @pytest.mark.slow
 def test_bert_answer_from_minilm_weights():
-    from model.pretrained import load_minilm
+    from model.loaders.minilm import load_minilm
 
     enc = load_minilm()
     tired, wide = (enc.run_with_trace(s, names="encoder.layers.*.self_attn.weights")[1]

@@ -12,7 +12,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from model import pretrained
+from model.loaders import minilm as pretrained
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "viz/pages/pretrained.py"

@@ -7,7 +7,8 @@ import torch
 from conftest import small_config
 
 from model import CaptureError, Trace, TraceFileError, Transformer, compare_traces
-from model.recorder import capture_shapes, capturing, recording
+from model.core.recorder import capturing, recording
+from model.families.transformer import capture_shapes
 
 DESIGN_ROLES = {"q", "k", "v", "scores", "mask", "weights", "z", "out"}
 

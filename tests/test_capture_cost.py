@@ -5,8 +5,10 @@ import pytest
 import torch
 from conftest import small_config
 
-from model import Transformer, recorder
-from model.recorder import capture_shapes, capturing, estimate_bytes, release_trace_memory
+from model import Transformer
+from model.core import recorder
+from model.core.recorder import capturing, estimate_bytes, release_trace_memory
+from model.families.transformer import capture_shapes
 
 
 def _model(**kw) -> Transformer:

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from model import list_checkpoints, load_checkpoint
-from model.checkpoint import CHECKPOINT_DIR, CheckpointError
-from model.tasks import TASKS
+from model.toy.checkpoint import CHECKPOINT_DIR, CheckpointError
+from model.toy.tasks import TASKS
 
 REQUIRED_ACCURACY = {"reverse": 0.99, "dates": 0.98, "zh-en": 0.95}
 
@@ -90,7 +90,7 @@ def test_round_trip(tmp_path):
 
 def test_tied_weights_round_trip(tmp_path):
     from model import Transformer, TransformerConfig
-    from model.checkpoint import Checkpoint
+    from model.toy.checkpoint import Checkpoint
 
     c = ckpt("reverse")
     cfg = TransformerConfig.from_dict(

@@ -7,9 +7,9 @@ import functools
 import pytest
 import torch
 
-from model import decode as dec
 from model import load_checkpoint
-from model.tasks import TASKS
+from model.toy import decode as dec
+from model.toy.tasks import TASKS
 
 TEXTS = {"reverse": "attention42", "dates": "3 november 2023", "zh-en": "我昨天吃了一个苹果"}
 

@@ -12,8 +12,8 @@ import torch.nn.functional as TF
 from conftest import small_config
 
 from model import Transformer
-from model.padding import token_losses
-from model.tokenizer import Tokenizer
+from model.toy.padding import token_losses
+from model.toy.tokenizer import Tokenizer
 from viz import figures_arch as FA
 from viz import figures_layer as FL
 from viz import figures_padding as FP

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from conftest import small_config
 
 from model import CaptureError, Transformer, TransformerConfig, load_checkpoint
-from model.recorder import capture_shapes, capturing
+from model.core.recorder import capturing
+from model.families.transformer import capture_shapes
 
 
 def _model(**kw) -> Transformer:
@@ -188,7 +189,7 @@ def test_hooks_in_eight_threads_never_see_each_other(batch):
 
 @pytest.mark.slow
 def test_pretrained_encoder_takes_hooks():
-    from model import pretrained
+    from model.loaders import minilm as pretrained
 
     mini = pretrained.load_minilm()
     text = "The animal didn't cross the street because it was too tired"

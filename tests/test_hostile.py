@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
 from model import Trace, TraceFileError, load_checkpoint
-from model.trace import MAX_NAMES
+from model.core.trace import MAX_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -222,7 +222,7 @@ def test_nothing_loads_from_another_host(server, page):
 def test_a_model_directory_with_hostile_weights_is_refused(name, tmp_path):
     import shutil
 
-    from model.repro import TINY_MODEL, load_model_dir
+    from model.testing.repro import TINY_MODEL, load_model_dir
 
     shutil.copytree(TINY_MODEL, tmp_path / "tiny")
     (tmp_path / "tiny" / "model.safetensors").write_bytes(HOSTILE[name][0])

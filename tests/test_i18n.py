@@ -158,7 +158,7 @@ NOT_PROSE = re.compile(r"```.*?```|`[^`]*`|“[^”]*”|《[^》]*》|\"[^\"]*\
 @functools.cache
 def model_words() -> frozenset[str]:
     """Every English word the toy models can output: a run made only of these is model output."""
-    from model.tasks import TASKS
+    from model.toy.tasks import TASKS
 
     return frozenset(w for _, target in TASKS["zh-en"].all_pairs() for w in target.split())
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from model import Transformer
-from model import decode as dec
 from model import interventions as iv
-from model.reference import to_torch_mha
+from model.testing.reference import to_torch_mha
+from model.toy import decode as dec
 
 ATOL = 1e-5
 

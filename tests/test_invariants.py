@@ -114,7 +114,7 @@ def test_fully_masked_row_gives_zeros_not_nan(small_model):
     x = torch.randn(1, 3, 32)
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     mask[0, 0, 1, 0] = False  # row 1 sees one key; rows 0 and 2 see nothing
-    from model.capture import capturing
+    from model.core.recorder import capturing
 
     with capturing({"encoder.layers.0.self_attn.weights"}) as rec:
         out = mha(x, x, mask)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-import model.train as mt
-from model.train import train
+import model.toy.train as mt
+from model.toy.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64, "dropout": 0.1}
@@ -39,7 +39,7 @@ class TorchAdam:
 
 
 def test_training_imports_no_torch_dynamo():
-    code = ("import sys; from model.train import train; "
+    code = ("import sys; from model.toy.train import train; "
             f"train('dates', {TINY!r}, **{RUN!r}); "
             "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from model import load_checkpoint, noam_lr
-from model import prenorm as P
+from model.toy import prenorm as P
 
 TINY = {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "dropout": 0.0}
 

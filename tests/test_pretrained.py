@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import CaptureError, pretrained
+from model import CaptureError
+from model.loaders import minilm as pretrained
 
 SEED = "The animal didn't cross the street because it was too tired"
 TEXTS = [

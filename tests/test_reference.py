@@ -5,8 +5,8 @@ import torch
 from conftest import small_config
 
 from model import Transformer, attention_mask, causal_mask
-from model.capture import capturing
-from model.reference import (
+from model.core.recorder import capturing
+from model.testing.reference import (
     to_torch_decoder_layer,
     to_torch_encoder_layer,
     to_torch_mha,

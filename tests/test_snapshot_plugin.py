@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  (see below)
 
+from model.core.trace import Trace
 from model.diff import DEFAULT_TOLERANCES, Tolerance, compare, resolve_tolerances
 from model.diff import main as diff_main
-from model.repro import TINY_MODEL, deterministic, load_model_dir
-from model.snapshot import TraceSnapshot, TraceSnapshotError, snapshot_stem
-from model.trace import Trace
+from model.testing.repro import TINY_MODEL, deterministic, load_model_dir
+from model.testing.snapshot import TraceSnapshot, TraceSnapshotError, snapshot_stem
 
 pytest_plugins = ["pytester"]
 # pytester's in-process runs unload every module first imported inside them. torch.manual_seed
@@ -23,7 +23,7 @@ pytest_plugins = ["pytester"]
 USER_TEST = """
 import json, os
 import pytest, torch
-from model.repro import load_model_dir
+from model.testing.repro import load_model_dir
 
 def test_tiny(trace_snapshot):
     m = load_model_dir()
@@ -149,7 +149,7 @@ def test_tolerance_rules():
              "logits", "encoder.out"]
     tols = resolve_tolerances(names)
     assert tols["masks.causal"] == tols["decoder.layers.0.cross_attn.mask"] == Tolerance(0.0, 0.0)
-    assert tols["encoder.layers.0.self_attn.weights"] == Tolerance(1e-6)
+    assert tols["encoder.layers.0.self_attn.weights"] == Tolerance(1e-5)
     assert tols["logits"] == Tolerance(1e-4) and tols["encoder.out"] == DEFAULT_TOLERANCES["*"]
     tols = resolve_tolerances(names, {"*": 1e-3, "logits": (0.1, 0.01)})  # the last match wins
     assert tols["encoder.out"] == Tolerance(1e-3) and tols["logits"] == Tolerance(0.1, 0.01)
@@ -241,7 +241,7 @@ def test_report_shape_dtype_new_missing_and_metadata():
 
 LIGHT_PLUGIN = """
 import sys
-import model.snapshot as plugin
+import model.testing.snapshot as plugin
 heavy = sorted(m for m in ("torch", "safetensors", "numpy") if m in sys.modules)
 assert not heavy, f"loading the pytest plugin imported {heavy}"
 assert plugin.deterministic.__module__ == "model.repro" and "torch" in sys.modules  # lazy re-exports still work

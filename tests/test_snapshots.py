@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from model import list_checkpoints, load_checkpoint
-from model.repro import TINY_MODEL, load_model_dir
+from model.testing.repro import TINY_MODEL, load_model_dir
 
 # Inputs are the tasks' demo examples, written out: a snapshot must not move when a default does.
 SHIPPED = [("reverse", "attention42"), ("dates", "3 november 2023"), ("zh-en", "我爱机器学习")]

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from model.tasks import SPLITS, TASKS, Task
+from model.toy.tasks import SPLITS, TASKS, Task
 
 ZH_EN = TASKS["zh-en"]
 
@@ -123,7 +123,7 @@ def test_dates_targets_are_the_parsed_iso_date():
 
 
 def test_dates_known_renderings():
-    from model.tasks import _render_date
+    from model.toy.tasks import _render_date
 
     day = dt.date(2023, 11, 3)  # a friday
     assert _render_date(day, "{weekday}, {d} {month} {y}", False, "lower") == "friday, 3 november 2023"
@@ -136,7 +136,7 @@ def test_dates_known_renderings():
 
 
 def test_dates_max_src_len_covers_every_format():
-    from model.tasks import _dates_coverage
+    from model.toy.tasks import _dates_coverage
 
     src, _ = _dates_coverage()  # every format x case x padding over all of 2023
     assert max(map(len, src)) <= TASKS["dates"].max_src_len

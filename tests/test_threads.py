@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model import load_checkpoint
-from model.train import train
+from model.toy.train import train
 
 TINY = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64, "dropout": 0.1}
 

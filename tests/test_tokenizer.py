@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import model.tokenizer as tokenizer_module
-from model.tasks import TASKS
-from model.tokenizer import SPECIALS, Tokenizer
+import model.toy.tokenizer as tokenizer_module
+from model.toy.tasks import TASKS
+from model.toy.tokenizer import SPECIALS, Tokenizer
 
 
 @functools.cache

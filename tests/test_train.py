@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from model import load_checkpoint, noam_lr
-from model.tasks import TASKS
-from model.train import main, make_batch, train
+from model.toy.tasks import TASKS
+from model.toy.train import main, make_batch, train
 
 TINY = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64, "dropout": 0.0}
 

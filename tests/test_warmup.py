@@ -6,7 +6,7 @@ import ast
 import threading
 from pathlib import Path
 
-from model.checkpoint import Checkpoint
+from model.toy.checkpoint import Checkpoint
 from viz import common, warmup
 
 ROOT = Path(__file__).resolve().parents[1]

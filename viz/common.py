@@ -73,7 +73,7 @@ def _checkpoint_api():
     try:
         from model import list_checkpoints, load_checkpoint
     except ImportError:  # the package root may not re-export them
-        from model.checkpoint import list_checkpoints, load_checkpoint
+        from model.toy.checkpoint import list_checkpoints, load_checkpoint
     return list_checkpoints, load_checkpoint
 
 
@@ -403,7 +403,7 @@ def return_freed_memory() -> None:
     """Give freed memory back to the OS: freed trace blocks (else they go 1 s later) and heap pages (glibc
     keeps a finished thread's arena, a training run: ~150 MB, for reuse); a classroom server should
     shrink once the run is over."""
-    from model.recorder import release_trace_memory
+    from model.core.recorder import release_trace_memory
 
     release_trace_memory()
     try:

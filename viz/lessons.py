@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import plotly.graph_objects as go
 
-from model.tasks import date_fields
+from model.toy.tasks import date_fields
 from viz import figures as F
 from viz import figures_decode as FD
 from viz import figures_pretrained as FP
@@ -89,7 +89,7 @@ def live_tokens(trace, param=None) -> Live:
 
 
 def live_positions(trace, param=64) -> Live:
-    from model.transformer import sinusoidal_encoding  # the model's own PE function
+    from model.families.transformer import sinusoidal_encoding  # the model's own PE function
 
     d = trace["encoder.embed.pos"].shape[-1]
     pe = sinusoidal_encoding(int(param), d).numpy()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from model.tasks import TASKS, Task
+from model.toy.tasks import TASKS, Task
 from viz.i18n import t
 
 PICKER_KEY = "task_example"

@@ -2,9 +2,9 @@
 head importance and a per-head summary, attribution (four ways), comparing two inputs.
 No UI imports here (pages draw what these return)."""
 
-from .attribution import Attribution, attribute, attribution_for, rollout, rollout_seq2seq, spearman
-from .compare import HeadFlip, compare_inputs, preference_importance
-from .heads import (
+from model.analysis.attribution import Attribution, attribute, attribution_for, rollout, rollout_seq2seq, spearman
+from model.analysis.compare import HeadFlip, compare_inputs, preference_importance
+from model.analysis.heads import (
                     HeadImportance,
                     attention_modules,
                     exact_match_importance,
@@ -12,7 +12,16 @@ from .heads import (
                     head_summary,
                     importance_for,
 )
-from .runs import BeforeAfter, Decoded, before_after, decode_text, exact_match, greedy, held_out, teacher_forced
+from model.analysis.runs import (
+                    BeforeAfter,
+                    Decoded,
+                    before_after,
+                    decode_text,
+                    exact_match,
+                    greedy,
+                    held_out,
+                    teacher_forced,
+)
 
 __all__ = [
     "Attribution", "BeforeAfter", "Decoded", "HeadFlip", "HeadImportance", "attention_modules", "attribute",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import interventions as iv
+from model import interventions as iv
 
 
 def spearman(a, b) -> float:
@@ -149,6 +149,6 @@ def _blank_out(model, src, tgt, labels) -> np.ndarray:
 
 def attribution_for(ckpt, trace, position: int) -> Attribution:
     """`attribute` on a checkpoint's teacher-forced trace, for output `position`."""
-    from .runs import teacher_forced
+    from model.analysis.runs import teacher_forced
 
     return attribute(ckpt.model, *teacher_forced(ckpt, trace), position, trace.meta)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import interventions as iv
+from model import interventions as iv
 
 
 @dataclass
@@ -32,9 +32,9 @@ def train_without_mask(ckpt, steps: int = 60, batch_size: int = 64, lr: float = 
                        n_eval: int = 100) -> Cheating:
     """Fine-tune a deep copy of `ckpt` (the original is never touched) for `steps` Adam steps on its
     task's training pairs with no look-ahead mask; evaluate the copy on `n_eval` held-out pairs."""
-    from ..tasks import TASKS
-    from ..train import Adam, make_batch
-    from .runs import exact_match, held_out, teacher_forced_loss
+    from model.analysis.runs import exact_match, held_out, teacher_forced_loss
+    from model.toy.tasks import TASKS
+    from model.toy.train import Adam, make_batch
 
     task = TASKS[ckpt.meta["task"]]
     cheat = copy.copy(ckpt)

@@ -88,7 +88,7 @@ def preference_importance(encoder, text: str, query: str = "it", to1: str = "ani
     import torch
     import torch.nn.functional as F
 
-    from .heads import head_importance
+    from model.analysis.heads import head_importance
 
     enc = encoder.encode(text)
     q, k1, k2 = (find_token(enc.tokens, w) for w in (query, to1, to2))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import interventions as iv
+from model import interventions as iv
 
 KINDS = ("encoder.self_attn", "decoder.self_attn", "decoder.cross_attn")  # kind = stack + module role
 SPECIAL = {"[BOS]", "[EOS]", "[CLS]", "[SEP]"}
@@ -91,7 +91,7 @@ def head_importance(model, src: torch.Tensor, tgt: torch.Tensor | None = None,
 def exact_match_importance(ckpt, pairs: list[tuple[str, str]]) -> HeadImportance:
     """Change in exact match (greedy, on `pairs`) when each head is zeroed: one batch of
     (1 + heads) × len(pairs) rows."""
-    from .runs import _limit, greedy
+    from model.analysis.runs import _limit, greedy
 
     t, model = ckpt.tgt_tokenizer, ckpt.model
     modules = attention_modules(model)
@@ -134,6 +134,6 @@ def head_summary(trace, modules: list[str] | None = None) -> dict[str, np.ndarra
 
 def importance_for(ckpt, trace, mode: str = "zero") -> HeadImportance:
     """Head importance on a checkpoint's teacher-forced trace: Δ log-prob of the output it traced."""
-    from .runs import teacher_forced
+    from model.analysis.runs import teacher_forced
 
     return head_importance(ckpt.model, *teacher_forced(ckpt, trace), mode=mode)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trace import Trace
+from model.core.trace import Trace
 
 
 @dataclass
@@ -68,7 +68,7 @@ def decode_text(ckpt, text: str, hooks=None, max_new_tokens: int | None = None) 
 
 def _limit(ckpt) -> int:
     """Twice the longest target the task makes (a broken model may never say [EOS])."""
-    from ..tasks import TASKS
+    from model.toy.tasks import TASKS
 
     task = TASKS.get(ckpt.meta.get("task", ""))
     return 2 * task.max_tgt_len + 2 if task else 64
@@ -76,7 +76,7 @@ def _limit(ckpt) -> int:
 
 def held_out(ckpt, n: int = 100, seed: int = 0) -> list[tuple[str, str]]:
     """`n` pairs of the checkpoint's task from its test split (never seen in training)."""
-    from ..tasks import TASKS
+    from model.toy.tasks import TASKS
 
     task = ckpt.meta.get("task")
     if task not in TASKS:
@@ -150,8 +150,8 @@ def teacher_forced_loss(ckpt, pairs: list[tuple[str, str]], hooks=None) -> dict[
     """On a padded batch of `pairs`, teacher-forced under `hooks`: the mean cross-entropy over real
     tokens ("loss"), seed 001's version averaged over [PAD] too ("seed_loss"), the share of real
     tokens ("real_share") and the share of positions whose argmax is right ("token_accuracy")."""
-    from .. import interventions as iv
-    from ..train import make_batch
+    from model import interventions as iv
+    from model.toy.train import make_batch
 
     src, tgt, labels = make_batch(pairs, ckpt.src_tokenizer, ckpt.tgt_tokenizer, ckpt.cfg.pad_id, ckpt.src_eos)
     logits = ckpt.model.run_with_hooks(src, tgt, hooks=hooks)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .recorder import hook, keep, record
+from model.core.recorder import hook, keep, record
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:

@@ -10,13 +10,12 @@ browser session) can trace and intervene at once without seeing each other:
 With neither set, `record` is two ContextVar lookups and returns its input: nothing is paid.
 
 Capture names are not listed here: each instrumented module declares its own points next to
-the code that records them (`capture_points`), and `capture_shapes` walks the module tree.
+the code that records them (`capture_points`); a model's `capture_names` walks its module tree.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import mmap
 import threading
 import time
@@ -25,8 +24,6 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
 import torch
-
-from .config import TransformerConfig
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20
 
@@ -253,24 +250,6 @@ def resolve_hooks(available: list[str], hooks: Mapping[str, Hook | list[Hook]] |
 
 
 # ---------------------------------------------------------------- names, shapes, budgets
-
-
-@functools.lru_cache(maxsize=32)
-def _skeleton(cfg: TransformerConfig):
-    """The module tree of `cfg` on the meta device: no weights, no memory, built once per config."""
-    from .transformer import Transformer  # lazy: the model imports this module
-
-    with torch.device("meta"):
-        return Transformer(cfg)
-
-
-def capture_shapes(cfg: TransformerConfig, B: int, S: int, T: int = 0) -> dict[str, tuple[int, ...]]:
-    """Every capture name of one forward pass, in computation order, with its shape.
-
-    B: batch, S: source length, T: target length (0 for encoder-only). Derived from the module
-    tree (each module's `capture_points`), so it cannot disagree with the `record` calls.
-    """
-    return _skeleton(cfg).capture_names(B, S, T)
 
 
 def select_names(available: list[str], names: str | list[str] | None, what: str = "capture") -> list[str]:

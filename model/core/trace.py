@@ -359,22 +359,6 @@ class TraceDiff:
         return "\n".join(self.meta_notes + lines)  # notes first: a changed input or model explains the rest
 
 
-def _computation_order(names: list[str], meta: Mapping | None) -> list[str]:
-    """Names in the order the forward pass computes them (from the config in meta); else as given."""
-    cfg = (meta or {}).get("config")
-    if isinstance(cfg, Mapping):
-        try:
-            from .config import TransformerConfig
-            from .recorder import capture_shapes
-
-            canonical = list(capture_shapes(TransformerConfig.from_dict(dict(cfg)), 1, 1, 1))
-        except (TypeError, ValueError):
-            canonical = []
-        rank = {n: i for i, n in enumerate(canonical)}
-        return sorted(names, key=lambda n: rank.get(n, len(rank)))  # stable: unknown names keep their order
-    return list(names)
-
-
 META_KEYS = ("config", "versions", "src_tokens", "tgt_tokens", "src_ids", "tgt_ids")
 
 
@@ -446,6 +430,6 @@ def compare_traces(
         missing=[n for n in expected if n not in actual],
         new=[n for n in actual if n not in expected],
         meta_notes=notes,
-        order=_computation_order(list(actual), meta),
+        order=list(actual),  # a trace keeps its names in computation order (run_with_trace, save/load)
         n_compared=len(common),
     )

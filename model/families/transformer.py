@@ -9,6 +9,7 @@ through `record(name, tensor)`; names are module path + role (see DESIGN.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -16,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import recorder
-from .attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
-from .config import TransformerConfig
-from .recorder import Hook, record
-from .trace import Trace
+from model.core import recorder
+from model.core.attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
+from model.core.config import TransformerConfig
+from model.core.recorder import Hook, record
+from model.core.trace import Trace
 
 
 def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
@@ -371,6 +372,19 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+@functools.lru_cache(maxsize=32)
+def _skeleton(cfg: TransformerConfig) -> Transformer:
+    """The module tree of `cfg` on the meta device: no weights, no memory, built once per config."""
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
+def capture_shapes(cfg: TransformerConfig, B: int, S: int, T: int = 0) -> dict[str, tuple[int, ...]]:
+    """Every capture name of one forward pass on (B, S) source and (B, T) target ids, in computation
+    order, with its shape, walked from the module tree (so it cannot disagree with the `record` calls)."""
+    return _skeleton(cfg).capture_names(B, S, T)
 
 
 def _versions() -> dict:

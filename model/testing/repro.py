@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import TransformerConfig
-from .trace import check_safetensors_header
-from .transformer import Transformer
+from model.core.config import TransformerConfig
+from model.core.trace import check_safetensors_header
+from model.families.transformer import Transformer
 
 MODEL_DIR_FORMAT = "attention-lab-model-dir"
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2; pad_id is 0
@@ -132,7 +132,7 @@ def open_model(name_or_path: str):
     if is_model_dir(name_or_path):
         return load_model_dir(name_or_path)
     try:
-        from .checkpoint import load_checkpoint
+        from model.toy.checkpoint import load_checkpoint
     except ImportError as e:
         raise ValueError(f"{name_or_path!r} is not a model directory, and checkpoints cannot be loaded "
                          f"here ({e})") from None

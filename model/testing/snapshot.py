@@ -30,13 +30,13 @@ import pytest
 if TYPE_CHECKING:
     import torch
 
-    from .diff import DEFAULT_TOLERANCES, Tolerance, TolSpec  # noqa: F401  (lazy re-exports, see __getattr__)
-    from .repro import deterministic  # noqa: F401
-    from .trace import Trace
+    from model.core.trace import Trace
+    from model.diff import DEFAULT_TOLERANCES, Tolerance, TolSpec  # noqa: F401  (lazy re-exports, see __getattr__)
+    from model.testing.repro import deterministic  # noqa: F401
 
 __all__ = ["DEFAULT_TOLERANCES", "Tolerance", "TraceSnapshot", "TraceSnapshotError", "deterministic",
            "snapshot_stem"]
-_LAZY = {"DEFAULT_TOLERANCES": "diff", "Tolerance": "diff", "deterministic": "repro"}
+_LAZY = {"DEFAULT_TOLERANCES": "model.diff", "Tolerance": "model.diff", "deterministic": "model.testing.repro"}
 
 
 def __getattr__(name: str):
@@ -44,7 +44,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __package__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 SNAPSHOT_DIR = "__snapshots__"
@@ -135,8 +135,8 @@ class TraceSnapshot:
         name: a label, for a test that checks more than one trace.
         """
         __tracebackhide__ = True
-        from .diff import compare
-        from .trace import Trace, TraceFileError
+        from model.core.trace import Trace, TraceFileError
+        from model.diff import compare
 
         key = name or ""
         if key in self._used:
@@ -194,9 +194,9 @@ class TraceSnapshot:
         __tracebackhide__ = True
         import torch
 
-        from .diff import as_tolerance, resolve_tolerances
-        from .recorder import select_names
-        from .trace import Trace
+        from model.core.recorder import select_names
+        from model.core.trace import Trace
+        from model.diff import as_tolerance, resolve_tolerances
 
         if not isinstance(trace, Mapping) or not all(isinstance(v, torch.Tensor) for v in trace.values()):
             raise TypeError("trace_snapshot.check takes a Trace or a dict of name -> torch.Tensor")
@@ -213,7 +213,7 @@ class TraceSnapshot:
         overrides = {glob: list(as_tolerance(spec)) for glob, spec in (tolerances or {}).items()}
         resolve_tolerances(chosen, tolerances)  # fail early on a pattern that matches nothing
         if "versions" not in meta:  # a plain dict: still record what produced it
-            from .transformer import _versions
+            from model.families.transformer import _versions
 
             meta["versions"] = _versions()
         meta["snapshot"] = {"test": self.nodeid, "tolerances": overrides}
@@ -231,7 +231,7 @@ def trace_snapshot(request: pytest.FixtureRequest):
         stats=config.stash.setdefault(_STATS, Counter()),
         root=Path(config.rootpath),
     )
-    from .repro import deterministic
+    from model.testing.repro import deterministic
 
     with deterministic():
         yield snap

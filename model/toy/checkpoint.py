@@ -23,11 +23,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from . import decode as dec
-from .config import TransformerConfig
-from .tokenizer import Tokenizer
-from .trace import Trace
-from .transformer import Transformer
+from model.core.config import TransformerConfig
+from model.core.trace import Trace
+from model.families.transformer import Transformer
+from model.toy import decode as dec
+from model.toy.tokenizer import Tokenizer
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 FORMAT, FILM_FORMAT, FORMAT_VERSION = "attention-lab-checkpoint", "attention-lab-film", "1"

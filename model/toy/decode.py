@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .recorder import capturing
-from .transformer import Transformer
+from model.core.recorder import capturing
+from model.families.transformer import Transformer
 
 STRATEGIES = ("greedy", "beam", "sample")
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .trace import Trace
-from .train import make_batch
+from model.core.trace import Trace
+from model.toy.train import make_batch
 
 MAX_SENTENCES = 4
 

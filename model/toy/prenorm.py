@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .train import train
+from model.toy.train import train
 
 RESULTS = Path(__file__).parent / "results" / "prenorm.json"
 

@@ -1,6 +1,6 @@
 """Deterministic toy seq2seq tasks whose attention patterns are worth looking at.
 
-    from model.tasks import TASKS
+    from model.toy.tasks import TASKS
     pairs = TASKS["dates"].sample(1000, seed=0, split="train")   # [(source, target), ...]
 
 - reverse: "abc12" -> "21cba"; cross-attention is an anti-diagonal.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.tokenizer import Kind, Tokenizer
+from model.toy.tokenizer import Kind, Tokenizer
 
 SPLITS = ("train", "valid", "test")
 

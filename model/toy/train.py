@@ -39,13 +39,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import Checkpoint
-from .config import TransformerConfig
-from .schedule import noam_lr
-from .tasks import TASKS, Task
-from .tokenizer import Tokenizer
-from .trace import Trace
-from .transformer import Transformer, label_smoothed_loss
+from model.core.config import TransformerConfig
+from model.core.trace import Trace
+from model.families.transformer import Transformer, label_smoothed_loss
+from model.toy.checkpoint import Checkpoint
+from model.toy.schedule import noam_lr
+from model.toy.tasks import TASKS, Task
+from model.toy.tokenizer import Tokenizer
 
 # Small enough to train on 2 CPU cores in minutes (d_model 128, 4 heads, 2+2 layers, d_ff 512).
 DEFAULT_MODEL = {

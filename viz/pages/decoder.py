@@ -15,7 +15,7 @@ import numpy as np
 import streamlit as st
 import torch
 
-from model.checkpoint import sampling_distribution
+from model.toy.checkpoint import sampling_distribution
 from viz import common
 from viz import figures_decode as fd
 from viz.i18n import N_, t

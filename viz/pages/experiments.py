@@ -14,8 +14,8 @@ import streamlit as st
 
 from model import analysis as an
 from model import interventions as iv
-from model import pretrained
 from model.analysis import cheating, compare, heads, runs
+from model.loaders import minilm
 from viz import common
 from viz import figures_experiments as FX
 from viz.i18n import N_, current_lang, t
@@ -69,7 +69,7 @@ def _cheating(name: str, steps: int):
 
 @st.cache_resource(show_spinner=False)
 def _encoder():
-    return pretrained.load_minilm()
+    return minilm.load_minilm()
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -343,8 +343,8 @@ def attribution_view(sel, ckpt, trace) -> None:
 def compare_view() -> None:
     st.caption(t("Two sentences side by side on the pretrained encoder all-MiniLM-L6-v2: how does every head's "
                  "attention from one query token change when one word changes?"))
-    if not pretrained.is_available():
-        st.info(t("The pretrained encoder is not installed: {hint}", hint=pretrained.INSTALL_HINT))
+    if not minilm.is_available():
+        st.info(t("The pretrained encoder is not installed: {hint}", hint=minilm.INSTALL_HINT))
         return
     c1, c2 = st.columns(2)
     a = c1.text_input(t("Sentence A"), PAIR_A, key="exp_cmp_a")

@@ -5,8 +5,8 @@ URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), 
 
 import streamlit as st
 
-from model import prenorm
-from model.tasks import TASKS
+from model.toy import prenorm
+from model.toy.tasks import TASKS
 from viz import common
 from viz import figures_layer as FL
 from viz.i18n import N_, t

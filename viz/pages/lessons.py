@@ -11,7 +11,7 @@ import hashlib
 
 import streamlit as st
 
-from model import pretrained
+from model.loaders import minilm as pretrained
 from viz import common
 from viz import lessons as LS
 from viz.i18n import N_, option_labels, t

@@ -4,9 +4,9 @@ decoder's combined mask, and a loss that ignores [PAD] (next to seed 001's wrong
 import numpy as np
 import streamlit as st
 
-from model.checkpoint import list_checkpoints
-from model.padding import MAX_SENTENCES, batch_trace
-from model.tasks import TASKS
+from model.toy.checkpoint import list_checkpoints
+from model.toy.padding import MAX_SENTENCES, batch_trace
+from model.toy.tasks import TASKS
 from viz import common
 from viz import figures_padding as FP
 from viz.i18n import t

@@ -12,7 +12,7 @@ import hashlib
 import numpy as np
 import streamlit as st
 
-from model import pretrained
+from model.loaders import minilm as pretrained
 from viz import common
 from viz import figures_pretrained as FP
 from viz.attention_views import render_attention

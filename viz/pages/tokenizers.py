@@ -5,8 +5,8 @@ URL parameters: corpus (e.g. zh-en:tgt), vocab (WordPiece vocabulary size).
 
 import streamlit as st
 
-from model.tasks import TASKS
-from model.tokenizer import SPECIALS, Tokenizer
+from model.toy.tasks import TASKS
+from model.toy.tokenizer import SPECIALS, Tokenizer
 from viz import common
 from viz import figures_tokenizers as FT
 from viz.i18n import N_, t

@@ -84,7 +84,7 @@ class Job:
 
 
 def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None:
-    from model.train import train  # imported here: the page must draw even if training is unavailable
+    from model.toy.train import train  # imported here: the page must draw even if training is unavailable
 
     try:
         job.ckpt = train(job.task, overrides, job.steps, batch_size=batch, warmup=job.warmup,
@@ -355,7 +355,7 @@ def main() -> None:
 
     st.divider()
     st.subheader(t("Train your own"))
-    from model.tasks import TASKS
+    from model.toy.tasks import TASKS
 
     tasks = sorted(TASKS)
     task_of_ckpt = sel.ckpt.meta.get("task")
