@@ -19,8 +19,8 @@ from viz import i18n
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-# Where UI text lives: the app, every viz module, and model/tasks.py (task grammars, input problems).
-SOURCES = sorted([ROOT / "app.py", ROOT / "model" / "tasks.py", *(ROOT / "viz").rglob("*.py")])
+# Where UI text lives: the app, every viz module, and model/toy/tasks.py (task grammars, input problems).
+SOURCES = sorted([ROOT / "app.py", ROOT / "model" / "toy" / "tasks.py", *(ROOT / "viz").rglob("*.py")])
 KEYWORDS = {"t": None, "N_": None}
 PO_FILES = sorted((i18n.LOCALE_DIR / "zh").glob("*.po"))
 PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "viz" / "pages").glob("*.py") if p.stem != "__init__")
@@ -207,6 +207,22 @@ def walk(node):
 def english_sentences(text: str) -> list[str]:
     runs = (m.group() for m in ENGLISH_RUN.finditer(NOT_PROSE.sub(" ", text)))
     return [r for r in runs if not set(re.split(r"[ ,]+", r.lower())) <= model_words()]
+
+
+# Half-width , : ; ( ) touching a Chinese character, or parentheses around Chinese: Chinese text takes ，：；（）.
+CJK = r"[\u3400-\u9fff]"
+HALFWIDTH = re.compile(rf"{CJK}[,:;()]|[,:;()]{CJK}|\([^()]*{CJK}[^()]*\)")
+
+
+def halfwidth_punctuation(text: str) -> list[str]:
+    return [m.group() for m in HALFWIDTH.finditer(NOT_PROSE.sub(" ", text))]
+
+
+def test_halfwidth_detector():
+    assert halfwidth_punctuation("多头交叉注意力(Q 来自解码器,K、V 来自编码器)")
+    assert halfwidth_punctuation("当前模型:D = 64")
+    assert not halfwidth_punctuation("多头交叉注意力（Q 来自解码器，K、V 来自编码器）")
+    assert not halfwidth_punctuation("(B, S, D) = (1, 12, 64) 源端 id")  # shapes are code, not prose
 
 
 def test_english_detector():

@@ -36,17 +36,20 @@ def _attention(kind: str) -> dict:
 
 
 def _sublayer(stack: str, sub: str) -> dict:
-    """The Inside-a-layer page's URL parameters for one sublayer (its Add & Norm included)."""
-    return {"stack": stack, "layer": "{layer}", "sub": sub}
+    """The Inside-a-layer page's URL parameters for one sublayer (its Add & Norm included); its W^O view
+    shows the chosen head."""
+    return {"stack": stack, "layer": "{layer}", "sub": sub, "head": "{head}"}
 
 
 BLOCKS = [
-    Block("src_embed", N_("Input embedding ×√d + positional encoding"), ENC_X, 0.10, EMB, "tokens", {}),
+    Block("src_embed", N_("Input embedding ×√d + positional encoding"), ENC_X, 0.10, EMB, "tokens",
+          {"side": "encoder"}),
     Block("enc_self", N_("Multi-head self-attention"), ENC_X, 0.30, ATTN, "attention", _attention("enc")),
     Block("enc_norm1", N_("Add & Norm"), ENC_X, 0.41, NORM, "layer", _sublayer("encoder", "self_attn")),
     Block("enc_ffn", N_("Feed-forward network"), ENC_X, 0.53, FFN, "layer", _sublayer("encoder", "ffn")),
     Block("enc_norm2", N_("Add & Norm"), ENC_X, 0.64, NORM, "layer", _sublayer("encoder", "ffn")),
-    Block("tgt_embed", N_("Output embedding ×√d + positional encoding"), DEC_X, 0.10, EMB, "tokens", {}),
+    Block("tgt_embed", N_("Output embedding ×√d + positional encoding"), DEC_X, 0.10, EMB, "tokens",
+          {"side": "decoder"}),
     Block("dec_self", N_("Masked multi-head self-attention"), DEC_X, 0.26, ATTN, "attention", _attention("dec")),
     Block("dec_norm1", N_("Add & Norm"), DEC_X, 0.35, NORM, "layer", _sublayer("decoder", "self_attn")),
     Block("cross", N_("Multi-head cross-attention (Q: decoder, K, V: encoder)"), DEC_X, 0.46, ATTN, "attention",
@@ -58,6 +61,10 @@ BLOCKS = [
     Block("masks", N_("Masks"), 0.5, 0.10, "#e4e7ec", "padding", {}),
 ]
 BY_ID = {b.id: b for b in BLOCKS}
+# The link list names every block on its own line: the map's five "Add & Norm" boxes say which sublayer.
+LIST_LABELS = {"enc_norm1": N_("Add & Norm after self-attention"), "enc_norm2": N_("Add & Norm after the FFN"),
+               "dec_norm1": N_("Add & Norm after self-attention"), "dec_norm2": N_("Add & Norm after cross-attention"),
+               "dec_norm3": N_("Add & Norm after the FFN")}
 BOX_W, BOX_H = 0.36, 0.065
 NARROW = {"masks": 0.08}  # block id -> its width, where not BOX_W
 

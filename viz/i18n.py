@@ -8,10 +8,10 @@ The English text in the code *is* the message id (gettext's convention), so the 
 needs no lookup. Chinese lives in `viz/locale/zh/*.po`: one file per area of the app (each
 page's owner edits only its own file); all of them are merged at start-up. Extract and check:
 
-    pybabel extract -k t -k N_ -o messages.pot viz app.py model/tasks.py   # every msgid the code uses
+    pybabel extract -k t -k N_ -o messages.pot viz app.py model/toy/tasks.py   # every msgid the code uses
     pytest tests/test_i18n.py        # fails on a missing zh string, a bad .po, a lost {placeholder}
 
-(pybabel misses t() calls inside f-strings; the test finds those too.) model/tasks.py marks the
+(pybabel misses t() calls inside f-strings; the test finds those too.) model/toy/tasks.py marks the
 toy tasks' grammar texts with its own N_ (model/ never imports viz).
 
 The language comes from `?lang=zh|en` in the URL, else the browser's Accept-Language, and is

@@ -15,7 +15,7 @@ PAGE_FILES = {"attention": "viz/pages/attention.py", "layer": "viz/pages/layer.p
 # Widget keys of the target pages that seed from the URL once per session: dropped before opening the
 # page, so the parameters of the click win over what the session remembered.
 PAGE_KEYS = {"attention": ("attn_kind", "attn_layer", "attn_head"),
-             "layer": ("ly_stack", "ly_layer", "ly_sub", "ly_head")}
+             "layer": ("ly_stack", "ly_layer", "ly_sub", "ly_head"), "tokens": ("tok_side",)}
 
 st.title(t("Architecture map"))
 st.caption(t("The Transformer of “Attention Is All You Need” as this model builds it: the encoder (left) reads the "
@@ -57,7 +57,8 @@ cols = st.columns(3)
 for i, block in enumerate(FA.BLOCKS):
     params = FA.block_params(block.id, layer, head)
     side = t("Encoder") if block.id.startswith(("enc", "src")) else t("Decoder") if block.id != "masks" else ""
-    label = t("{side}: {block}", side=side, block=t(block.label)) if side else t(block.label)
+    name = t(FA.LIST_LABELS.get(block.id, block.label))
+    label = t("{side}: {block}", side=side, block=name) if side else name
     cols[i % 3].page_link(PAGE_FILES[block.page], label=label,
                           query_params=params or None,
                           icon=":material/open_in_new:")
