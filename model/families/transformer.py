@@ -20,32 +20,9 @@ from torch import nn
 from model.core import recorder
 from model.core.attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
 from model.core.config import TransformerConfig
+from model.core.layers import FeedForward, LayerNorm, sinusoidal_encoding
 from model.core.recorder import Hook, record
 from model.core.trace import Trace
-
-
-def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  (max_len, D)"""
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(pos * inv_freq)
-    pe[:, 1::2] = torch.cos(pos * inv_freq)
-    return pe.float()
-
-
-class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (same weights and math) that records its input and output: `<path>.in`, `<path>.out`."""
-
-    name = "norm"  # set to the module path by the model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = record(f"{self.name}.in", x)
-        return record(f"{self.name}.out", super().forward(x))
-
-    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
-        D = self.normalized_shape[0]
-        return {f"{self.name}.in": (B, L, D), f"{self.name}.out": (B, L, D)}
 
 
 class Embeddings(nn.Module):
@@ -89,32 +66,12 @@ class Embeddings(nn.Module):
         return pts | {f"{s}.embed.out": (B, L, D)}
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = W_2 act(W_1 x + b_1) + b_2, applied to each position: d_model -> d_ff -> d_model."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.linear1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.linear2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()  # exact (erf) GELU
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.name = "ffn"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = record(f"{self.name}.hidden", self.act(self.linear1(x)))  # (B, L, d_ff)
-        return record(f"{self.name}.out", self.linear2(self.dropout(h)))  # (B, L, D)
-
-    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
-        return {f"{self.name}.hidden": (B, L, self.linear1.out_features),
-                f"{self.name}.out": (B, L, self.linear2.out_features)}
-
-
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.norm1 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout1, self.dropout2 = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
@@ -143,7 +100,7 @@ class DecoderLayer(nn.Module):
         self.norm_first = cfg.norm_first
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.norm1 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm3 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
