@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.core.layers import apply_rotary
 from model.core.recorder import hook, keep, record
 
 
@@ -43,21 +44,39 @@ def attention_mask(key_pad: torch.Tensor, n_query: int, causal: torch.Tensor | N
 
 
 class MultiHeadAttention(nn.Module):
-    """W^Q, W^K, W^V, W^O are nn.Linear(d_model, d_model): all heads side by side (E = N x H)."""
+    """W^Q, W^K, W^V, W^O are nn.Linear(d_model, d_model): all heads side by side (E = N x H).
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    Language models add three switches (the 2017 defaults leave the math untouched):
+    - n_kv_heads < n_heads: grouped-query attention. W^K, W^V give n_kv_heads heads; query head h
+      reads key/value head h // (n_heads / n_kv_heads), so K/V head g is shared by query heads
+      g*r .. g*r + r - 1 (r = n_heads / n_kv_heads). `.k`/`.v` keep the model's own n_kv_heads.
+    - qkv_bias / out_bias: biases of W^Q, W^K, W^V and of W^O (Llama has none, Qwen2 only on Q/K/V).
+    - rotary: forward's `angles` rotate q and k (RoPE); `.q_unrot`/`.k_unrot` record them before.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_kv_heads: int | None = None,
+                 d_head: int | None = None, qkv_bias: bool = True, out_bias: bool = True):
         super().__init__()
-        self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.w_q = nn.Linear(d_model, d_model)
-        self.w_k = nn.Linear(d_model, d_model)
-        self.w_v = nn.Linear(d_model, d_model)
-        self.w_o = nn.Linear(d_model, d_model)
+        self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        if n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
+                             "each key/value head serves the same number of query heads")
+        hs = self.d_head
+        self.w_q = nn.Linear(d_model, n_heads * hs, bias=qkv_bias)
+        self.w_k = nn.Linear(d_model, self.n_kv_heads * hs, bias=qkv_bias)
+        self.w_v = nn.Linear(d_model, self.n_kv_heads * hs, bias=qkv_bias)
+        self.w_o = nn.Linear(n_heads * hs, d_model, bias=out_bias)
         self.dropout = nn.Dropout(dropout)
         self.name = "attn"  # set to the module path (e.g. "encoder.layers.0.self_attn") by the model
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, D) -> (B, H, L, hs)
+        return x.view(B, L, -1, self.d_head).transpose(1, 2)  # (B, L, H*hs) -> (B, H, L, hs)
+
+    def kv_head_of(self, head: int) -> int:
+        """The key/value head that query head `head` reads (grouped-query attention)."""
+        return head // (self.n_heads // self.n_kv_heads)
 
     def forward(
         self,
@@ -66,15 +85,28 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None,  # (B, 1, Lq, Lk) bool, True = blocked
         cache: dict | None = None,  # key/value cache for step-by-step decoding
         static_kv: bool = False,  # cross-attention: K and V depend on the encoder only, compute them once
+        angles: torch.Tensor | None = None,  # RoPE: (Lq, hs/2) rotation angles of the new positions
     ) -> torch.Tensor:
         n = self.name
-        q = record(f"{n}.q", self.split_heads(self.w_q(x_q)))  # (B, H, Lq, hs)
+        if angles is None:
+            q = record(f"{n}.q", self.split_heads(self.w_q(x_q)))  # (B, H, Lq, hs)
+        else:  # `.q` is the rotated query, so scores = q·kᵀ/√d_k holds for every family
+            q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.split_heads(self.w_q(x_q))), angles))
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]  # cross-attention: hooked once, when first computed
         else:
             # Hooks see the keys/values computed in this call (with a cache: only the new positions),
             # so a position-wise hook acts once per position, as in a full teacher-forced pass.
-            k = hook(f"{n}.k", self.split_heads(self.w_k(x_kv)))  # (B, H, Lk, hs)
+            if angles is None:
+                k = hook(f"{n}.k", self.split_heads(self.w_k(x_kv)))  # (B, H_kv, Lk, hs)
+            else:
+                k_unrot = hook(f"{n}.k_unrot", self.split_heads(self.w_k(x_kv)))
+                k = hook(f"{n}.k", apply_rotary(k_unrot, angles))
+                if cache is not None and "k_unrot" in cache:
+                    k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
+                if cache is not None:
+                    cache["k_unrot"] = k_unrot
+                keep(f"{n}.k_unrot", k_unrot)
             v = hook(f"{n}.v", self.split_heads(self.w_v(x_kv)))
             if cache is not None and not static_kv and "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)
@@ -83,6 +115,9 @@ class MultiHeadAttention(nn.Module):
             cache["k"], cache["v"] = k, v
         keep(f"{n}.k", k)
         keep(f"{n}.v", v)
+        if self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
+            r = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
 
         # Var(q·k) = d_k for unit-variance entries: dividing by √d_k keeps softmax out of saturation.
         scores = record(f"{n}.scores", q @ k.transpose(-2, -1) / math.sqrt(self.d_head))  # (B, H, Lq, Lk)
@@ -102,9 +137,14 @@ class MultiHeadAttention(nn.Module):
         B, H, Lq, hs = z.shape
         return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))  # concat heads, then W^O
 
-    def capture_points(self, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
+    def capture_points(self, B: int, Lq: int, Lk: int, rotary: bool = False) -> dict[str, tuple[int, ...]]:
         """Names and shapes `forward` records, in order (module path + role)."""
-        n, H, hs = self.name, self.n_heads, self.d_head
-        return {f"{n}.q": (B, H, Lq, hs), f"{n}.k": (B, H, Lk, hs), f"{n}.v": (B, H, Lk, hs),
-                f"{n}.scores": (B, H, Lq, Lk), f"{n}.mask": (B, 1, Lq, Lk), f"{n}.weights": (B, H, Lq, Lk),
-                f"{n}.z": (B, H, Lq, hs), f"{n}.out": (B, Lq, H * hs)}
+        n, H, Hkv, hs = self.name, self.n_heads, self.n_kv_heads, self.d_head
+        q = {f"{n}.q": (B, H, Lq, hs)}
+        kv = {f"{n}.k": (B, Hkv, Lk, hs), f"{n}.v": (B, Hkv, Lk, hs)}
+        if rotary:  # recorded in this order by forward
+            q = {f"{n}.q_unrot": (B, H, Lq, hs)} | q
+            kv = {f"{n}.k_unrot": (B, Hkv, Lk, hs)} | kv
+        return q | kv | {f"{n}.scores": (B, H, Lq, Lk), f"{n}.mask": (B, 1, Lq, Lk),
+                         f"{n}.weights": (B, H, Lq, Lk), f"{n}.z": (B, H, Lq, hs),
+                         f"{n}.out": (B, Lq, self.w_o.out_features)}
