@@ -12,7 +12,7 @@ import torch
 from conftest import assert_clean, figures, open_page
 from streamlit.testing.v1 import AppTest
 from test_app import z_of
-from test_i18n import english_sentences, shown_texts, walk
+from test_i18n import english_sentences, english_words, figure_texts, halfwidth_punctuation, shown_texts, walk
 
 from model import noam_lr
 from model.toy.checkpoint import load_checkpoint
@@ -48,7 +48,12 @@ def test_every_lesson_runs_with_one_live_view(lang):
         assert any("🧪" == e.proto.icon for e in at.info), f"lesson {n}: a try-this task"
         if lang == "zh":  # the lesson itself (the sidebar is the app shell's) has no English sentence
             english = [(k, hit) for k, text in shown_texts(at, at.main) for hit in english_sentences(text)]
+            english += [(k, hit) for k, text in figure_texts(at)
+                        for hit in english_sentences(text) + english_words(text)]
             assert not english, f"lesson {n}: {english}"
+            texts = shown_texts(at, at.main) + figure_texts(at)
+            halfwidth = [(k, text[:80]) for k, text in texts if halfwidth_punctuation(text)]
+            assert not halfwidth, f"lesson {n}: half-width punctuation in Chinese: {halfwidth}"
         if n < len(LS.LESSONS):
             at.button(key="lesson_next").click().run()
     assert at.button(key="lesson_next").disabled
@@ -119,6 +124,39 @@ def test_full_page_link_opens_the_same_view():
     assert at.session_state["attn_head"] == 2 and at.session_state["checkpoint"] == "dates"
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert any(tt.startswith("encoder.layers.0.self_attn · head 2: softmax") for tt in titles), titles
+
+
+def test_lesson_sentence_and_value_are_kept_in_the_link():
+    at = open_lessons(lesson=5)
+    at.text_input(key="lesson_text_multi-head").set_value("2023年11月3日").run()
+    at.get_by_key("lesson_param_multi-head").set_value(1).run()
+    assert (at.query_params["lesson_text"], at.query_params["lesson_value"]) == ("2023年11月3日", "1")
+    fresh = open_lessons(**{k: at.query_params[k] for k in at.query_params if k != "lang"})  # the copied link
+    assert_clean(fresh)
+    assert fresh.text_input(key="lesson_text_multi-head").value == "2023年11月3日"
+    assert fresh.get_by_key("lesson_param_multi-head").value == 1
+    assert figures(fresh)[0]["layout"]["title"]["text"] == figures(at)[0]["layout"]["title"]["text"]
+    fresh.button(key="lesson_next").click().run()  # the next lesson opens on its own sentence
+    assert fresh.text_input(key="lesson_text_masks").value == LS.LESSONS[5].text
+    assert "lesson_text" not in fresh.query_params and "lesson_value" not in fresh.query_params
+
+
+def test_a_default_sentence_and_a_long_one_stay_out_of_the_link():
+    at = open_lessons(lesson=1)
+    assert "lesson_text" not in at.query_params
+    at.text_input(key="lesson_text_tokens").set_value("我" * 1001).run()
+    assert "lesson_text" not in at.query_params
+    assert any("1001 characters long" in c.value for c in at.caption)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_an_empty_sentence_points_to_the_box_on_the_page(lang):
+    at = open_lessons(lang, lesson=1)
+    for text in ("", "   "):
+        at.text_input(key="lesson_text_tokens").set_value(text).run()
+        assert not at.exception and len(at.error) == 1
+        assert "sidebar" not in at.error[0].value and "侧边栏" not in at.error[0].value
+        assert ("box above" if lang == "en" else "上面的输入框") in at.error[0].value
 
 
 def test_input_outside_the_grammar_warns_but_runs():

@@ -111,9 +111,9 @@ def head_finder_figure(w1: np.ndarray, w2: np.ndarray, src: str, to1: str, to2: 
     L, H = w1.shape
     src, to1, to2 = show_token(src), show_token(to1), show_token(to2)
     if metric == "difference":
-        z, kind, what = w1 - w2, "diff", f"weight({src}→{to1}) − weight({src}→{to2})"
+        z, kind, what = w1 - w2, "diff", t("weight({a}→{b}) − weight({a}→{c})", a=src, b=to1, c=to2)
     elif metric == "weight":
-        z, kind, what = w1, "weights", f"weight({src}→{to1})"
+        z, kind, what = w1, "weights", t("weight({a}→{b})", a=src, b=to1)
     else:
         raise ValueError(f"metric must be 'weight' or 'difference', got {metric!r}")
     head_word, layer_word = t("head"), t("layer")

@@ -13,6 +13,7 @@ import streamlit as st
 
 from model.loaders import minilm as pretrained
 from viz import common
+from viz import figures as F
 from viz import lessons as LS
 from viz.i18n import N_, option_labels, t
 from viz.task_help import problems_text, task_of
@@ -85,6 +86,15 @@ def bert_trace(text: str):
     return minilm().run_with_trace(text, names="encoder.layers.*.self_attn.weights")[1]
 
 
+def sentence_problem(text: str) -> str | None:
+    """An empty lesson sentence: the box is on this page (common.text_problems points to the sidebar)."""
+    if not text:
+        return t("The sentence is empty: type one in the box above.")
+    if not text.strip():
+        return t("The sentence is only whitespace: type one in the box above.")
+    return None
+
+
 def load(lesson: LS.Lesson, text: str):
     """The lesson's data, or None after a message on the page (bad input, missing package)."""
     if lesson.source == "none":
@@ -98,7 +108,7 @@ def load(lesson: LS.Lesson, text: str):
             return None
         with st.spinner(t("Running the encoder…")):
             return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
-    problem = common.text_problems(text)
+    problem = sentence_problem(text) or common.text_problems(text)
     if problem:
         common.show_error(problem)
         return None
@@ -177,25 +187,44 @@ def text_control(lesson: LS.Lesson) -> str:
     text = lesson.text
     if lesson.source in ("trace", "decode"):
         key = f"lesson_text_{lesson.slug}"
-        st.session_state.setdefault(key, lesson.text)
+        common.seed_from_query(key, "lesson_text", lesson.text)
         text = st.text_input(t("Sentence for the {model} model", model=lesson.checkpoint), key=key)
+        fits = len(text) <= common.MAX_URL_TEXT
+        common.write_query(lesson_text=text if fits and text != lesson.text else None)
+        if not fits:
+            st.caption(t("This text is {n} characters long: over {max}, it is not kept in the page's link (a shared "
+                         "link or a reload opens the default text).", n=len(text), max=common.MAX_URL_TEXT))
+    else:
+        common.write_query(lesson_text=None)  # a link's stray sentence: this lesson has none
     return text
 
 
 def param_control(lesson: LS.Lesson, trace):
     """The lesson's second control (slider, or head/layer of the trace); None if it has none."""
     if lesson.param is None:
+        common.write_query(lesson_value=None)
         return None
     kind, label, options, default = lesson.param
     key = f"lesson_param_{lesson.slug}"
     if kind == "slider":
-        return st.slider(t(label), options[0], options[1], default, key=key)
-    if kind == "select":
-        return st.select_slider(t(label), options, value=default, key=key)
-    cfg = trace.meta["config"]
-    count = cfg["n_heads"] if kind == "head" else cfg["n_decoder_layers"]
-    common.clamp_state(key, 0, count - 1)
-    return st.segmented_control(t(label), range(count), default=default, key=key) or 0
+        valid = common.int_in(options[0], options[1])
+    elif kind == "select":
+        valid = options.__contains__
+    else:
+        cfg = trace.meta["config"]
+        count = cfg["n_heads"] if kind == "head" else cfg["n_decoder_layers"]
+        valid = common.int_in(0, count - 1)
+    common.seed_from_query(key, "lesson_value", default, int, valid)
+    if kind == "slider":
+        value = st.slider(t(label), options[0], options[1], key=key)
+    elif kind == "select":
+        value = st.select_slider(t(label), options, key=key)
+    else:
+        common.clamp_state(key, 0, count - 1)
+        value = st.segmented_control(t(label), range(count), key=key)
+        value = default if value is None else value  # a click on the chosen button deselects it
+    common.write_query(lesson_value=value if value != default else None)
+    return value
 
 
 def question(lesson: LS.Lesson, live: LS.Live) -> None:
@@ -236,7 +265,7 @@ def show_lesson(n: int, present: bool) -> None:
         value = param_control(lesson, data)
     live = lesson.live(data) if lesson.param is None else lesson.live(data, value)
     if present:
-        live.figure.update_layout(height=PRESENT_FIG_HEIGHT, font={"size": 16})
+        F.scale_fonts(live.figure.update_layout(height=PRESENT_FIG_HEIGHT), 18)  # ticks too, not just layout.font
     with view:
         common.show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
     st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
@@ -252,6 +281,8 @@ def main() -> None:
     seed_state()
     n = st.session_state["_lesson_keep"] = st.session_state["lesson_n"]
     present = bool(st.session_state["lesson_present"])
+    if st.query_params.get("lesson") != str(n):  # another lesson: the URL's sentence and value were the old one's
+        common.write_query(lesson_text=None, lesson_value=None)
     common.write_query(lesson=n, present=1 if present else None)
     top = st.container()  # the toggle: first in normal mode, last in presentation mode
     if present:
