@@ -1,0 +1,186 @@
+"""The decoder-only language-model family (model/families/lm.py): capture names, exactness, masks,
+causality, grouped-query attention, rotary positions, the KV cache, the trace budget."""
+
+import math
+
+import pytest
+import torch
+
+from model.core.layers import apply_rotary, rotary_angles
+from model.core.recorder import CaptureError
+from model.families.lm import DecoderLM, LMConfig
+
+LLAMA = dict(vocab_size=61, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=80, max_len=64,
+             positional="rotary", rope_base=500.0, norm="rmsnorm", norm_eps=1e-6, ffn="gated",
+             activation="silu", qkv_bias=False, out_bias=False, ffn_bias=False, tie_embeddings=True)
+GPT2 = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40, positional="learned",
+            norm="layernorm", ffn="plain", activation="gelu_tanh", tie_embeddings=True)
+
+
+def make(kind: dict, seed: int = 0) -> DecoderLM:
+    torch.manual_seed(seed)
+    return DecoderLM(LMConfig(**kind)).eval()
+
+
+@pytest.fixture(params=["llama", "gpt2"])
+def lm(request):
+    return make(LLAMA if request.param == "llama" else GPT2)
+
+
+def ids(T=9, B=2, V=61, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_capture_names_are_exactly_what_a_forward_records(lm):
+    x = ids()
+    shapes = lm.capture_names(*x.shape)
+    _, trace = lm.run_with_trace(x)
+    assert trace.names() == list(shapes)  # same names, same (computation) order
+    assert {n: tuple(t.shape) for n, t in trace.items()} == shapes
+    c = lm.cfg
+    rotary = c.positional == "rotary"
+    assert ("decoder.rope.angles" in shapes) == rotary
+    assert ("decoder.embed.pos" in shapes) == (not rotary)
+    assert ("decoder.layers.0.ffn.gate" in shapes) == (c.ffn == "gated")
+    assert ("decoder.layers.1.self_attn.q_unrot" in shapes) == rotary
+    assert not any("cross_attn" in n for n in shapes)
+    # grouped-query attention keeps the model's own K/V heads; scores and weights are per query head
+    assert shapes["decoder.layers.1.self_attn.k"] == (2, c.kv_heads, 9, c.head_dim)
+    assert shapes["decoder.layers.1.self_attn.weights"] == (2, c.n_heads, 9, 9)
+
+
+@torch.no_grad()
+def test_capture_on_and_off_give_bit_identical_logits(lm):
+    x = ids()
+    plain = lm(x)
+    for names in (None, "*.weights", "logits"):
+        logits, _ = lm.run_with_trace(x, names=names)
+        assert torch.equal(logits, plain), names
+    assert torch.equal(lm.run_with_hooks(x, hooks={"*.z": lambda t, n: None}), plain)
+
+
+@torch.no_grad()
+def test_masked_cells_are_exactly_zero_and_rows_sum_to_one(lm):
+    _, trace = lm.run_with_trace(ids(), names=["*.weights", "*.mask", "*.scores", "masks.causal"])
+    causal = trace["masks.causal"]
+    assert torch.equal(causal, torch.ones(9, 9, dtype=torch.bool).triu(1))  # True = blocked (the future)
+    for i in range(lm.cfg.n_layers):
+        w = trace[f"decoder.layers.{i}.self_attn.weights"]
+        mask = trace[f"decoder.layers.{i}.self_attn.mask"].expand_as(w)
+        assert (w[mask] == 0).all()  # exactly 0
+        assert (w[~mask] > 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+        assert torch.isfinite(trace[f"decoder.layers.{i}.self_attn.scores"]).all()
+
+
+@torch.no_grad()
+def test_future_tokens_cannot_change_the_past(lm):
+    x = ids(T=10)
+    y = x.clone()
+    y[:, 6:] = (y[:, 6:] + 7) % 61  # change only positions 6..9
+    a, b = lm(x), lm(y)
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+@torch.no_grad()
+def test_scores_are_rotated_q_dot_k_over_sqrt_dk_with_shared_kv_heads():
+    lm = make(LLAMA)
+    _, trace = lm.run_with_trace(ids(), names="decoder.layers.1.self_attn.*")
+    p = "decoder.layers.1.self_attn"
+    q, k, s = trace[f"{p}.q"], trace[f"{p}.k"], trace[f"{p}.scores"]
+    r = lm.cfg.n_heads // lm.cfg.kv_heads
+    for h in range(lm.cfg.n_heads):  # query head h reads K/V head h // r
+        g = lm.decoder.layers[1].self_attn.kv_head_of(h)
+        assert g == h // r
+        torch.testing.assert_close(s[:, h], q[:, h] @ k[:, g].transpose(-1, -2) / math.sqrt(lm.cfg.head_dim))
+        torch.testing.assert_close(trace[f"{p}.z"][:, h], trace[f"{p}.weights"][:, h] @ trace[f"{p}.v"][:, g])
+    angles = rotary_angles(9, lm.cfg.head_dim, lm.cfg.rope_base)
+    torch.testing.assert_close(q, apply_rotary(trace[f"{p}.q_unrot"], angles))
+    torch.testing.assert_close(k, apply_rotary(trace[f"{p}.k_unrot"], angles))
+    # a rotation keeps lengths, and position 0 is not rotated
+    torch.testing.assert_close(q.norm(dim=-1), trace[f"{p}.q_unrot"].norm(dim=-1))
+    torch.testing.assert_close(q[:, :, 0], trace[f"{p}.q_unrot"][:, :, 0])
+
+
+@torch.no_grad()
+def test_rotary_scores_depend_on_relative_position_only():
+    """RoPE: the score of the same (query, key) vectors placed at (i, j) depends only on i - j."""
+    hs = 8
+    a, b = torch.randn(1, 1, 1, hs), torch.randn(1, 1, 1, hs)
+    ang = rotary_angles(20, hs, 100.0)
+    score = [(apply_rotary(a, ang[i:i + 1]) * apply_rotary(b, ang[j:j + 1])).sum() for i, j in ((5, 2), (15, 12))]
+    torch.testing.assert_close(score[0], score[1], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_kv_cache_one_token_at_a_time_equals_the_full_pass(lm):
+    x = ids(T=8, B=1)
+    full = lm(x)
+    cache = lm.new_cache()
+    steps = [lm(x[:, :3], cache=cache, offset=0)]
+    steps += [lm(x[:, t:t + 1], cache=cache, offset=t) for t in range(3, 8)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_tied_embeddings_share_one_tensor_and_parameter_count_matches_config(lm):
+    assert lm.generator.weight is lm.decoder.embed.tok.weight
+    assert lm.num_parameters() == lm.cfg.num_parameters()
+    untied = DecoderLM(LMConfig(**(GPT2 | {"tie_embeddings": False})))
+    assert untied.generator.weight is not untied.decoder.embed.tok.weight
+    assert untied.num_parameters() == untied.cfg.num_parameters()
+
+
+@torch.no_grad()
+def test_describe_travels_in_the_trace(lm):
+    _, trace = lm.run_with_trace(ids(), names="logits")
+    d = trace.meta["model"]
+    assert d == lm.describe()
+    assert d["family"] == "decoder_lm"
+    assert d["stacks"] == {"decoder": {"layers": 2, "tokens": "tgt_tokens"}}
+    a = d["attention"]["decoder.layers.1.self_attn"]
+    assert a == {"kind": "decoder_self", "stack": "decoder", "layer": 1, "causal": True,
+                 "query_tokens": "tgt_tokens", "key_tokens": "tgt_tokens", "n_heads": lm.cfg.n_heads,
+                 "n_kv_heads": lm.cfg.kv_heads, "d_head": lm.cfg.head_dim}
+    assert list(d["attention"]) == ["decoder.layers.0.self_attn", "decoder.layers.1.self_attn"]
+    assert d["blocks"]["positional"] == lm.cfg.positional and d["blocks"]["norm"] == lm.cfg.norm
+    assert trace.meta["tgt_ids"] == ids().tolist()
+
+
+@torch.no_grad()
+def test_a_capture_over_budget_is_refused_saying_what_fits():
+    lm = make(LLAMA)
+    x = ids(T=40, B=1)
+    one = 6 * 40 * 40 * 4  # one layer's weights, bytes
+    with pytest.raises(CaptureError) as e:
+        lm.run_with_trace(x, names="*.weights", budget_bytes=one + 100)
+    msg = str(e.value)
+    assert "at 40 tokens" in msg and "1 of these 2 tensors" in msg
+    fits = int(msg.split("up to ")[1].split(" tokens")[0])
+    assert 2 * 6 * fits * fits * 4 <= one + 100 < 2 * 6 * (fits + 1) ** 2 * 4  # the largest length that fits
+    _, trace = lm.run_with_trace(x[:, :fits], names="*.weights", budget_bytes=one + 100)  # and it does
+    assert len(trace) == 2
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(n_kv_heads=4), "multiple of n_kv_heads"),
+    (dict(positional="alibi"), "positional must be one of"),
+    (dict(activation="swish"), "activation must be one of"),
+    (dict(vocab_size=0), "vocab_size must be a positive integer"),
+    (dict(eos_id=61), "eos_id (61) must be below vocab_size"),
+])
+def test_bad_configs_are_refused_with_a_reason(bad, words):
+    with pytest.raises(ValueError) as e:
+        LMConfig(**(LLAMA | bad))
+    assert words in str(e.value)
+
+
+def test_bad_ids_get_a_clear_message():
+    lm = make(GPT2)
+    with pytest.raises(ValueError, match="ids must be in"):
+        lm(torch.tensor([[0, 61]]))
+    with pytest.raises(ValueError, match="longer than this model's limit max_len=40"):
+        lm(torch.zeros(1, 41, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer tensor"):
+        lm(torch.zeros(1, 3))
