@@ -118,7 +118,7 @@ def test_head_importance_view(dates, lang):
         np.testing.assert_allclose(z_of(panel), maps[kind], atol=1e-4)
     links = [m.value for m in at.markdown if "/attention?" in m.value]
     module, head, _ = hi.top(1)[0]
-    kind, layer = heads.kind_of(module)
+    kind, layer = heads.kind_of(module, dates.model.describe())
     assert f"attn_kind={dict(zip(heads.KINDS, ['enc', 'dec', 'cross'], strict=True))[kind]}" in links[0]
     assert f"layer={layer}&head={head}" in links[0]
 
@@ -171,6 +171,6 @@ def test_figures_draw_the_traced_numbers(dates):
     summary = heads.head_summary(ba.trace_before)
     fig = FX.summary_maps(summary, "entropy")
     for panel, kind in zip(fig.data, heads.KINDS, strict=True):
-        rows = [i for i, mod in enumerate(summary["modules"]) if heads.kind_of(mod)[0] == kind]
+        rows = [i for i, mod in enumerate(summary["modules"]) if summary["kinds"][i] == kind]
         np.testing.assert_allclose(np.asarray(panel.z), summary["entropy"][rows], atol=1e-5)
     assert len(FX.summary_maps(summary, "distance").data) == 2  # cross-attention has no distance

@@ -237,7 +237,8 @@ def test_trace_selection_keeps_hidden_states(mini):
     assert trace.names() == [f"encoder.layers.{i}.self_attn.weights" for i in range(6)]
     assert len(hidden) == 7 and all(h.shape == (1, 15, 384) for h in hidden)
     assert trace.meta["src_tokens"] == mini.tokens(SEED)
-    assert trace.meta["model"] == "all-MiniLM-L6-v2"
+    assert trace.meta["checkpoint"] == "all-MiniLM-L6-v2"
+    assert trace.meta["model"]["family"] == "encoder"
     with pytest.raises(CaptureError, match="matches no name"):
         mini.run_with_trace(SEED, names="decoder.*")
 

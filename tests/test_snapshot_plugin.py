@@ -244,7 +244,7 @@ import sys
 import model.testing.snapshot as plugin
 heavy = sorted(m for m in ("torch", "safetensors", "numpy") if m in sys.modules)
 assert not heavy, f"loading the pytest plugin imported {heavy}"
-assert plugin.deterministic.__module__ == "model.repro" and "torch" in sys.modules  # lazy re-exports still work
+assert plugin.deterministic.__module__ == "model.testing.repro" and "torch" in sys.modules  # lazy re-exports still work
 """
 
 

@@ -30,10 +30,12 @@ from contextlib import nullcontext
 
 import streamlit as st
 
+from model.core.describe import attention_of, described
 from viz import common
 from viz import figures as F
 from viz.i18n import N_, current_lang, t
 
+KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # model/core/describe.py kinds
 KINDS = {  # stable id (URL value) -> (label, module name pattern, what it teaches)
     "enc": (N_("Encoder self-attention"), "encoder.layers.{i}.self_attn",
             N_("Q, K and V all come from the source: every source token looks at every source token (only "
@@ -71,16 +73,13 @@ _head_clicks = st.components.v2.component("attention_lab.head_clicks", js=_HEAD_
 
 
 def attention_modules(trace) -> dict[str, list[str]]:
-    """Kind id -> the attention modules of that kind present in `trace`, by layer."""
-    out = {}
-    for kind, (_, pattern, _) in KINDS.items():
-        prefix, suffix = pattern.split("{i}")
-        layers = sorted({int(m.group(1)) for n in trace.names()
-                         if n.startswith(prefix) and n.endswith(f"{suffix}.weights")
-                         and (m := _LAYER.search(n))})
-        if layers:
-            out[kind] = [pattern.format(i=i) for i in layers]
-    return out
+    """Kind id -> the attention modules of that kind present in `trace`, by layer (from the model's own
+    description in trace.meta, never from parsing names)."""
+    out: dict[str, list[str]] = {}
+    for module, info in described(trace.meta).get("attention", {}).items():
+        if f"{module}.weights" in trace:
+            out.setdefault(KIND_IDS[info["kind"]], []).append(module)
+    return {k: out[k] for k in KINDS if k in out}
 
 
 def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
@@ -159,9 +158,10 @@ _SHARED: OrderedDict = OrderedDict()  # head-independent figures of shared trace
 _SHARED_LOCK = threading.Lock()
 
 
-def cached_figure(trace, build, *args, shared: bool = False):
-    """`build(trace, *args)`, cached (bounded LRU) for figures that do not depend on the head, so a
-    head switch costs nothing for them.
+def cached_figure(trace, build, *args, shared: bool = False, **kw):
+    """`build(trace, *args, **kw)`, cached (bounded LRU) for figures that do not depend on the head, so a
+    head switch costs nothing for them. `kw` is not part of the key: it must follow from the trace itself
+    (e.g. its meta with the model's own predictions).
 
     shared=False: in this session (the figure may be changed in place, e.g. the model view's outline).
     shared=True: for every session (never changed after building): a class opening the same link builds
@@ -175,7 +175,7 @@ def cached_figure(trace, build, *args, shared: bool = False):
     with lock:
         hit = cache.get(key)
     if hit is None or hit[0]() is not trace:
-        hit = (weakref.ref(trace), build(trace, *args))
+        hit = (weakref.ref(trace), build(trace, *args, **kw))
     with lock:
         cache[key] = hit
         cache.move_to_end(key)
@@ -190,15 +190,18 @@ def _shared(trace) -> bool:
     return trace.meta.get("checkpoint") not in common.session_models()
 
 
-def render_attention(trace, key: str = "attn", output: str | None = None) -> None:
+def render_attention(trace, key: str = "attn", output: str | None = None, model_tokens=None) -> None:
     """The full attention explorer for `trace` (see the module docstring). `output`: one line shown
-    under the controls (e.g. the model's translation)."""
-    _explorer(trace, key, output)
+    under the controls (e.g. the model's translation); `model_tokens`: under teacher forcing, the model's
+    own prediction at each decoder position (`common.model_tokens`), named beside the reference's."""
+    _explorer(trace, key, output, model_tokens)
 
 
 @st.fragment
-def _explorer(trace, key: str, output: str | None) -> None:
+def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
     meta = trace.meta
+    if model_tokens:
+        meta["model_tokens"] = list(model_tokens)
     kind, names, layer, head = _choose(trace, key)
     if output:
         st.markdown(output)
@@ -209,18 +212,27 @@ def _explorer(trace, key: str, output: str | None) -> None:
           "to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V.", label=t(KINDS[kind][0]), name=name,
           what=t(KINDS[kind][2]))
         + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
-        + (" " + t("Rows are labelled “position: input → predicted”: the token the decoder reads there and "
-                   "the token it predicts from there.") if name.startswith("decoder.") else ""))
+        + (" " + _row_caption(meta) if attention_of(meta, name)["stack"] == "decoder" else ""))
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
     common.show_figure(fig, key=f"{key}_head_fig", filename=f"{name}-head{head}", width="content")
     if len(fig.data) > 1:  # the figure's head buttons switch in the browser; the server follows
         _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
     view = _choose_view(key)
-    VIEW_BUILDERS[view](trace, key, names, layer, head)
+    VIEW_BUILDERS[view](trace, key, names, layer, head, meta)
 
 
-def _all_heads(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _row_caption(meta) -> str:
+    """How decoder rows are labelled: under teacher forcing "→" is the reference, not a prediction."""
+    if not F.teacher_forced(meta):
+        return t("Rows are labelled “position: input → predicted”: the token the decoder reads there and the "
+                 "token it predicts from there.")
+    return t("Teacher forcing: rows are labelled “position: input → reference”: the token the decoder reads there "
+             "and the reference token it should predict from there. Where the model's own prediction (the argmax "
+             "of its logits) differs, it follows in brackets: “9: 0 → 4 (model: 3)”.")
+
+
+def _all_heads(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
     st.caption(t("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at the "
                  "same tokens in different ways. Their outputs are concatenated and mixed by W^O: MultiHead = "
@@ -230,11 +242,11 @@ def _all_heads(trace, key: str, names: list[str], layer: int, head: int) -> None
         st.caption(t("A long input: each panel is downsampled {b}×, each cell is the max of a {b}×{b} block of "
                      "weights (a single sharp weight stays visible); hover shows the positions a cell covers. "
                      "The head heatmap above is at full resolution.", b=block))
-    common.show_figure(cached_figure(trace, F.heads_grid, name, shared=_shared(trace)), key=f"{key}_heads_fig",
-                       filename=f"{name}-heads")
+    common.show_figure(cached_figure(trace, F.heads_grid, name, shared=_shared(trace), meta=meta),
+                       key=f"{key}_heads_fig", filename=f"{name}-heads")
 
 
-def _model_view(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _model_view(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     chart_key = f"{key}_model_view"
     st.caption(t("Every layer (row) × head (column) of this attention kind. Click a thumbnail (or pick the "
                  "layer and head above) to enlarge it. Long inputs are shown as the maximum over small blocks "
@@ -244,44 +256,45 @@ def _model_view(trace, key: str, names: list[str], layer: int, head: int) -> Non
                        selection_mode="points", on_select=functools.partial(_on_model_view_click, key, chart_key))
 
 
-def _pipeline(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _pipeline(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
     st.caption(t("The score pipeline of one head, left to right: the raw dot products QKᵀ; divided by √d_k "
                  "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus the "
                  "mask M (−∞ where blocked); softmax over each row. The three score panels share one colour "
                  "scale (below them)."))
     rows = _query_rows(trace, name, f"{key}_pipe_rows")
-    common.show_figure(F.score_pipeline(trace, name, head, meta=trace.meta, rows=rows), key=f"{key}_pipe_fig",
+    common.show_figure(F.score_pipeline(trace, name, head, meta=meta, rows=rows), key=f"{key}_pipe_fig",
                        filename=f"{name}-head{head}-pipeline")
 
 
-def _masks(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _masks(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
-    _masks_caption(name)
+    _masks_caption(name, trace.meta)
     if f"{name}.mask" in trace:
         rows = _query_rows(trace, name, f"{key}_mask_rows")
-        common.show_figure(F.mask_figure(trace, name, head, meta=trace.meta, rows=rows), key=f"{key}_mask_fig",
+        common.show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
                            filename=f"{name}-masks")
     else:
         st.info(t("No mask was captured for this module."))
 
 
-def _qkvz(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _qkvz(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
     st.caption(t("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) → "
                  "transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
                  "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before W^O."))
-    common.show_figure(F.qkvz_figure(trace, name, head, meta=trace.meta), key=f"{key}_qkvz_fig",
+    common.show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
                        filename=f"{name}-head{head}-qkvz")
 
 
-def _masks_caption(name: str) -> None:
-    if name.startswith("decoder.") and ".self_attn" in name:
+def _masks_caption(name: str, meta) -> None:
+    kind = attention_of(meta, name)["kind"]
+    if kind == "decoder_self":
         text = t("Decoder self-attention uses the look-ahead mask OR the target padding mask. The look-ahead "
                  "mask M has 0 on and below the diagonal and −∞ above it, so softmax gives the future exactly "
                  "0: this is what lets training feed the whole target at once (teacher forcing, one parallel "
                  "pass) while each position still only sees its past.")
-    elif ".cross_attn" in name:
+    elif kind == "cross":
         text = t("Cross-attention masks only the source's [PAD] keys: every target position may look at every "
                  "real source token.")
     else:
@@ -291,7 +304,7 @@ def _masks_caption(name: str) -> None:
     st.caption(text + " " + t("Dark = blocked: −∞ is added before softmax, so the weight there is exactly 0."))
 
 
-def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int) -> None:
+def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
     st.caption(t(
         "Why divide by √d_k? If the entries of q and k are independent with mean 0 and variance 1, "

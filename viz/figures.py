@@ -21,12 +21,14 @@ Conventions:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from model.core.describe import attention_of, token_sides
 from viz.i18n import N_, t
 
 WEIGHTS_SCALE = "Viridis"  # softmax weights, always zmin=0, zmax=1
@@ -82,13 +84,51 @@ def token_labels(tokens: Sequence[str] | None, n: int) -> list[str]:
     return [f"{i}: {show_token(toks[i])}" if i < len(toks) else str(i) for i in range(n)]
 
 
-def step_labels(inputs: Sequence[str], predicted: Sequence[str]) -> list[str]:
+def step_labels(inputs: Sequence[str], predicted: Sequence[str], model: Sequence[str] | None = None) -> list[str]:
     """One label per decoder position, "i: input → predicted" (e.g. "0: [BOS] → i"): the token the
     decoder reads there and the token it predicts from there. Every decoder-query axis uses these, so
-    a row of cross-attention is never read as belonging to the wrong token."""
-    pred = list(predicted)
-    return [f"{i}: {show_token(tok)} → {show_token(pred[i])}" if i < len(pred) else f"{i}: {show_token(tok)}"
-            for i, tok in enumerate(inputs)]
+    a row of cross-attention is never read as belonging to the wrong token.
+
+    Under teacher forcing `predicted` is the reference (what the position should predict) and `model`
+    the model's own prediction there (argmax of its logits): where the two differ the label says both,
+    "9: 0 → 4 (model: 3)"."""
+    pred, own = list(predicted), list(model or [])
+    out = []
+    for i, tok in enumerate(inputs):
+        label = f"{i}: {show_token(tok)}"
+        if i < len(pred):
+            label += f" → {show_token(pred[i])}"
+            if i < len(own) and own[i] != pred[i]:
+                label += " " + t("(model: {tok})", tok=show_token(own[i]))
+        out.append(label)
+    return out
+
+
+def teacher_forced(meta: Mapping) -> bool:
+    """Whether the decoder read a given target (teacher forcing), not the model's own output."""
+    return meta.get("generated") is False
+
+
+MAX_TICKS = 40  # a category axis names every position up to this many (plotly would skip every other one)
+
+
+def every_tick(labels: Sequence[str], limit: int = MAX_TICKS) -> dict:
+    """Axis settings that label every category of `labels` when there are at most `limit` of them (plotly's
+    automatic ticks drop every second label of a crowded axis); more are left to plotly's choice."""
+    if len(labels) > limit:
+        return {}
+    return {"tickmode": "array", "tickvals": list(labels), "ticktext": list(labels)}
+
+
+def num(v: float, digits: int = 3) -> str:
+    """A number as every table and chart label prints it: `digits` significant digits, exact zero as "0"
+    (not "0.00e+00"), tiny values in e-notation (1.58e-09, not 0.000000001)."""
+    v = float(v)
+    if v == 0:
+        return "0"
+    if not math.isfinite(v):
+        return "−∞" if v < 0 else ("∞" if v > 0 else "NaN")
+    return f"{v:.{digits}g}"
 
 
 def symmetric_range(*arrays: np.ndarray) -> float:
@@ -96,13 +136,16 @@ def symmetric_range(*arrays: np.ndarray) -> float:
     return m if m > 0 else 1.0
 
 
-def _axis_title(name: str) -> tuple[str, str]:
+def _axis_title(name: str, meta: Mapping | None = None) -> tuple[str, str]:
     """(query axis, key axis) titles for an attention capture name."""
-    if name.startswith("encoder."):
+    kind = (attention_of(meta, name) or {}).get("kind")
+    if kind == "encoder_self":
         return t("query (source)"), t("key (source)")
-    if ".cross_attn" in name:
-        return t("query (decoder: input → predicted)"), t("key (source, encoder output)")
-    return t("query (decoder: input → predicted)"), t("key (target)")
+    query = (t("query (decoder: input → reference)") if teacher_forced(meta or {})
+             else t("query (decoder: input → predicted)"))
+    if kind == "cross":
+        return query, t("key (source, encoder output)")
+    return query, t("key (target)")
 
 
 def _what(kind: str) -> str:
@@ -111,7 +154,7 @@ def _what(kind: str) -> str:
 
 def about(meta: Mapping) -> str:
     """The model and the sentence a figure shows, for its subtitle (so an exported image says so)."""
-    name, text = meta.get("checkpoint") or meta.get("model"), meta.get("text")  # "model": the pretrained encoder
+    name, text = meta.get("checkpoint"), meta.get("text")
     if not name and not text:
         return ""
     text = str(text or "")
@@ -127,12 +170,8 @@ def _titled(title: str, meta: Mapping) -> str:
 
 def attention_tokens(meta: Mapping, name: str) -> tuple[list[str], list[str]]:
     """(query tokens, key tokens) of an attention capture, from trace metadata."""
-    src, tgt = _side(meta, "src_tokens"), _side(meta, "tgt_tokens")
-    if name.startswith("encoder."):
-        return src, src
-    if ".cross_attn" in name:
-        return tgt, src
-    return tgt, tgt
+    q_side, k_side = token_sides(meta, name)  # the model's description says which tokens label each axis
+    return _side(meta, q_side), _side(meta, k_side)
 
 
 def _side(meta: Mapping, key: str) -> list[str]:
@@ -144,8 +183,9 @@ def axis_labels(meta: Mapping, name: str, n_q: int, n_k: int) -> tuple[list[str]
     """(query labels, key labels) of an attention capture: decoder queries as `step_labels`
     (input → predicted), everything else as `token_labels`."""
     q_tok, k_tok = attention_tokens(meta, name)
-    if name.startswith("decoder."):
-        y = step_labels(q_tok[:n_q], _side(meta, "next_tokens")) if q_tok else token_labels(None, n_q)
+    if token_sides(meta, name)[0] == "tgt_tokens":
+        y = (step_labels(q_tok[:n_q], _side(meta, "next_tokens"), meta.get("model_tokens")) if q_tok
+             else token_labels(None, n_q))
         y += token_labels(None, n_q)[len(y):]
     else:
         y = token_labels(q_tok, n_q)
@@ -179,6 +219,78 @@ def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[
     )
 
 
+# ---------------------------------------------------------------- fonts and titles for the room
+
+
+_CJK = re.compile(r"[\u3000-\u9fff\uff00-\uffef]")
+
+
+def text_width(s: str, size: float = 12) -> float:
+    """Rough pixel width of `s` in a `size` px font: CJK and full-width characters are square, others ~0.6."""
+    return sum(size if _CJK.match(ch) else 0.6 * size for ch in re.sub(r"<[^>]+>", "", s))
+
+
+def scale_fonts(fig: go.Figure, size: int = 18) -> go.Figure:
+    """Every text of `fig` at about `size` px, in place (presentation mode on a projector). Streamlit's chart
+    theme sets tick, axis-title and legend fonts itself, so `layout.font` alone left tick labels at 12 px."""
+    fig.update_layout(font={"size": size}, legend={"font": {"size": size}}, hoverlabel={"font": {"size": size}})
+    if fig.layout.title and fig.layout.title.text:
+        fig.update_layout(title={"font": {"size": round(size * 1.2)}})
+    fig.update_xaxes(tickfont={"size": size}, title={"font": {"size": size}})
+    fig.update_yaxes(tickfont={"size": size}, title={"font": {"size": size}})
+    for ann in fig.layout.annotations or ():  # subplot titles, notes
+        ann.font.size = size
+    for menu in fig.layout.updatemenus or ():  # head buttons
+        menu.font.size = size
+    for tr in fig.data:
+        if "colorbar" in tr:
+            tr.colorbar.tickfont.size = size
+            tr.colorbar.title.font.size = size
+        if "textfont" in tr:
+            tr.textfont.size = size
+    return fig
+
+
+def upright_y_titles(fig: go.Figure, copy: bool = False) -> go.Figure:
+    """Chinese y-axis titles written horizontally: plotly turns a y title 90°, which leaves Chinese lying on
+    its side; each such title moves above the top of its axis, over the tick labels, as Chinese charts put
+    it. Other titles stay as they are. In place, or on a copy (made only when a title moves) if `copy`."""
+    def chinese(name: str) -> bool:
+        axis = fig.layout[name]
+        text = axis.title.text if axis.title else None
+        return bool(text and _CJK.search(text) and axis.side != "right")
+
+    names = [k for k in fig.layout.to_plotly_json() if k.startswith("yaxis") and chinese(k)]
+    if names and copy:
+        fig = go.Figure(fig)
+    layout = fig.layout
+    size = (layout.font.size if layout.font and layout.font.size else 12)
+    moved = 0
+    for ax in names:
+        axis = layout[ax]
+        text = axis.title.text
+        yref = "y" + ax.removeprefix("yaxis")
+        xref = axis.anchor if axis.anchor and axis.anchor != "free" else "x"
+        width = text_width(text, axis.title.font.size or size)
+        labels = [str(v) for v in (axis.ticktext or ())] or [
+            str(v) for tr in fig.data if (getattr(tr, "yaxis", None) or "y") == yref for v in (tr.y or ())[:200]]
+        ticks = max((text_width(v, axis.tickfont.size or size) for v in labels), default=0.0)
+        if axis.showticklabels is False:
+            ticks = 0.0
+        layout.annotations = (*(layout.annotations or ()), go.layout.Annotation(
+            text=text, xref=f"{xref} domain", yref=f"{yref} domain", x=0, y=1, xanchor="right", yanchor="bottom",
+            yshift=4, showarrow=False, align="right", font={"size": axis.title.font.size or size}))
+        axis.title.text = None
+        margin = layout.margin
+        need = int(width - ticks + 12)  # the part of the title wider than the tick labels, in the left margin
+        if need > (margin.l if margin.l is not None else 80):
+            margin.l = need
+        moved += 1
+    if moved:
+        layout.margin.t = (layout.margin.t if layout.margin.t is not None else 100) + 22
+    return fig
+
+
 def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
     kw.setdefault("margin", {"l": 10, "r": 10, "t": 60, "b": 10})
     fig.update_layout(title={"text": title, "x": 0.0}, height=height, **kw)
@@ -202,7 +314,7 @@ def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights
     w = arr(trace[f"{name}.{kind}"])[0]  # (H, Lq, Lk)
     meta = meta if meta is not None else getattr(trace, "meta", {})
     y, x = axis_labels(meta, name, *w.shape[1:])
-    qa, ka = _axis_title(name)
+    qa, ka = _axis_title(name, meta)
     hk, what = "scores" if kind == "scores" else kind, _what(kind)
     heads = list(range(w.shape[0])) if all_heads and w.size <= HEAD_BUTTON_CELLS else [head]
     titles = [_titled(t("{name} · head {head} · {what}", name=name, head=h, what=what), meta) for h in heads]
@@ -223,8 +335,9 @@ def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights
                           "buttons": [{"label": str(h), "method": "update",
                                        "args": [{"visible": [g == h for g in heads]}, {"title.text": title}]}
                                       for h, title in zip(heads, titles, strict=True)]}])
-    fig.update_yaxes(autorange="reversed", title=qa, type="category", scaleanchor="x", constrain="domain")
-    fig.update_xaxes(title=ka, type="category", tickangle=-60, constrain="domain")
+    fig.update_yaxes(autorange="reversed", title=qa, type="category", scaleanchor="x", constrain="domain",
+                     **every_tick(y))
+    fig.update_xaxes(title=ka, type="category", tickangle=-60, constrain="domain", **every_tick(x))
     return fig
 
 
@@ -268,11 +381,12 @@ def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping |
                       row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     for r in range(1, rows + 1):  # token labels on the first column only: they would overlap the next panel
-        fig.update_yaxes(showticklabels=len(y) <= 40, row=r, col=1)
+        fig.update_yaxes(showticklabels=len(y) <= MAX_TICKS, row=r, col=1, **every_tick(y))
     fig.update_xaxes(type="category", tickangle=-60, showticklabels=False)
     for h in range(H):  # token labels only under a panel with none below it: they would cover the head titles
         if h + cols >= H:
-            fig.update_xaxes(showticklabels=len(x) <= 40, row=h // cols + 1, col=h % cols + 1)
+            fig.update_xaxes(showticklabels=len(x) <= MAX_TICKS, row=h // cols + 1, col=h % cols + 1,
+                             **every_tick(x))
     side = _size(len(y), 260, 8, 420)
     note = " · " + t("downsampled {b}×: each cell is the max of {b}×{b}", b=b) if b > 1 else ""
     return _layout(fig, _titled(t("{name} · all {n} heads · {what}", name=name, n=H, what=what) + note, meta),
@@ -433,8 +547,8 @@ def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = 
                   1, 3)
     fig.add_trace(heatmap_trace(w, "weights", x, y, t("weight"), showscale=True), 1, 4)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
-    fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= 40, tickangle=-60)
-    fig.update_yaxes(showticklabels=qk.shape[0] <= 40, row=1, col=1)
+    fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= MAX_TICKS, tickangle=-60, **every_tick(x))
+    fig.update_yaxes(showticklabels=qk.shape[0] <= MAX_TICKS, row=1, col=1, **every_tick(y))
     return _layout(fig, _titled(t("{name} · head {head}: softmax(QKᵀ/√d_k + M)", name=name, head=head) + note,
                                 meta), height,
                    margin={"l": 10, "r": 10, "t": 80, "b": below + 90})
@@ -451,12 +565,13 @@ def mask_components(trace: Mapping, name: str) -> dict[str, np.ndarray]:
     look-ahead (decoder self-attention only) and the combined mask the module used."""
     combined = arr(trace[f"{name}.mask"])[0, 0]
     n_q, n_k = combined.shape
-    pad_name = "masks.src_pad" if (name.startswith("encoder.") or ".cross_attn" in name) else "masks.tgt_pad"
+    info = attention_of(getattr(trace, "meta", None), name) or {}
+    pad_name = "masks.src_pad" if info.get("key_tokens") == "src_tokens" else "masks.tgt_pad"  # keys' padding
     out = {}
     if pad_name in trace:
         key_pad = arr(trace[pad_name])[0][:n_k]
         out[t("padding ({name})", name=pad_name)] = np.broadcast_to(key_pad[None, :], (n_q, n_k)).astype(np.float32)
-    if name.startswith("decoder.") and ".self_attn" in name and "masks.causal" in trace:
+    if info.get("causal") and "masks.causal" in trace:
         out[t("look-ahead (masks.causal)")] = arr(trace["masks.causal"])[:n_q, :n_k]
     out[t("combined (used)") if len(out) > 1 else f"{name}.mask"] = combined
     return out
@@ -478,8 +593,8 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
         fig.add_trace(heatmap_trace(m, "mask", x, y, label, showscale=False), 1, c)
     fig.add_trace(heatmap_trace(w, "weights", x, y, t("weight")), 1, len(titles))
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
-    fig.update_yaxes(showticklabels=w.shape[0] <= 40, row=1, col=1)
-    fig.update_xaxes(type="category", showticklabels=w.shape[1] <= 40, tickangle=-60)
+    fig.update_yaxes(showticklabels=w.shape[0] <= MAX_TICKS, row=1, col=1, **every_tick(y))
+    fig.update_xaxes(type="category", showticklabels=w.shape[1] <= MAX_TICKS, tickangle=-60, **every_tick(x))
     return _layout(fig, _titled(t("{name}: mask M (1 = blocked → −∞) and the weights", name=name) + note, meta),
                    _size(w.shape[0], 320, 10, 520), margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
@@ -488,24 +603,33 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
 
 
 def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
-    """Q, K, V (position × d_k) of one head and its output z = weights · V."""
+    """Q, K, V (position × d_k) of one head and its output z = weights · V, as a 2 × 2 grid: the query
+    side on top (Q and z: one row per query), the key side below (K and V: one row per key). Each row of
+    panels shares one token axis, labelled once on its left, so no labels fall on a neighbouring panel."""
     meta = meta if meta is not None else getattr(trace, "meta", {})
     parts = {r: arr(trace[f"{name}.{r}"])[0, head] for r in ("q", "k", "v", "z")}
-    q_lab, k_lab = axis_labels(meta, name, parts["q"].shape[0], parts["k"].shape[0])
+    n_q, n_k = parts["q"].shape[0], parts["k"].shape[0]
+    q_lab, k_lab = axis_labels(meta, name, n_q, n_k)
+    qa, ka = _axis_title(name, meta)
     rng = symmetric_range(*parts.values())
-    fig = make_subplots(rows=1, cols=4, horizontal_spacing=0.09,
-                        subplot_titles=[t("Q (queries)"), t("K (keys)"), t("V (values)"), "z = softmax(…) V"])
-    for c, (role, m) in enumerate(parts.items(), start=1):
+    rows_px = [min(420, max(120, 14 * n)) for n in (n_q, n_k)]
+    fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.04, vertical_spacing=0.16, shared_yaxes=True,
+                        row_heights=[p / sum(rows_px) for p in rows_px],
+                        subplot_titles=[t("Q (queries)"), "z = softmax(QKᵀ/√d_k + M)·V", t("K (keys)"),
+                                        t("V (values)")])
+    for (r, c), role in zip(((1, 1), (1, 2), (2, 1), (2, 2)), ("q", "z", "k", "v"), strict=True):
+        m = parts[role]
         fig.add_trace(heatmap_trace(m, "values", [f"d{j}" for j in range(m.shape[1])],
-                                    k_lab if role in ("k", "v") else q_lab, f"{role}[head {head}]", zrange=rng,
-                                    showscale=(c == 4), hover_x=t("dim"), hover_y=t("position")), 1, c)
-    fig.update_yaxes(autorange="reversed", type="category",
-                     showticklabels=parts["q"].shape[0] <= 40 and parts["k"].shape[0] <= 40)
+                                    q_lab if role in ("q", "z") else k_lab, f"{role}[head {head}]", zrange=rng,
+                                    showscale=role == "z", hover_x=t("dim"), hover_y=t("position")), r, c)
+    fig.update_yaxes(autorange="reversed", type="category")
+    for r, (labels, title) in enumerate(((q_lab, qa), (k_lab, ka)), start=1):
+        fig.update_yaxes(title=title, row=r, col=1, **every_tick(labels))
+        fig.update_yaxes(showticklabels=False, row=r, col=2)
     fig.update_xaxes(type="category", showticklabels=False, title=t("d_k dims"))
     return _layout(fig, _titled(t("{name} · head {head}: per-head projections (d_k = {d_k})", name=name, head=head,
                                   d_k=parts["q"].shape[1]), meta),
-                   _size(max(parts["q"].shape[0], parts["k"].shape[0]), 300, 10, 560),
-                   margin={"l": 10, "r": 10, "t": 80, "b": 10})
+                   sum(rows_px) + 230, margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
 
 # ---------------------------------------------------------------- the √d_k lesson
@@ -597,10 +721,11 @@ def vectors_heatmap(m, tokens: Sequence[str] | None, title: str, value_name: str
                     zrange: float | None = None) -> go.Figure:
     """A (position × dimension) matrix: embeddings, positional encodings, layer outputs."""
     m = arr(m)
-    fig = go.Figure(heatmap_trace(m, "values", list(range(m.shape[1])), token_labels(tokens, m.shape[0]),
+    y = token_labels(tokens, m.shape[0])
+    fig = go.Figure(heatmap_trace(m, "values", list(range(m.shape[1])), y,
                                   value_name, zrange=zrange, hover_x=t("dim"), hover_y=t("position")))
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=m.shape[0] <= 60,
-                     title=t("position: token") if tokens else t("position"))
+                     title=t("position: token") if tokens else t("position"), **every_tick(y))
     fig.update_xaxes(title=t("dimension"))
     return _layout(fig, title, _size(m.shape[0], 300, 12, 700))
 
@@ -617,7 +742,7 @@ def embedding_sum_figure(tok, pos, out, tokens: Sequence[str] | None, scale_note
         fig.add_trace(heatmap_trace(m, "values", xs, y, label, zrange=r, showscale=(c == 3),
                                     hover_x=t("dim"), hover_y=t("position")), 1, c)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
-    fig.update_yaxes(showticklabels=tok.shape[0] <= 60, row=1, col=1)
+    fig.update_yaxes(showticklabels=tok.shape[0] <= 60, row=1, col=1, **every_tick(y))
     fig.update_xaxes(title=t("dimension"))
     return _layout(fig, t("embedding + position"), _size(tok.shape[0], 300, 12, 700))
 

@@ -15,9 +15,9 @@ from plotly.subplots import make_subplots
 from viz import figures as F
 from viz.i18n import N_, t
 
-KIND_LABELS = {"encoder.self_attn": N_("Encoder self-attention"),
-               "decoder.self_attn": N_("Decoder self-attention"),
-               "decoder.cross_attn": N_("Cross-attention")}
+KIND_LABELS = {"encoder_self": N_("Encoder self-attention"),  # model/core/describe.py kinds
+               "decoder_self": N_("Decoder self-attention"),
+               "cross": N_("Cross-attention")}
 METHOD_LABELS = {"raw": N_("Raw attention (last layer, mean of heads)"),
                  "rollout": N_("Attention rollout"),
                  "grad_x_input": N_("Gradient × input"),
@@ -136,11 +136,9 @@ def importance_maps(hi) -> go.Figure:
 
 def summary_maps(summary: Mapping, quantity: str) -> go.Figure:
     """Layer × head maps of one per-head summary quantity (entropy, distance or special)."""
-    from model.analysis.heads import kind_of
-
     maps: dict[str, list] = {}
-    for m, row in zip(summary["modules"], summary[quantity], strict=True):
-        maps.setdefault(kind_of(m)[0], []).append(row)
+    for kind, row in zip(summary["kinds"], summary[quantity], strict=True):
+        maps.setdefault(kind, []).append(row)
     maps = {k: np.stack(v) for k, v in maps.items() if not np.isnan(np.stack(v)).all()}
     label = t(SUMMARY_LABELS[quantity])
     return _layer_head_maps(_by_kind_title(maps), label, label, diverging=False)

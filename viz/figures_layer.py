@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from model.core.describe import token_sides
 from viz import figures as F
 from viz.i18n import N_, t
 
@@ -88,8 +89,13 @@ def residual_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
             for label, name in residual_names(layer, sublayer, is_pre_ln(trace))]
 
 
-def side_tokens(trace, layer: str, b: int = 0) -> list[str]:
-    key = "src_tokens" if layer.startswith("encoder") else "tgt_tokens"
+def side_tokens(trace, name: str, b: int = 0) -> list[str]:
+    """The tokens of a capture's positions (for attention: its queries), as the model describes itself."""
+    return meta_tokens(trace, token_sides(trace.meta, name)[0], b)
+
+
+def meta_tokens(trace, key: str, b: int = 0) -> list[str]:
+    """The token strings of trace.meta[key] ("src_tokens", "tgt_tokens"), batch row b."""
     toks = trace.meta.get(key) or []
     return [str(x) for x in (toks[b] if toks and isinstance(toks[0], list) else toks)]
 
@@ -310,7 +316,7 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
             (steps["weights"], "p")]
     for r, (y, what) in enumerate(bars, start=1):
         y = np.asarray(y, dtype=np.float32)
-        text = ["−∞" if (r == 3 and blocked[i]) else f"{y[i]:.3g}" for i in range(len(y))]
+        text = ["−∞" if (r == 3 and blocked[i]) else F.num(y[i]) for i in range(len(y))]
         fig.add_trace(go.Bar(x=x, y=y, text=text, textposition="outside", showlegend=False, cliponaxis=False,
                              marker_color=np.where(blocked, "#9aa0a6", "#1f77b4" if r < 4 else "#2ca02c").tolist(),
                              hovertemplate=f"%{{x}}<br>{what} = %{{y:.6g}}<extra></extra>"), r, 1)

@@ -11,29 +11,28 @@ between a query and the keys it attends to, and the share of attention on specia
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from model import interventions as iv
+from model.core.describe import KINDS, described  # noqa: F401  (KINDS: the keys of by_kind)
 
-KINDS = ("encoder.self_attn", "decoder.self_attn", "decoder.cross_attn")  # kind = stack + module role
 SPECIAL = {"[BOS]", "[EOS]", "[CLS]", "[SEP]"}
-_LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(\w+)$")
 
 
 def attention_modules(model) -> list[str]:
     """Every attention module's name, in computation order ("encoder.layers.0.self_attn", ...)."""
-    return [n.removesuffix(".weights") for n in model.capture_names() if n.endswith("_attn.weights")]
+    return list(model.describe()["attention"])
 
 
-def kind_of(module: str) -> tuple[str, int]:
-    """"decoder.layers.1.cross_attn" -> ("decoder.cross_attn", 1)."""
-    stack, layer, role = _LAYER.match(module).groups()
-    return f"{stack}.{role}", int(layer)
+def kind_of(module: str, description: Mapping) -> tuple[str, int]:
+    """(kind, layer) of an attention module, as the model describes itself (model/core/describe.py):
+    "decoder.layers.1.cross_attn" -> ("cross", 1)."""
+    info = description["attention"][module]
+    return info["kind"], info["layer"]
 
 
 @dataclass
@@ -42,12 +41,13 @@ class HeadImportance:
     base: float  # the intact model's score
     delta: np.ndarray  # (n_modules, H): score with the head knocked out − base
     metric: str  # what the score is, in words
+    description: dict = field(default_factory=dict)  # the model's own (model/core/describe.py)
 
     def by_kind(self) -> dict[str, np.ndarray]:
         """kind -> (layers, H) map of `delta`."""
         out: dict[str, list] = {}
         for m, row in zip(self.modules, self.delta, strict=True):
-            out.setdefault(kind_of(m)[0], []).append(row)
+            out.setdefault(kind_of(m, self.description)[0], []).append(row)
         return {k: np.stack(v) for k, v in out.items()}
 
     def top(self, n: int = 5) -> list[tuple[str, int, float]]:
@@ -84,7 +84,7 @@ def head_importance(model, src: torch.Tensor, tgt: torch.Tensor | None = None,
         scores = metric(out)
     scores = scores.double().numpy()
     delta = (scores[1:] - scores[0]).reshape(len(modules), model.cfg.n_heads)
-    return HeadImportance(modules, float(scores[0]), delta, metric_name)
+    return HeadImportance(modules, float(scores[0]), delta, metric_name, model.describe())
 
 
 @torch.no_grad()
@@ -103,7 +103,7 @@ def exact_match_importance(ckpt, pairs: list[tuple[str, str]]) -> HeadImportance
     want = [t.decode(t.encode(y)) for _, y in pairs] * (R // N)
     hit = np.array([t.decode(o) == w for o, w in zip(ids, want, strict=True)], float).reshape(R // N, N).mean(1)
     delta = (hit[1:] - hit[0]).reshape(len(modules), model.cfg.n_heads)
-    return HeadImportance(modules, float(hit[0]), delta, "exact match")
+    return HeadImportance(modules, float(hit[0]), delta, "exact match", model.describe())
 
 
 def head_summary(trace, modules: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -114,22 +114,25 @@ def head_summary(trace, modules: list[str] | None = None) -> dict[str, np.ndarra
     whose queries and keys are different sequences);
     special: mean over queries of the weight on [BOS]/[EOS]/[CLS]/[SEP] keys.
     Also "modules": the module names (a list)."""
-    names = modules or [n.removesuffix(".weights") for n in trace.names() if n.endswith("_attn.weights")]
+    desc = described(trace.meta)
+    names = modules or [m for m in desc["attention"] if f"{m}.weights" in trace]
     src, tgt = trace.meta.get("src_tokens") or [], trace.meta.get("tgt_tokens") or []
     ent, dist, spec = [], [], []
     for m in names:
         w = trace[f"{m}.weights"][0].double()  # (H, Lq, Lk)
         H, Lq, Lk = w.shape
         ent.append((-(w * w.clamp_min(1e-30).log()).sum(-1)).mean(-1).numpy())
-        if ".cross_attn" in m:
+        info = desc["attention"][m]
+        if info["kind"] == "cross":  # queries and keys are different sequences: no distance between them
             dist.append(np.full(H, np.nan))
         else:
             gap = (torch.arange(Lq)[:, None] - torch.arange(Lk)[None]).abs().double()
             dist.append((w * gap).sum(-1).mean(-1).numpy())
-        keys = tgt if m.startswith("decoder.") and ".self_attn" in m else src
+        keys = {"src_tokens": src, "tgt_tokens": tgt}[info["key_tokens"]]
         special = torch.tensor([k in SPECIAL for k in keys[:Lk]] + [False] * (Lk - len(keys[:Lk])))
         spec.append(w[..., special].sum(-1).mean(-1).numpy())
-    return {"modules": names, "entropy": np.stack(ent), "distance": np.stack(dist), "special": np.stack(spec)}
+    return {"modules": names, "kinds": [desc["attention"][m]["kind"] for m in names], "entropy": np.stack(ent),
+            "distance": np.stack(dist), "special": np.stack(spec)}
 
 
 def importance_for(ckpt, trace, mode: str = "zero") -> HeadImportance:

@@ -14,6 +14,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from model.core.describe import token_sides
+
 FORMAT = "attention-lab-trace"
 FORMAT_VERSION = "1"
 
@@ -213,15 +215,6 @@ def _axes(name: str, ndim: int) -> list[str]:
     return [f"axis{i}" for i in range(ndim)]
 
 
-def _token_sides(name: str) -> tuple[str, str]:
-    """Which metadata token list labels the query and key axes of a capture."""
-    if name.startswith("encoder.") or name == "masks.src_pad":
-        return "src_tokens", "src_tokens"
-    if ".cross_attn." in name:
-        return "tgt_tokens", "src_tokens"
-    return "tgt_tokens", "tgt_tokens"
-
-
 def locate(name: str, shape: tuple[int, ...], flat_index: int, meta: Mapping | None = None) -> dict:
     """Turn a flat index into named coordinates (layer, head, query, key...) with token strings."""
     idx = []
@@ -233,7 +226,7 @@ def locate(name: str, shape: tuple[int, ...], flat_index: int, meta: Mapping | N
     m = _LAYER.search(name)
     if m:
         where["layer"] = int(m.group(1))
-    qside, kside = _token_sides(name)
+    qside, kside = token_sides(meta, name)
     meta = meta or {}
     for axis, i in zip(_axes(name, len(shape)), idx, strict=True):
         where[axis] = i

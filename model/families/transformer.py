@@ -20,6 +20,7 @@ from torch import nn
 from model.core import recorder
 from model.core.attention import MultiHeadAttention, attention_mask, causal_mask, padding_mask
 from model.core.config import TransformerConfig
+from model.core.describe import describe_transformer
 from model.core.layers import FeedForward, LayerNorm, sinusoidal_encoding
 from model.core.recorder import Hook, record
 from model.core.trace import Trace
@@ -314,6 +315,7 @@ class Transformer(nn.Module):
             out = self(src, tgt, token_type_ids=token_type_ids)
         info = {
             "config": self.cfg.to_dict(),
+            "model": self.describe(),
             "src_ids": src.tolist(),
             "tgt_ids": None if tgt is None else tgt.tolist(),
             "mask_convention": "True = blocked (attention not allowed)",
@@ -326,6 +328,10 @@ class Transformer(nn.Module):
                              for pattern, fn in hooks.items()}
         info.update(meta or {})
         return out, Trace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)
+
+    def describe(self) -> dict:
+        """Stacks and attention modules (kind, query/key token sides): see model/core/describe.py."""
+        return describe_transformer(self.cfg.to_dict())
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -256,7 +256,7 @@ class PretrainedEncoder:
         hidden_names = self.hidden_state_names()
         wanted = chosen + [n for n in hidden_names if n not in chosen]
         meta = {
-            "model": self.name,
+            "checkpoint": self.name,
             "source": DISTRIBUTION,
             "text": text,
             "src_tokens": enc.tokens,

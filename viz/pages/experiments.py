@@ -7,7 +7,7 @@ attribution panel, and two inputs compared on the pretrained MiniLM encoder.
 
 from __future__ import annotations
 
-import urllib.parse
+import math
 
 import numpy as np
 import streamlit as st
@@ -18,17 +18,24 @@ from model.analysis import cheating, compare, heads, runs
 from model.loaders import minilm
 from viz import common
 from viz import figures_experiments as FX
+from viz.attention_views import KIND_IDS
 from viz.i18n import N_, current_lang, t
 
 VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
          "attribution": N_("Attribution"), "compare": N_("Two inputs (MiniLM)")}
-KIND_IDS = {"encoder.self_attn": "enc", "decoder.self_attn": "dec", "decoder.cross_attn": "cross"}  # ?attn_kind=
 SIDES = dict(zip(iv.SIDES, (N_("both"), N_("encoder"), N_("decoder")), strict=True))
 MODE_LABELS = {"zero": N_("zero"), "mean": N_("mean over positions"), "uniform": N_("uniform attention")}
 PAIR_A = "The animal didn't cross the street because it was too tired"
 PAIR_B = "The animal didn't cross the street because it was too wide"
 N_HELD_OUT = 100
-DEFAULT_SPEC = "no_positional:side=encoder"  # the page opens on an experiment whose damage is visible
+# The page opens on the first of these whose output differs from the intact model's on the sidebar's text
+# (measured: no PE in the encoder breaks dates and reverse, but zh-en still says "i love machine learning";
+# a shuffled source breaks all three shipped models).
+DEFAULT_SPECS = ("no_positional:side=encoder", "shuffle_source:seed=0", "seed_qk_swap_concat")
+FACTOR_RANGE = (-2.0, 4.0)  # the Factor slider
+SEED_RANGE = (0, 10_000)  # the Shuffle seed box
+CMP_PARAMS = {"exp_cmp_a": ("cmp_a", PAIR_A), "exp_cmp_b": ("cmp_b", PAIR_B), "exp_cmp_q": ("cmp_q", "it"),
+              "exp_cmp_k1": ("cmp_k1", "animal"), "exp_cmp_k2": ("cmp_k2", "street")}  # widget -> (?param, default)
 
 
 # ---------------------------------------------------------------- cached computations (read-only results)
@@ -85,16 +92,51 @@ def _preference(text: str, q: str, k1: str, k2: str):
 # ---------------------------------------------------------------- choosing interventions
 
 
-def _seed_from_url() -> None:
-    """First render: the interventions and their arguments from `?exp=` (a bad spec says why)."""
+def _default_spec(sel) -> str:
+    """The first of DEFAULT_SPECS that visibly changes this model's output on this text."""
+    for spec in DEFAULT_SPECS:
+        try:
+            ba = _before_after(sel.name, sel.text, (spec,))
+        except ValueError:
+            continue
+        if ba.after.text != ba.before.text:
+            return spec
+    return DEFAULT_SPECS[0]
+
+
+def _fit_to_widgets(ident: str, kwargs: dict, modules: list[str], n_heads: int, n_src: int) -> dict:
+    """A link's arguments as the widgets can show them: an unknown module or a number outside its
+    widget's range is replaced, and the page says so (once); a number that is no number (nan) is
+    refused like any other bad spec (SpecError)."""
+    out = dict(kwargs)
+    if "module" in out and out["module"] not in modules:
+        common.note_replaced(f"{ident}:module", out["module"], modules[-1])
+        out["module"] = modules[-1]
+    ranges = {"head": (0, n_heads - 1), "factor": FACTOR_RANGE, "position": (0, n_src - 1), "seed": SEED_RANGE}
+    for k, (lo, hi) in ranges.items():
+        v = out.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float) and math.isnan(v):
+            raise iv.SpecError(t("{arg} must be a number, got {value}", arg=f"{ident}:{k}", value=v))
+        if not lo <= v <= hi:
+            out[k] = type(v)(min(max(v, lo), hi))
+            common.note_replaced(f"{ident}:{k}", v, out[k], lo, hi)
+    return out
+
+
+def _seed_from_url(sel, modules: list[str], n_heads: int, n_src: int) -> None:
+    """First render: the interventions and their arguments from `?exp=` (a bad spec says why, a value
+    out of its widget's range is replaced with a note)."""
     if "exp_iv" in st.session_state:
         return
     chosen = []
-    for spec in filter(None, (st.query_params.get("exp") or DEFAULT_SPEC).split(";")):
+    for spec in filter(None, (st.query_params.get("exp") or _default_spec(sel)).split(";")):
         try:
             ident, kwargs = iv.parse(spec)
             if kwargs:  # values the widgets could not show (a mode or side that does not exist) fail here
                 iv.REGISTRY[ident].make(**kwargs)
+                kwargs = _fit_to_widgets(ident, kwargs, modules, n_heads, n_src)
         except iv.SpecError as e:
             common.show_error(t("This link's intervention could not be read: {e}", e=e))
             continue
@@ -116,7 +158,7 @@ def _args(ident: str, modules: list[str], n_heads: int, src_tokens: list[str]) -
                "head": c2.selectbox(t("Head"), range(n_heads), key=key("head"))}
         if ident == "ablate_head":
             st.session_state.setdefault(key("mode"), "zero")
-            out["mode"] = c3.segmented_control(t("Ablation"), iv.MODES, key=key("mode"),
+            out["mode"] = c3.segmented_control(t("Ablation"), iv.MODES, key=key("mode"), required=True,
                                                format_func=lambda m: t(MODE_LABELS[m])) or "zero"
         else:
             st.session_state.setdefault(key("factor"), 2.0)
@@ -132,17 +174,17 @@ def _args(ident: str, modules: list[str], n_heads: int, src_tokens: list[str]) -
         return {"seed": int(st.number_input(t("Shuffle seed"), 0, 10_000, key=key("seed")))}
     if ident == "no_positional":
         st.session_state.setdefault(key("side"), "*")
-        return {"side": st.segmented_control(t("Where"), list(SIDES), key=key("side"),
+        return {"side": st.segmented_control(t("Where"), list(SIDES), key=key("side"), required=True,
                                              format_func=lambda s: t(SIDES[s])) or "*"}
     return {}
 
 
-def choose_specs(ckpt, trace) -> list[str]:
-    _seed_from_url()
+def choose_specs(sel, ckpt, trace) -> list[str]:
+    modules = heads.attention_modules(ckpt.model)
+    _seed_from_url(sel, modules, ckpt.cfg.n_heads, len(trace.meta["src_tokens"]))
     ids = st.multiselect(t("Interventions"), list(iv.REGISTRY), key="exp_iv",
                          format_func=lambda i: t(iv.REGISTRY[i].label),
                          placeholder=t("Choose one or more interventions"))
-    modules = heads.attention_modules(ckpt.model)
     specs = []
     for ident in ids:
         with st.container(border=True):
@@ -184,7 +226,7 @@ def _decoded(col, title: str, dec) -> None:
 def before_after_view(sel, ckpt, trace) -> None:
     st.caption(t("Choose interventions; the model decodes the sidebar's source text with and without them "
                  "(greedy, every step a full pass under the hooks)."))
-    specs = choose_specs(ckpt, trace)
+    specs = choose_specs(sel, ckpt, trace)
     if not specs:
         st.info(t("Choose an intervention above to see what changes."))
         return
@@ -214,10 +256,10 @@ def before_after_view(sel, ckpt, trace) -> None:
                      "token looked at."))
         common.show_figure(FX.alignment_pair(ba.trace_before, ba.trace_after, cross[-1]), key="exp_align",
                            filename="experiment-alignment")
-    damage(sel, ckpt, specs)
+    damage(sel, ckpt, specs, ba)
 
 
-def damage(sel, ckpt, specs: list[str]) -> None:
+def damage(sel, ckpt, specs: list[str], ba) -> None:
     st.subheader(t("The damage on the task"))
     try:
         pairs = runs.held_out(ckpt, N_HELD_OUT)
@@ -244,12 +286,38 @@ def damage(sel, ckpt, specs: list[str]) -> None:
     if em0 is not None and em1 is not None:
         st.metric(t("Exact match (greedy), before → after"), f"{em0:.0%} → {em1:.0%}", f"{em1 - em0:+.0%}")
     if "no_lookahead_mask" in " ".join(specs):
+        lookahead_note(specs, ba)
         cheating_panel(sel)
     with st.expander(t("Seed 001's loss over [PAD]")):
         st.markdown(f"{t(iv.SEED_LOSS_BUG[0])} {t(iv.SEED_LOSS_BUG[1])}")
         st.caption(t("On these {n} held-out pairs (padded to one batch): right loss {a:.4f}, seed 001's loss "
                      "{b:.4f}, real tokens {s:.1%} of the positions.", n=N_HELD_OUT, a=after["loss"],
                      b=after["seed_loss"], s=after["real_share"]))
+        if after["real_share"] >= 1.0:  # e.g. dates: every target has the same length
+            st.info(t("These targets need no padding (they all have the same length), so the batch has no [PAD] "
+                      "and both losses are the same. Seed 001's bug shows on a model whose targets differ in "
+                      "length, such as reverse or zh-en."))
+
+
+def lookahead_note(specs: list[str], ba) -> None:
+    """Why removing the look-ahead mask costs the teacher-forced loss much more than greedy decoding."""
+    st.markdown(t("**Why the loss rises while greedy decoding barely changes.** Teacher forcing feeds the whole "
+                  "reference target at once: without the mask, position t also reads the later target tokens, "
+                  "token t+1 (the one it must predict) included. The model never saw them in training, so its "
+                  "attention spreads over inputs it never learned to weigh, and the loss rises. Greedy decoding "
+                  "feeds only the tokens produced so far, and the next token is read at the newest position, which "
+                  "has no later token to see: for that row the mask blocked nothing. Only the earlier positions "
+                  "change (each may now read the tokens produced after it), and the newest position feels that "
+                  "only through the layers above."))
+    if specs != ["no_lookahead_mask"]:
+        return
+    if ba.after.tokens == ba.before.tokens:
+        shift = max((abs(a - b) for a, b in zip(ba.before.logprobs, ba.after.logprobs, strict=False)), default=0.0)
+        st.caption(t("On the sidebar's text the output is the same, and the log-probability of each chosen token "
+                     "moved by at most {d:.4f}.", d=shift))
+    else:
+        st.caption(t("On the sidebar's text the output changed: the earlier positions' new states were enough to "
+                     "change a greedy choice."))
 
 
 def cheating_panel(sel) -> None:
@@ -275,27 +343,30 @@ def cheating_panel(sel) -> None:
 # ---------------------------------------------------------------- view: heads
 
 
-def _attention_link(sel, module: str, head: int) -> str:
-    kind, layer = heads.kind_of(module)
-    q = {"checkpoint": sel.name, "text": sel.text, "attn_kind": KIND_IDS[kind], "layer": layer, "head": head,
-         "lang": current_lang()}
-    if sel.target:
+def _attention_query(sel, module: str, head: int) -> dict:
+    """The Attention page's URL query showing `module`'s `head` (a page link: the Attention page is the
+    app's root page, so a hand-made "/attention" address would not exist)."""
+    kind, layer = heads.kind_of(module, sel.ckpt.model.describe())
+    q = {"checkpoint": sel.name, "attn_kind": KIND_IDS[kind], "layer": layer, "head": head, "lang": current_lang()}
+    if len(sel.text) <= common.MAX_URL_TEXT:
+        q["text"] = sel.text
+    if sel.target and len(sel.target) <= common.MAX_URL_TEXT:
         q["target"] = sel.target
-    return "/attention?" + urllib.parse.urlencode(q)
+    return q
 
 
 def heads_view(sel, ckpt, trace) -> None:
     st.caption(t("Each head of every attention module is knocked out in turn, all in one batched forward pass "
                  "(one ablation per batch row); the map shows how much the log-prob of the output changes."))
     st.session_state.setdefault("exp_imp_mode", "zero")
-    mode = st.segmented_control(t("Ablation"), iv.MODES, key="exp_imp_mode",
+    mode = st.segmented_control(t("Ablation"), iv.MODES, key="exp_imp_mode", required=True,
                                 format_func=lambda m: t(MODE_LABELS[m])) or "zero"
     hi = _importance(sel.name, sel.text, sel.target, mode)
     common.show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
     st.markdown(t("**Top heads** (open one in the Attention page):"))
     for module, head, delta in hi.top(5):
-        st.markdown(f"- [{module}, {t('head {h}', h=head)}]({_attention_link(sel, module, head)}): "
-                    f"Δ = {delta:+.4f}")
+        st.page_link("viz/pages/attention.py", label=f"{module}, {t('head {h}', h=head)}: Δ = {delta:+.4f}",
+                     icon=":material/grid_view:", query_params=_attention_query(sel, module, head))
     if st.button(t("Also: change in exact match per head (20 held-out samples)"), key="exp_em_heads"):
         st.session_state["exp_em_heads_for"] = sel.name
     if st.session_state.get("exp_em_heads_for") == sel.name:
@@ -306,7 +377,8 @@ def heads_view(sel, ckpt, trace) -> None:
         except ValueError as e:
             st.info(str(e))
     st.subheader(t("What each head does"))
-    q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q",
+    st.session_state.setdefault("exp_summary_q", "entropy")  # the button of the map drawn is highlighted
+    q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q", required=True,
                              format_func=lambda k: t(FX.SUMMARY_LABELS[k])) or "entropy"
     st.caption(t("Entropy: 0 = all weight on one key, log n = spread evenly. Distance: how far (in positions) "
                  "a query looks on average (self-attention only). Special tokens: [BOS], [EOS], [CLS], [SEP], "
@@ -346,13 +418,21 @@ def compare_view() -> None:
     if not minilm.is_available():
         st.info(t("The pretrained encoder is not installed: {hint}", hint=minilm.INSTALL_HINT))
         return
+    for key, (param, default) in CMP_PARAMS.items():
+        common.seed_from_query(key, param, default)
     c1, c2 = st.columns(2)
-    a = c1.text_input(t("Sentence A"), PAIR_A, key="exp_cmp_a")
-    b = c2.text_input(t("Sentence B"), PAIR_B, key="exp_cmp_b")
+    a = c1.text_input(t("Sentence A"), key="exp_cmp_a")
+    b = c2.text_input(t("Sentence B"), key="exp_cmp_b")
     c1, c2, c3 = st.columns(3)
-    q = c1.text_input(t("Query token"), "it", key="exp_cmp_q")
-    k1 = c2.text_input(t("Key token 1"), "animal", key="exp_cmp_k1")
-    k2 = c3.text_input(t("Key token 2"), "street", key="exp_cmp_k2")
+    q = c1.text_input(t("Query token"), key="exp_cmp_q")
+    k1 = c2.text_input(t("Key token 1"), key="exp_cmp_k1")
+    k2 = c3.text_input(t("Key token 2"), key="exp_cmp_k2")
+    # Kept in the link like the sidebar's text, under the same length rule.
+    values = {param: st.session_state[key] for key, (param, _) in CMP_PARAMS.items()}
+    common.write_query(**{p: (v if len(v) <= common.MAX_URL_TEXT else None) for p, v in values.items()})
+    if any(len(v) > common.MAX_URL_TEXT for v in values.values()):
+        st.caption(t("A text here is longer than {n} characters, so the page's link does not carry it: a copied "
+                     "link opens on the example instead.", n=f"{common.MAX_URL_TEXT:,}"))
     try:
         with st.spinner(t("Running MiniLM…")):
             hf = _compare(a, b, q, k1, k2)
@@ -395,7 +475,8 @@ st.title(t("Experiments"))
 st.caption(t("Every attention tool only watches. Here you change the running Transformer, one piece at a time, "
              "and see what changes: breaking a piece is the fastest way to see why it is there."))
 common.seed_from_query("exp_view", "exp_view", "before_after", valid=lambda v: v in VIEWS)
-view = st.segmented_control(t("View"), list(VIEWS), key="exp_view", format_func=lambda v: t(VIEWS[v]))
+view = st.segmented_control(t("View"), list(VIEWS), key="exp_view", format_func=lambda v: t(VIEWS[v]),
+                            required=True)
 view = view or "before_after"
 common.write_query(exp_view=view)
 if view == "compare":

@@ -5,6 +5,7 @@ URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), 
 
 import streamlit as st
 
+from model.core.describe import attention_of
 from model.toy import prenorm
 from model.toy.tasks import TASKS
 from viz import common
@@ -193,7 +194,7 @@ with tabs[3]:
 
 # ---------------------------------------------------------------- one query
 with tabs[4]:
-    k_tokens = FL.side_tokens(trace, "encoder" if "cross_attn" in attn or stack == "encoder" else "decoder")
+    k_tokens = FL.meta_tokens(trace, attention_of(trace.meta, attn)["key_tokens"])  # the keys' side
     st.caption(t("Attention as a soft lookup, for one query (the chosen token) and head {h} of `{attn}`: score the "
                  "query against every key, scale, mask, turn the scores into weights that sum to 1, and return the "
                  "weighted sum of the values.", h=head, attn=attn))
@@ -201,6 +202,7 @@ with tabs[4]:
     common.show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
                        key="ly_query", filename=f"{attn}-head{head}-query{token}")
     k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
-    st.dataframe([{t("key"): k_labels[i], "q·k": float(qs["qk"][i]), "÷√d_k": float(qs["scaled"][i]),
-                   "+ M": "−∞" if qs["blocked"][i] else float(qs["scaled"][i]), "p": float(qs["weights"][i])}
+    # The chart's number format (FL.F.num), so a cell reads as its bar's label: 1.58e-09, not 0.000000001.
+    st.dataframe([{t("key"): k_labels[i], "q·k": FL.F.num(qs["qk"][i]), "÷√d_k": FL.F.num(qs["scaled"][i]),
+                   "+ M": "−∞" if qs["blocked"][i] else FL.F.num(qs["scaled"][i]), "p": FL.F.num(qs["weights"][i])}
                   for i in range(len(k_labels))], hide_index=True)

@@ -1,0 +1,90 @@
+"""What a model says about itself, once: its stacks and its attention modules, with their kind and
+which token list labels their query and key axes. Every model's `describe()` returns this dict and
+`run_with_trace` stores it in `trace.meta["model"]`, so figures and analyses read it instead of
+parsing capture names:
+
+    {"family": "transformer" | "encoder" | "decoder_lm",
+     "stacks": {"encoder": {"layers": 2, "tokens": "src_tokens"}, "decoder": {...}},
+     "attention": {"decoder.layers.0.cross_attn": {"kind": "cross", "stack": "decoder", "layer": 0,
+                   "causal": False, "query_tokens": "tgt_tokens", "key_tokens": "src_tokens",
+                   "n_heads": 4, "n_kv_heads": 4, "d_head": 16}, ...},   # in computation order
+     "blocks": {...}}                                                 # positions, norm, FFN, sizes
+
+Kinds: "encoder_self", "decoder_self" (masked: a query sees only earlier keys) and "cross" (queries
+from the decoder, keys and values from the encoder output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+KINDS = ("encoder_self", "decoder_self", "cross")
+SIDES = {"encoder": "src_tokens", "decoder": "tgt_tokens"}  # the trace.meta key of each stack's tokens
+
+
+def attention_entry(kind: str, stack: str, layer: int, n_heads: int, d_head: int,
+                    n_kv_heads: int | None = None) -> dict:
+    """One attention module's description."""
+    query = SIDES[stack]
+    return {"kind": kind, "stack": stack, "layer": layer, "causal": kind == "decoder_self",
+            "query_tokens": query, "key_tokens": SIDES["encoder"] if kind == "cross" else query,
+            "n_heads": n_heads, "n_kv_heads": n_kv_heads or n_heads, "d_head": d_head}
+
+
+def describe_transformer(cfg: Mapping) -> dict:
+    """The description of a `TransformerConfig` (as a dict): built from the config alone, so a trace
+    saved before descriptions existed is described from its metadata's config too."""
+    H, d_head = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    n_enc, n_dec = cfg["n_encoder_layers"], cfg.get("n_decoder_layers", 0)
+    attention = {f"encoder.layers.{i}.self_attn": attention_entry("encoder_self", "encoder", i, H, d_head)
+                 for i in range(n_enc)}
+    for i in range(n_dec):
+        attention[f"decoder.layers.{i}.self_attn"] = attention_entry("decoder_self", "decoder", i, H, d_head)
+        attention[f"decoder.layers.{i}.cross_attn"] = attention_entry("cross", "decoder", i, H, d_head)
+    stacks = {"encoder": {"layers": n_enc, "tokens": SIDES["encoder"]}}
+    if n_dec:
+        stacks["decoder"] = {"layers": n_dec, "tokens": SIDES["decoder"]}
+    blocks = {"positional": cfg.get("positional", "sinusoidal"), "norm": "layernorm",
+              "norm_first": cfg.get("norm_first", False), "ffn": "plain", "activation": cfg.get("activation", "relu"),
+              "d_model": cfg["d_model"], "d_ff": cfg["d_ff"]}
+    return {"family": "transformer" if n_dec else "encoder", "stacks": stacks, "attention": attention,
+            "blocks": blocks}
+
+
+def described(meta: Mapping | None) -> dict:
+    """The model description of a trace's metadata: meta["model"], or, for a trace saved before
+    descriptions existed, the one its config implies; {} when neither is there."""
+    meta = meta or {}
+    desc = meta.get("model")
+    if isinstance(desc, Mapping) and "attention" in desc:
+        return dict(desc)
+    cfg = meta.get("config")
+    if isinstance(cfg, Mapping):
+        try:
+            return describe_transformer(cfg)
+        except (KeyError, TypeError, ZeroDivisionError):
+            return {}
+    return {}
+
+
+def attention_of(meta: Mapping | None, name: str) -> dict | None:
+    """The description of the attention module a capture name belongs to ("...cross_attn.weights" ->
+    the cross-attention module's entry, with "module" added), or None when it is no attention capture."""
+    for module, info in described(meta).get("attention", {}).items():
+        if name == module or name.startswith(module + "."):
+            return {"module": module, **info}
+    return None
+
+
+def token_sides(meta: Mapping | None, name: str) -> tuple[str, str]:
+    """The trace.meta keys of the token lists that label a capture's query and key axes. Captures
+    outside attention (embeddings, norms, layer outputs) take the tokens of their stack."""
+    info = attention_of(meta, name)
+    if info is not None:
+        return info["query_tokens"], info["key_tokens"]
+    if name == "masks.src_pad":
+        return SIDES["encoder"], SIDES["encoder"]
+    for stack, s in described(meta).get("stacks", {}).items():
+        if name.startswith(stack + "."):
+            return s["tokens"], s["tokens"]
+    return SIDES["decoder"], SIDES["decoder"]
