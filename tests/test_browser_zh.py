@@ -96,3 +96,57 @@ def test_language_switch_click(server, projector):
     wait_drawn(page)
     assert lesson_header(page).startswith("9. Learning-rate warmup")
     assert "lesson=9" in page.url  # the lesson stays
+
+
+def test_presentation_mode_lesson_picker_is_big(server, projector):
+    page = projector
+    page.goto(f"{server}/lessons?lang=zh&lesson=2&present=1")
+    wait_drawn(page)
+    no_exception(page)
+    # The chosen lesson's text inside the drop-down, as large as the body text (~23 px), not 14 px.
+    picker = page.locator(".st-key-lesson_n input")
+    assert picker.input_value().startswith("2. ")
+    size = float(picker.evaluate("el => parseFloat(getComputedStyle(el).fontSize)"))
+    assert size >= 22, size
+    picker.click()
+    option = page.get_by_role("option").first
+    option.wait_for(timeout=10_000)
+    assert float(option.evaluate("el => parseFloat(getComputedStyle(el).fontSize)")) >= 22
+    page.screenshot(path=str(SHOTS / "zh-lessons-present-picker.png"))
+
+
+ANNOTATION_SIZES = """() => [...document.querySelectorAll('.js-plotly-plot .annotation-text')]
+  .filter(el => el.textContent.trim()).map(el => ({text: el.textContent,
+    size: parseFloat(el.style.fontSize || getComputedStyle(el).fontSize), fill: el.style.fill}))"""
+
+
+def dark(fill: str) -> bool:
+    """An rgb(...) fill whose every channel is under 100 (near-black ink, not light grey)."""
+    nums = [int(x) for x in fill[fill.index("(") + 1:fill.index(")")].split(",")[:3]]
+    return max(nums) < 100
+
+
+def test_architecture_map_in_zh_is_readable_on_a_projector(server, projector):
+    page = projector
+    page.goto(f"{server}/architecture?lang=zh")
+    wait_drawn(page)
+    no_exception(page)
+    labels = page.evaluate(ANNOTATION_SIZES)
+    blocks = [a for a in labels if "交叉注意力" in a["text"] or "残差连接" in a["text"]]
+    assert blocks and all(a["size"] >= 14 and dark(a["fill"]) for a in blocks), blocks
+    # The link list: every label is shown whole (no ellipsis, nothing cut).
+    links = page.locator(".st-key-arch_links [data-testid='stPageLink']")
+    assert links.count() == 14
+    cut = page.evaluate("() => [...document.querySelectorAll(\".st-key-arch_links [data-testid='stPageLink'] *\")]"
+                        ".filter(el => el.scrollWidth > el.clientWidth + 1 && el.childElementCount === 0)"
+                        ".map(el => el.textContent)")
+    assert not cut, cut
+    assert links.filter(has_text="解码器：多头交叉注意力（Q 来自解码器，K、V 来自编码器）").count() == 1
+    page.set_viewport_size({"width": 1280, "height": 1600})
+    wait_drawn(page)
+    page.screenshot(path=str(SHOTS / "zh-architecture.png"))
+    page.goto(f"{server}/architecture?lang=zh&present=1")
+    wait_drawn(page)
+    big = [a for a in page.evaluate(ANNOTATION_SIZES) if "交叉注意力" in a["text"]]
+    assert big and all(a["size"] >= 18 for a in big), big
+    page.screenshot(path=str(SHOTS / "zh-architecture-present.png"))

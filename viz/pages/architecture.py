@@ -45,7 +45,12 @@ def open_block(block_id: str) -> None:
     st.switch_page(PAGE_FILES[block.page], query_params=params)
 
 
-event = common.show_figure(FA.architecture_figure(cfg, 1, S, T), key="arch_map", filename="architecture",
+# Presentation mode (?present=1, as on the Lessons page): labels big enough for a projector.
+common.seed_from_query("arch_present", "present", False, lambda v: v in ("1", "true"), None)
+present = st.toggle(t("Presentation mode"), key="arch_present", help=t("For a projector: bigger labels."))
+common.write_query(present=1 if present else None)
+size = FA.LABEL_SIZE + 4 if present else FA.LABEL_SIZE
+event = common.show_figure(FA.architecture_figure(cfg, 1, S, T, size=size), key="arch_map", filename="architecture",
                            on_select="rerun", selection_mode="points")
 points = (event or {}).get("selection", {}).get("points", []) if event else []
 clicked = next((p["customdata"][0] for p in points if p.get("customdata")), None)
@@ -53,7 +58,10 @@ if clicked in FA.BY_ID:
     open_block(clicked)
 
 st.caption(t("Or open a block from this list (layer {layer}, head {head}):", layer=layer, head=head))
-cols = st.columns(3)
+# Streamlit cuts a page link's label to one line with an ellipsis: here labels wrap, so each reads whole.
+st.html("<style>.st-key-arch_links [data-testid='stPageLink'] * {white-space: normal !important; "
+        "overflow: visible !important; text-overflow: clip !important; height: auto !important;}</style>")
+cols = st.container(key="arch_links").columns(3)
 for i, block in enumerate(FA.BLOCKS):
     params = FA.block_params(block.id, layer, head)
     side = t("Encoder") if block.id.startswith(("enc", "src")) else t("Decoder") if block.id != "masks" else ""

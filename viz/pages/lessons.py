@@ -42,6 +42,9 @@ PRESENT_CSS = """<style>
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {font-size: 1.45rem; line-height: 1.5;}
 [data-testid="stHeading"] h2 {font-size: 2.1rem;}
 [data-testid="stWidgetLabel"] p, [data-testid="stSelectbox"] [data-baseweb="select"] {font-size: 1.2rem;}
+.st-key-lesson_n input, .st-key-lesson_n [role="group"], [role="listbox"] [role="option"],
+[role="listbox"] [role="option"] * {font-size: 1.45rem !important; line-height: 1.5;}
+.st-key-lesson_prev button p, .st-key-lesson_next button p {font-size: 1.3rem;}
 </style>"""
 
 # Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next; Escape
