@@ -1,0 +1,469 @@
+"""GGUF files (llama.cpp's single-file format): header, metadata, tensors, dequantization, HF names.
+
+A GGUF holds the metadata as typed key/value pairs, then one info record per tensor, then the
+tensor bytes (each tensor aligned, quantized in blocks along its rows). This module reads all of
+that without trusting it:
+
+- the header is walked with bounds checks before anything is built: every count and length must
+  fit in the bytes that are left, arrays hold at most MAX_ARRAY_ITEMS items in all, tensors must lie
+  inside the file, so a truncated, garbage or forged file costs bounded memory and ends in a
+  `GGUFError` that says what is wrong (never a traceback from deep inside numpy);
+- tensor bytes are memory-mapped (np.memmap, as gguf.GGUFReader does), never read twice;
+- dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) is vectorized numpy over chunks of
+  blocks written straight into the output tensor; results are bit-identical to gguf.quants.dequantize
+  (the reference transformers uses), and several times faster (bench/llm.py);
+- llama.cpp's converter permutes the rows of attn_q/attn_k for its rotary layout (`permute` in
+  convert_hf_to_gguf.py); `hf_tensors` undoes it (on the quantized rows, before dequantizing) and
+  renames tensors to Hugging Face llama/qwen2 names, so `model.loaders.hf.lm_from_hf` loads them.
+
+gguf.GGUFReader parses this header in ~1.5 s (a numpy view per string); the walker below does it in a
+fraction of that, and tests/test_gguf.py checks it returns what GGUFReader returns.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MAGIC = b"GGUF"
+MAX_ARRAY_ITEMS = 1 << 23  # all metadata arrays together (a 262k vocabulary with merges is ~0.8M)
+MAX_TENSORS = 1 << 16
+MAX_DIMS = 4
+DEFAULT_ALIGNMENT = 32
+
+# ggml type id -> (name, elements per block, bytes per block); only the types we dequantize.
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 8: ("Q8_0", 32, 34),
+    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
+}
+# Names of other ggml types, so a message can say what the file holds.
+_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS",
+                17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
+                24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}
+SUPPORTED_TYPES = tuple(name for name, _, _ in GGML_TYPES.values())
+
+# metadata value type id -> struct code (8 = string, 9 = array are handled apart)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_NUMPY = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8", 11: "i8", 12: "f8"}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF this lab can read; the message says why."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # numpy/torch order (rows first); GGUF stores ggml's ne (columns first)
+    offset: int  # absolute, in the file
+    n_bytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.ggml_type, (_OTHER_TYPES.get(self.ggml_type, f"type {self.ggml_type}"),))[0]
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF: metadata (plain Python values), tensor infos, and the memory-mapped bytes."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    data: np.ndarray = field(repr=False)  # np.memmap of the whole file, uint8
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes (a view into the memory map, nothing copied)."""
+        info = self.tensors[name]
+        return self.data[info.offset : info.offset + info.n_bytes]
+
+    def dequantize(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        info = self.tensors[name]
+        return dequantize(self.raw(name), info.ggml_type, info.shape, out=out)
+
+
+class _Cursor:
+    """Reads little- or big-endian values from a buffer; every read is bounds-checked."""
+
+    def __init__(self, buf, size: int, order: str):
+        self.buf, self.size, self.pos, self.order = buf, size, 0, order
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(f"GGUF file is truncated or corrupt: {what} needs {n:,} bytes at offset {self.pos:,}, "
+                            f"but the file has {self.size:,} bytes.")
+
+    def scalar(self, code: str, what: str):
+        n = struct.calcsize(code)
+        self.need(n, what)
+        (value,) = struct.unpack_from(self.order + code, self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.scalar("Q", what)
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            # llama.cpp stores some byte tokens as invalid UTF-8; keep them readable, never fail on them
+            return raw.decode("utf-8", errors="replace")
+
+
+def _read_value(cur: _Cursor, vtype: int, key: str, budget: list[int]):
+    if vtype in _SCALARS:
+        return cur.scalar(_SCALARS[vtype], f"the value of {key!r}")
+    if vtype == 8:
+        return cur.string(f"the string {key!r}")
+    if vtype == 9:
+        itype = cur.scalar("I", f"the item type of {key!r}")
+        count = cur.scalar("Q", f"the length of {key!r}")
+        if itype == 9:
+            raise GGUFError(f"GGUF metadata {key!r} is an array of arrays; this reader does not accept nested arrays.")
+        if itype not in _SCALARS and itype != 8:
+            raise GGUFError(f"GGUF metadata {key!r} has an unknown item type {itype}: the file is corrupt.")
+        budget[0] -= count
+        if budget[0] < 0:
+            raise GGUFError(f"GGUF metadata arrays claim more than {MAX_ARRAY_ITEMS:,} items in all "
+                            f"({key!r} alone claims {count:,}): refused.")
+        if itype == 8:
+            cur.need(8 * count, f"the {count:,} strings of {key!r}")  # each string has at least its length
+            return [cur.string(f"item {i} of {key!r}") for i in range(count)]
+        dtype = np.dtype(_NUMPY[itype]).newbyteorder(cur.order)
+        cur.need(dtype.itemsize * count, f"the {count:,} items of {key!r}")
+        values = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos)
+        cur.pos += dtype.itemsize * count
+        return values.astype(dtype.newbyteorder("="), copy=True).tolist()
+    raise GGUFError(f"GGUF metadata {key!r} has an unknown value type {vtype}: the file is corrupt.")
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse and validate a GGUF file's header; tensor data stays memory-mapped."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise GGUFError(f"{path} is not a file.")
+    except OSError as e:
+        raise GGUFError(f"Cannot read {path}: {e.strerror or e}.") from e
+    if size < 24:
+        raise GGUFError(f"{path.name} is not a GGUF file: {size} bytes, shorter than a GGUF header (24 bytes).")
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(path, buf, size)
+    except GGUFError:
+        buf.close()
+        raise
+
+
+def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFFile:
+    if buf[:4] != MAGIC:
+        raise GGUFError(f"{path.name} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF').")
+    (version,) = struct.unpack_from("<I", buf, 4)
+    order = "<"
+    if version & 0xFFFF == 0:  # a big-endian file (llama.cpp writes those for s390x)
+        order, version = ">", struct.unpack_from(">I", buf, 4)[0]
+    if version not in (2, 3):
+        raise GGUFError(f"{path.name}: GGUF version {version} is not supported (versions 2 and 3 are).")
+    cur = _Cursor(buf, size, order)
+    cur.pos = 8
+    n_tensors = cur.scalar("Q", "the tensor count")
+    n_kv = cur.scalar("Q", "the metadata count")
+    if n_tensors > MAX_TENSORS:
+        raise GGUFError(f"{path.name} claims {n_tensors:,} tensors (at most {MAX_TENSORS:,} are accepted).")
+    if n_kv * 13 > size:  # a key/value pair takes at least 13 bytes
+        raise GGUFError(f"{path.name} claims {n_kv:,} metadata entries, more than its {size:,} bytes can hold "
+                        "(truncated or corrupt).")
+    metadata: dict[str, Any] = {}
+    budget = [MAX_ARRAY_ITEMS]
+    for i in range(n_kv):
+        key = cur.string(f"metadata key {i}")
+        vtype = cur.scalar("I", f"the type of {key!r}")
+        metadata[key] = _read_value(cur, vtype, key, budget)
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 20:
+        raise GGUFError(f"{path.name}: general.alignment {alignment!r} is not a power of two.")
+    infos = []
+    for i in range(n_tensors):
+        name = cur.string(f"the name of tensor {i}")
+        n_dims = cur.scalar("I", f"the rank of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise GGUFError(f"{path.name}: tensor {name!r} claims {n_dims} dimensions (1 to {MAX_DIMS} are valid).")
+        cur.need(8 * n_dims, f"the shape of {name!r}")
+        ne = struct.unpack_from(f"{order}{n_dims}Q", buf, cur.pos)
+        cur.pos += 8 * n_dims
+        ggml_type = cur.scalar("I", f"the type of {name!r}")
+        offset = cur.scalar("Q", f"the offset of {name!r}")
+        infos.append((name, ne, ggml_type, offset))
+    data_start = -(-cur.pos // alignment) * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for name, ne, ggml_type, offset in infos:
+        if name in tensors:
+            raise GGUFError(f"{path.name}: tensor {name!r} appears twice.")
+        if any(d == 0 for d in ne) or any(d > size * 8 for d in ne):
+            raise GGUFError(f"{path.name}: tensor {name!r} has an impossible shape {list(ne)}.")
+        if ggml_type not in GGML_TYPES:
+            kind = _OTHER_TYPES.get(ggml_type)
+            what = f"type {kind}" if kind else f"an unknown type id {ggml_type} (corrupt file?)"
+            raise GGUFError(f"{path.name}: tensor {name!r} has {what}; supported: {', '.join(SUPPORTED_TYPES)}.")
+        type_name, block, block_bytes = GGML_TYPES[ggml_type]
+        if ne[0] % block:
+            raise GGUFError(f"{path.name}: tensor {name!r} rows of {ne[0]} are not whole {type_name} blocks "
+                            f"of {block}.")
+        n_elements = 1
+        for d in ne:
+            n_elements *= d
+        n_bytes = n_elements // block * block_bytes
+        start = data_start + offset
+        if offset % alignment or start + n_bytes > size:
+            raise GGUFError(f"{path.name}: tensor {name!r} ({type_name}, shape {list(ne[::-1])}, {n_bytes:,} bytes at "
+                            f"offset {start:,}) lies outside the file ({size:,} bytes): truncated or forged.")
+        tensors[name] = TensorInfo(name, ggml_type, tuple(int(d) for d in ne[::-1]), start, n_bytes)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, data=data)
+
+
+# ---------------------------------------------------------------- dequantization
+
+_CHUNK_BLOCKS = 1 << 14  # blocks per step: temporaries stay ~2 MB, in cache
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return raw.view("<f2").astype(np.float32)
+
+
+def _q8_0(b: np.ndarray, y: np.ndarray) -> None:  # d (f16) | 32 x int8
+    d = _f16(b[:, 0:2])
+    np.multiply(b[:, 2:].view(np.int8), d, out=y, dtype=np.float32)
+
+
+def _nibbles(qs: np.ndarray, n: int) -> np.ndarray:
+    """[blocks, n/2] bytes -> [blocks, n] values: low nibbles are the first half, high nibbles the second."""
+    out = np.empty((qs.shape[0], n), dtype=np.uint8)
+    np.bitwise_and(qs, 0x0F, out=out[:, : n // 2])
+    np.right_shift(qs, 4, out=out[:, n // 2 :])
+    return out
+
+
+def _q4_0(b: np.ndarray, y: np.ndarray) -> None:  # d | 16 bytes of nibbles, value = d * (q - 8)
+    d = _f16(b[:, 0:2])
+    q = _nibbles(b[:, 2:], 32).view(np.int8) - np.int8(8)
+    np.multiply(d, q, out=y, dtype=np.float32)
+
+
+def _q4_1(b: np.ndarray, y: np.ndarray) -> None:  # d | m | 16 bytes of nibbles, value = d * q + m
+    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    np.multiply(d, _nibbles(b[:, 4:], 32), out=y, dtype=np.float32)
+    y += m
+
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes -> 8 six-bit scales and 8 six-bit mins (ggml's get_scale_min_k4)."""
+    s = s.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _q4_k(b: np.ndarray, y: np.ndarray) -> None:  # d | dmin | 12 scale bytes | 128 bytes: 4 x (32 lo, 32 hi)
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _k_scales(b[:, 4:16])
+    qs = b[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & np.uint8(0x0F)).reshape(n, 8, 32)
+    y3 = y.reshape(n, 8, 32)
+    np.multiply((d * sc)[:, :, None], q, out=y3, dtype=np.float32)
+    y3 -= (dmin * mn)[:, :, None]
+
+
+def _q6_k(b: np.ndarray, y: np.ndarray) -> None:  # 128 ql | 64 qh | 16 int8 scales | d
+    n = b.shape[0]
+    ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8), _f16(b[:, 208:210])
+    lo = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
+    hi = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(0x03)
+    q = (lo.reshape(n, 2, 4, 32) | (hi << np.uint8(4))).view(np.int8) - np.int8(32)
+    y3 = y.reshape(n, 16, 16)
+    np.multiply((d * sc.astype(np.float32))[:, :, None], q.reshape(n, 16, 16), out=y3, dtype=np.float32)
+
+
+_BLOCK_FNS = {8: _q8_0, 2: _q4_0, 3: _q4_1, 12: _q4_k, 14: _q6_k}
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...],
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize a tensor's raw bytes into a float32 torch tensor of `shape` (written into `out` if given)."""
+    if ggml_type not in GGML_TYPES:
+        raise GGUFError(f"cannot dequantize {_OTHER_TYPES.get(ggml_type, ggml_type)}; supported: "
+                        f"{', '.join(SUPPORTED_TYPES)}.")
+    name, block, block_bytes = GGML_TYPES[ggml_type]
+    n = int(np.prod(shape, dtype=np.int64))
+    if raw.size != n // block * block_bytes or n % block:
+        raise GGUFError(f"{name} tensor of shape {list(shape)} needs {n // block * block_bytes:,} bytes, "
+                        f"got {raw.size:,}.")
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    elif tuple(out.shape) != tuple(shape) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of shape {list(shape)}")
+    y = out.numpy().reshape(-1)
+    raw = raw.reshape(-1)
+    if ggml_type == 0:
+        y[:] = raw.view("<f4")
+    elif ggml_type == 1:
+        y[:] = raw.view("<f2")
+    elif ggml_type == 30:  # bfloat16: the high half of a float32
+        y.view(np.uint32)[:] = raw.view("<u2").astype(np.uint32) << 16
+    else:
+        fn = _BLOCK_FNS[ggml_type]
+        blocks, ys = raw.reshape(-1, block_bytes), y.reshape(-1, block)
+        for s in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+            fn(blocks[s : s + _CHUNK_BLOCKS], ys[s : s + _CHUNK_BLOCKS])
+    return out
+
+
+def unpermute_rows(raw: np.ndarray, rows: int, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of attn_q/attn_k rows, on the (quantized) row bytes.
+
+    convert_hf_to_gguf.py's `permute` reshapes rows to (n_head, 2, rows/n_head/2) and swaps the last
+    two axes (HF's rotate-half layout -> ggml's interleaved pairs); the inverse swaps them back, as
+    transformers' `reverse_permute` does. Rows are quantized independently, so permuting bytes is exact.
+    """
+    row_bytes = raw.size // rows
+    if rows % (2 * n_head):
+        raise GGUFError(f"cannot undo the rotary permutation: {rows} rows are not a multiple of 2 x {n_head} heads.")
+    r = raw.reshape(n_head, rows // n_head // 2, 2, row_bytes)
+    return np.ascontiguousarray(r.swapaxes(1, 2)).reshape(-1)
+
+
+# ---------------------------------------------------------------- names and config
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """GGUF tensor name -> Hugging Face llama name (None: a tensor the model does not use)."""
+    base, _, kind = gguf_name.rpartition(".")
+    if kind not in ("weight", "bias"):
+        return None
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{kind}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{kind}"
+    return None
+
+
+def _meta(g: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    value = g.metadata.get(key, default)
+    if value is ...:
+        raise GGUFError(f"{g.path.name}: the metadata has no {key!r}; a llama-family GGUF needs it.")
+    if value is not None and value is not default and (isinstance(value, bool) or not isinstance(value, kind)):
+        raise GGUFError(f"{g.path.name}: metadata {key!r} = {value!r} has the wrong type.")
+    return value
+
+
+def _tensor_shape(g: GGUFFile, name: str) -> tuple[int, ...]:
+    if name not in g.tensors:
+        raise GGUFError(f"{g.path.name}: tensor {name!r} is missing.")
+    return g.tensors[name].shape
+
+
+def hf_config(g: GGUFFile) -> dict:
+    """A Hugging Face config dict (LlamaConfig / Qwen2Config keys) from the file's metadata.
+
+    Every size is checked against the tensors the file really holds, so absurd metadata is refused
+    before any memory is spent on it.
+    """
+    arch = _meta(g, "general.architecture", str)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"{g.path.name}: architecture {arch!r} is not supported; supported: "
+                        f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    p = f"{arch}."
+    n_layers = _meta(g, p + "block_count", int)
+    d_model = _meta(g, p + "embedding_length", int)
+    n_heads = _meta(g, p + "attention.head_count", int)
+    n_kv = _meta(g, p + "attention.head_count_kv", int, n_heads)
+    d_ff = _meta(g, p + "feed_forward_length", int)
+    head_dim = _meta(g, p + "attention.key_length", int, d_model // max(n_heads, 1))
+    vocab, d_embed = _tensor_shape(g, "token_embd.weight")
+    checks = {
+        "block_count": (n_layers, 1 <= n_layers and f"blk.{n_layers - 1}.attn_q.weight" in g.tensors
+                        and f"blk.{n_layers}.attn_q.weight" not in g.tensors),
+        "embedding_length": (d_model, d_model == d_embed),
+        "attention.head_count": (n_heads, n_heads >= 1
+                                 and _tensor_shape(g, "blk.0.attn_q.weight") == (n_heads * head_dim, d_model)),
+        "attention.head_count_kv": (n_kv, n_kv >= 1 and n_heads % n_kv == 0
+                                    and _tensor_shape(g, "blk.0.attn_k.weight") == (n_kv * head_dim, d_model)),
+        "feed_forward_length": (d_ff, _tensor_shape(g, "blk.0.ffn_up.weight") == (d_ff, d_model)),
+    }
+    for key, (value, ok) in checks.items():
+        if not ok:
+            raise GGUFError(f"{g.path.name}: metadata {p}{key} = {value} does not match the tensors in the file.")
+    if _meta(g, p + "rope.scaling.type", str, None) not in (None, "none"):
+        raise GGUFError(f"{g.path.name}: rope scaling ({g.metadata[p + 'rope.scaling.type']}) is not supported.")
+    rope_dims = _meta(g, p + "rope.dimension_count", int, head_dim)
+    if rope_dims != head_dim:
+        raise GGUFError(f"{g.path.name}: partial rotary ({rope_dims} of {head_dim} dims) is not supported.")
+    tied = "output.weight" not in g.tensors
+    bias = "blk.0.attn_q.bias" in g.tensors  # qwen2 has q/k/v biases
+    config = {
+        "model_type": arch,
+        "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": d_model,
+        "intermediate_size": d_ff,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": _meta(g, p + "context_length", int, 2048),
+        "rms_norm_eps": float(_meta(g, p + "attention.layer_norm_rms_epsilon", float, 1e-6)),
+        "rope_theta": float(_meta(g, p + "rope.freq_base", float, 10000.0)),
+        "tie_word_embeddings": tied,
+        "attention_bias": bias,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+    }
+    for key, meta_key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
+        token_id = g.metadata.get(f"tokenizer.ggml.{meta_key}_token_id")
+        config[f"{key}_token_id"] = int(token_id) if isinstance(token_id, int) and 0 <= token_id < vocab else None
+    return config
+
+
+def hf_tensors(g: GGUFFile, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 tensor) for every tensor the model uses, one at a time."""
+    permute = config["model_type"] == "llama"
+    for name, info in g.tensors.items():
+        target = hf_name(name)
+        if target is None:
+            continue
+        raw = g.raw(name)
+        if permute and (".attn_q." in name or ".attn_k." in name):
+            heads = config["num_attention_heads"] if ".attn_q." in name else config["num_key_value_heads"]
+            raw = unpermute_rows(raw, info.shape[0], heads)
+        yield target, dequantize(raw, info.ggml_type, info.shape)
