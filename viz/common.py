@@ -229,7 +229,8 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
                     valid: Callable[[Any], bool] | None = None) -> None:
     """Give widget `key` its starting value when the session has none: the URL's `?param=`,
     else the value this session last gave it (Streamlit forgets a widget that was not drawn in a
-    run: another page, an input error), else `default`. Unusable values fall back silently.
+    run: another page, an input error), else `default`. A link value the page cannot use is
+    replaced, and the page says so once (`note_replaced`).
     """
     kept = _KEPT + key
     if key in st.session_state:
@@ -240,15 +241,40 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
         return
     candidates = []
     raw = st.query_params.get(param)
+    url_ok = False
     if raw is not None:
         try:
             candidates.append(cast(raw))
+            url_ok = valid is None or bool(valid(candidates[0]))
         except (TypeError, ValueError):
             pass
     if kept in st.session_state:
         candidates.append(st.session_state[kept])
     value = next((v for v in candidates if valid is None or valid(v)), default)
+    if raw is not None and not url_ok:
+        note_replaced(param, raw, value)
     st.session_state[key] = st.session_state[kept] = value
+
+
+_NOTED = "_al_noted"  # (what, value) pairs this session was already told about
+
+
+def note_replaced(what: str, given: Any, used: Any, lo: Any = None, hi: Any = None) -> None:
+    """Say, once per session and value, that a link's `what=given` could not be used and which value
+    the page shows instead (`lo`..`hi`: the widget's range, when that is the reason)."""
+    noted = st.session_state.setdefault(_NOTED, set())
+    if (what, str(given)) in noted:
+        return
+    noted.add((what, str(given)))
+    given = str(given).replace("`", "'")  # shown in a code span: the value exactly as the link has it
+    given = given if len(given) <= 60 else given[:60] + "…"
+    if lo is not None and hi is not None:
+        msg = t("This link's `{what}={given}` is outside the range {lo} to {hi}, so the page uses {used}.",
+                what=what, given=given, lo=lo, hi=hi, used=used)
+    else:
+        msg = t("This link's `{what}={given}` is not possible here, so the page uses {used}.",
+                what=what, given=given, used=used)
+    st.warning(msg, icon="🔗")
 
 
 def write_query(**params: Any) -> None:
@@ -271,12 +297,15 @@ def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and lo <= v <= hi
 
 
-def clamp_state(key: str, lo: int, hi: int) -> None:
+def clamp_state(key: str, lo: int, hi: int, what: str | None = None) -> None:
     """Keep a remembered widget value inside its current range (e.g. after switching to a
-    smaller model), instead of letting the widget raise."""
+    smaller model), instead of letting the widget raise. `what` names a value that came from a
+    link: its replacement is then said (`note_replaced`)."""
     v = st.session_state.get(key)
     if isinstance(v, int | float) and not lo <= v <= hi:
         st.session_state[key] = min(max(v, lo), hi)
+        if what:
+            note_replaced(what, v, st.session_state[key], lo, hi)
 
 
 # ---------------------------------------------------------------- sidebar and selection
