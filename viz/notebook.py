@@ -1,0 +1,92 @@
+"""The lab's views in a notebook: a `Trace` in, a plotly figure out (`fig.show()` in Jupyter, VS Code,
+Colab), and a standalone offline HTML file of several views with plotly.js inlined once.
+
+    from model import load_model
+    from viz import notebook as nb
+    lm = load_model("smollm2")
+    _, trace = lm.run_with_trace("When Mary and John went to the store, John gave a drink to")
+    nb.head(trace, layer=17, head=3).show()
+    nb.export_html([nb.head(trace, 17, 3), nb.model_view(trace)], "attention.html")
+
+Modules are chosen by layer and kind, as the model describes itself (trace.meta["model"]): kind is
+"encoder_self", "decoder_self" or "cross" (default: cross-attention when the model has it, else its
+only self-attention), so the same call works for the toy Transformers, MiniLM and a language model.
+No streamlit here; strings are in English unless `viz.i18n` is told otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from model.core.describe import described
+from viz import figures as F
+
+
+def modules(trace: Mapping, kind: str | None = None) -> list[str]:
+    """The attention modules of one kind in the trace, by layer (default kind: see the module doc)."""
+    attention = described(getattr(trace, "meta", {})).get("attention", {})
+    present = {m: info for m, info in attention.items() if f"{m}.weights" in trace}
+    if not present:
+        raise ValueError("this trace holds no attention weights: capture names='*.weights' (or all names)")
+    kinds = [info["kind"] for info in present.values()]
+    kind = kind or ("cross" if "cross" in kinds else kinds[-1])
+    chosen = [m for m, info in present.items() if info["kind"] == kind]
+    if not chosen:
+        raise ValueError(f"this model has no {kind!r} attention; it has {sorted(set(kinds))}")
+    return chosen
+
+
+def module(trace: Mapping, layer: int, kind: str | None = None) -> str:
+    mods = modules(trace, kind)
+    if not 0 <= layer < len(mods):
+        raise ValueError(f"layer {layer} is out of range: this stack has layers 0..{len(mods) - 1}")
+    return mods[layer]
+
+
+def head(trace: Mapping, layer: int, head: int, kind: str | None = None, scores: bool = False) -> go.Figure:
+    """One head's softmax weights (or its scaled scores QKᵀ/√d_k), with the in-figure head buttons."""
+    return F.attention_heatmap(trace, module(trace, layer, kind), head, "scores" if scores else "weights",
+                               all_heads=True)
+
+
+def heads(trace: Mapping, layer: int, kind: str | None = None) -> go.Figure:
+    """Every head of one layer side by side."""
+    return F.heads_grid(trace, module(trace, layer, kind))
+
+
+def model_view(trace: Mapping, kind: str | None = None) -> go.Figure:
+    """Every layer × head of one attention kind as thumbnails (BertViz's model view)."""
+    return F.model_view(trace, modules(trace, kind))
+
+
+def pipeline(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
+    """QKᵀ → ÷√d_k → + M → softmax for one head (needs the trace's .scores and .mask)."""
+    return F.score_pipeline(trace, module(trace, layer, kind), head)
+
+
+def masks(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
+    """The padding / look-ahead / combined masks beside the weights they produce."""
+    return F.mask_figure(trace, module(trace, layer, kind), head)
+
+
+def qkvz(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
+    """One head's Q, K, V and z = softmax(QKᵀ/√d_k + M)·V."""
+    return F.qkvz_figure(trace, module(trace, layer, kind), head)
+
+
+def export_html(figures: Sequence[go.Figure], path: str | Path | None = None, title: str = "Attention Lab") -> str:
+    """One standalone HTML page holding `figures`, with plotly.js inlined once (it works offline, e.g.
+    attached to a bug report). Returns the HTML; writes it to `path` when given."""
+    divs = [pio.to_html(fig, full_html=False, include_plotlyjs=False) for fig in figures]
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+            + "".join(divs) + "</body></html>")
+    if path is not None:
+        Path(path).write_text(page, encoding="utf-8")
+    return page
