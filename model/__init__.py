@@ -15,6 +15,8 @@ _EXPORTS = {
     "Trace": "core.trace", "TraceDiff": "core.trace", "TraceFileError": "core.trace", "compare_traces": "core.trace",
     "Transformer": "families.transformer", "label_smoothed_loss": "families.transformer",
     "sinusoidal_encoding": "families.transformer", "capture_shapes": "families.transformer",
+    "load_model": "loaders", "LMConfig": "families.lm", "DecoderLM": "families.lm",
+    "LanguageModel": "loaders.lm",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,0 +1,246 @@
+"""`LanguageModel`: a loaded decoder-only model with its tokenizer, chat template and generation.
+
+    lm = load_model("smollm2")                      # or a Hugging Face directory, or a .gguf file
+    ids = lm.encode("The capital of France is")     # LongTensor [1, T]
+    logits, trace = lm.run_with_trace(ids)          # trace.meta: tgt_tokens, tgt_ids, model
+    out = lm.generate("The capital of France is", max_new_tokens=8)   # greedy by default
+    out.text, out.tokens, out.stop_reason           # "eos" or "length"
+    out.steps[0].top                                # [(token, prob)] x 10 before the choice
+    out.steps[0].attention                          # [L, H, T_so_far]: the new position's attention
+
+Stateless at inference (the KV cache lives in one `generate` call): one instance serves every
+session's thread. Hooks and traces are per call (ContextVars), as everywhere in the lab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from model.core import recorder
+from model.core.trace import Trace
+from model.families.lm import DecoderLM
+
+TOP_K_RECORDED = 10
+
+
+@dataclass
+class Step:
+    """One generated token: what was chosen, what the model offered, where the new position looked."""
+
+    id: int
+    token: str  # the raw piece (byte-level symbols like Ġ kept; the UI maps them)
+    prob: float  # the model's probability of the chosen token (temperature 1, before filtering)
+    top: list[tuple[str, float]]  # the model's top-10 (token, prob), temperature 1
+    attention: torch.Tensor | None  # [L, H, T_so_far]: the new position's attention weights (record=True)
+    position: int  # the position the token was predicted from (its index is position + 1)
+
+
+@dataclass
+class Generation:
+    text: str  # the new text (end token excluded)
+    tokens: list[str]  # the new pieces (end token included when it stopped there)
+    ids: list[int]
+    prompt_ids: list[int]
+    steps: list[Step] = field(default_factory=list)
+    stop_reason: str = "length"  # "eos": an end token was produced; "length": max_new_tokens or max_len
+
+
+class LanguageModel:
+    def __init__(self, model: DecoderLM, tokenizer=None, name: str = "lm", chat_template: str | None = None,
+                 stop_ids: Sequence[int] = (), source: Path | None = None,
+                 special_tokens: Mapping[str, str] | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer  # a tokenizers.Tokenizer, or None (ids only)
+        self.name = name
+        self.chat_template = chat_template
+        self.stop_ids = list(dict.fromkeys(int(i) for i in stop_ids))
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        self.max_tokens = model.cfg.max_len
+
+    def __repr__(self) -> str:
+        c = self.model.cfg
+        return (f"LanguageModel({self.name}: {c.n_layers} layers, d_model={c.d_model}, {c.n_heads} heads "
+                f"({c.kv_heads} K/V), {self.model.num_parameters() / 1e6:.0f}M parameters)")
+
+    # ---------------------------------------------------------------- tokens
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer (no tokenizer.json): pass token ids instead of text")
+        return self.tokenizer
+
+    def render_chat(self, text: str) -> str:
+        """The chat template applied to one user message, with the assistant's turn opened."""
+        if not self.chat_template:
+            raise ValueError(f"{self.name} has no chat template; use chat=False")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+                **{k: v for k, v in self.special_tokens.items()})
+        except TemplateError as e:
+            raise ValueError(f"{self.name}'s chat template failed: {e}") from None
+
+    def encode(self, text: str, chat: bool = False) -> torch.Tensor:
+        """LongTensor [1, T]. chat=True wraps the text in the model's chat template first (its special
+        tokens are in the rendered text, so no more are added). Never truncates."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError("the text is empty: type a prompt")
+        tok = self._need_tokenizer()
+        ids = tok.encode(self.render_chat(text), add_special_tokens=False).ids if chat else tok.encode(text).ids
+        if not ids:
+            raise ValueError("the text gives no tokens")
+        if len(ids) > self.max_tokens:
+            raise ValueError(f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
+                             "Shorten it; it is never truncated silently.")
+        return torch.tensor([ids], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return self._need_tokenizer().decode(_as_list(ids), skip_special_tokens=True)
+
+    def tokens(self, ids) -> list[str]:
+        """The raw token pieces of ids (byte-level symbols like Ġ/Ċ kept)."""
+        tok = self._need_tokenizer()
+        return [tok.id_to_token(i) or f"<{i}>" for i in _as_list(ids)]
+
+    def _ids(self, text_or_ids, chat: bool = False) -> torch.Tensor:
+        if isinstance(text_or_ids, str):
+            return self.encode(text_or_ids, chat=chat)
+        ids = text_or_ids if isinstance(text_or_ids, torch.Tensor) else torch.tensor(text_or_ids, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids[None]
+        return ids.long()
+
+    # ---------------------------------------------------------------- forward
+
+    def run_with_trace(self, text_or_ids, names: str | Sequence[str] | None = None, hooks=None,
+                       budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
+                       chat: bool = False) -> tuple[torch.Tensor, Trace]:
+        """Logits [1, T, V] and the trace of the named tensors; meta has tgt_tokens, tgt_ids and the
+        model's description, so every view that reads decoder.* works."""
+        ids = self._ids(text_or_ids, chat)
+        meta = {"model_name": self.name, "text": text_or_ids if isinstance(text_or_ids, str) else None}
+        if self.tokenizer is not None and ids.shape[0] == 1:
+            meta["tgt_tokens"] = self.tokens(ids[0])
+        with torch.no_grad():
+            return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta)
+
+    def run_with_hooks(self, text_or_ids, hooks=None, chat: bool = False) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model.run_with_hooks(self._ids(text_or_ids, chat), hooks=hooks)
+
+    # ---------------------------------------------------------------- generation
+
+    def generate(self, prompt_or_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
+                 on_step: Callable[[Step], None] | None = None) -> Generation:
+        """Generate up to max_new_tokens tokens (greedy when temperature == 0), stopping at the model's
+        end tokens. `on_step(step)` is called as each token comes (a page can stream them)."""
+        prompt = self._ids(prompt_or_ids, chat)
+        steps = list(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, hooks=hooks,
+                                 record=record, on_step=on_step))
+        ids = [s.id for s in steps]
+        stopped = bool(steps) and steps[-1].id in self.stop_ids
+        body = ids[:-1] if stopped else ids
+        text = self.decode(body) if self.tokenizer is not None else ""
+        return Generation(text=text, tokens=[s.token for s in steps], ids=ids, prompt_ids=prompt[0].tolist(),
+                          steps=steps, stop_reason="eos" if stopped else "length")
+
+    def stream(self, prompt_or_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
+               on_step: Callable[[Step], None] | None = None) -> Iterator[Step]:
+        """The steps of `generate`, one at a time, as they are computed (a KV cache: each step runs
+        the new token only, at its absolute position, so rotary angles are right)."""
+        _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        ids = self._ids(prompt_or_ids, chat)
+        if ids.shape[0] != 1:
+            raise ValueError(f"generate takes one prompt (batch 1), got a batch of {ids.shape[0]}")
+        m = self.model
+        gen = torch.Generator().manual_seed(int(seed))  # private: sessions never share a random stream
+        room = m.cfg.max_len - ids.shape[1]
+        if room <= 0:
+            raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {m.cfg.max_len}: "
+                             "no room to generate")
+        grabbed: dict[str, torch.Tensor] = {}
+        names = [f"decoder.layers.{i}.self_attn.weights" for i in range(m.cfg.n_layers)]
+
+        def grab(t: torch.Tensor, name: str):  # keep only the last query row: [B, H, Tq, Tk] -> [H, Tk]
+            grabbed[name] = t[0, :, -1].clone()
+            return None
+
+        mine = recorder.resolve_hooks(names, {n: grab for n in names}) if record else {}
+        cache, offset, x = m.new_cache(), 0, ids
+        with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine):  # the user's hooks run first
+            for _ in range(min(max_new_tokens, room)):
+                logits = m(x, cache=cache, offset=offset)[0, -1]
+                offset += x.shape[1]
+                probs = torch.softmax(logits.float(), dim=-1)
+                chosen = _choose(logits, probs, temperature, top_k, top_p, gen)
+                top_p_vals, top_ids = probs.topk(min(TOP_K_RECORDED, probs.numel()))
+                top = [(self._piece(int(i)), float(p)) for i, p in zip(top_ids, top_p_vals, strict=True)]
+                attention = torch.stack([grabbed.pop(n) for n in names]) if record else None
+                step = Step(id=chosen, token=self._piece(chosen), prob=float(probs[chosen]), top=top,
+                            attention=attention, position=offset - 1)
+                if on_step is not None:
+                    on_step(step)
+                yield step
+                if chosen in self.stop_ids:
+                    return
+                x = torch.tensor([[chosen]], dtype=torch.long)
+
+    def _piece(self, i: int) -> str:
+        if self.tokenizer is None:
+            return f"<{i}>"
+        return self.tokenizer.id_to_token(i) or f"<{i}>"
+
+
+def _as_list(ids) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        ids = ids.reshape(-1).tolist()
+    return [int(i) for i in ids]
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+
+
+def _choose(logits: torch.Tensor, probs: torch.Tensor, temperature: float, top_k: int, top_p: float,
+            gen: torch.Generator) -> int:
+    """Greedy at temperature 0; else sample softmax(logits / T) restricted to the top_k tokens and
+    to the smallest set whose probability reaches top_p (the most likely token always stays)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    scaled = logits.float() / temperature
+    if top_k:
+        kth = scaled.topk(min(top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    p = torch.softmax(scaled, dim=-1)
+    if top_p < 1:
+        order = p.argsort(descending=True)
+        before = p[order].cumsum(0) - p[order]  # mass of the more likely tokens
+        drop = order[before >= top_p]
+        p = p.clone()
+        p[drop] = 0
+        p = p / p.sum()
+    return int(torch.multinomial(p, 1, generator=gen))
