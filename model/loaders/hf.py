@@ -72,9 +72,15 @@ def config_from_hf(hf: Mapping) -> LMConfig:
                         tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
     else:
         act = hf.get("hidden_act", "silu")
-        scaling = hf.get("rope_scaling")
-        if scaling not in (None, {}) and (scaling.get("rope_type") or scaling.get("type")) != "default":
-            raise ModelLoadError(f"config.json: rope_scaling {scaling!r} is not supported (plain RoPE only)")
+        rope = hf.get("rope_parameters") or {}  # transformers 5; 4.x wrote rope_theta + rope_scaling
+        scaling = hf.get("rope_scaling") or rope
+        if not isinstance(rope, dict) or not isinstance(scaling, dict):
+            raise ModelLoadError("config.json: rope_parameters / rope_scaling must be JSON objects")
+        if (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
+            raise ModelLoadError(f"config.json: RoPE scaling {scaling!r} is not supported (plain RoPE only)")
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        if not isinstance(theta, int | float) or isinstance(theta, bool) or not 0 < theta < 1e12:
+            raise ModelLoadError(f"config.json: rope_theta must be a positive number, got {theta!r}")
         if kind == "qwen2" and hf.get("use_sliding_window"):
             raise ModelLoadError("config.json: use_sliding_window=true is not supported (full causal attention only)")
         heads = _int(hf, "num_attention_heads")
@@ -84,7 +90,7 @@ def config_from_hf(hf: Mapping) -> LMConfig:
         bias = bool(hf.get("attention_bias", False))
         switches = dict(n_kv_heads=_int(hf, "num_key_value_heads", heads),
                         d_head=_int(hf, "head_dim") if hf.get("head_dim") else None,
-                        positional="rotary", rope_base=float(hf.get("rope_theta", 10000.0)), norm="rmsnorm",
+                        positional="rotary", rope_base=float(theta), norm="rmsnorm",
                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), ffn="gated",
                         qkv_bias=True if kind == "qwen2" else bias, out_bias=False if kind == "qwen2" else bias,
                         ffn_bias=bool(hf.get("mlp_bias", False)),
@@ -189,8 +195,8 @@ def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[t
         if ours == "generator.weight" and cfg.tie_embeddings:
             continue  # tied: the token table is the output projection
         t = t.to(torch.float32)
-        if kind == "gpt2" and t.dim() == 2:
-            t = t.t()  # GPT-2's Conv1D stores (in, out); nn.Linear wants (out, in)
+        if kind == "gpt2" and t.dim() == 2 and ".c_" in theirs:
+            t = t.t()  # GPT-2's Conv1D (c_attn, c_proj, c_fc) stores (in, out); nn.Linear wants (out, in)
         if ours.endswith(".w_qkv.weight") or ours.endswith(".w_qkv.bias"):
             base, p = ours.rsplit(".w_qkv.", 1)
             for part, chunk in zip(("w_q", "w_k", "w_v"), t.chunk(3, dim=0), strict=True):
