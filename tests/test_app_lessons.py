@@ -159,6 +159,12 @@ def test_an_empty_sentence_points_to_the_box_on_the_page(lang):
         assert ("box above" if lang == "en" else "上面的输入框") in at.error[0].value
 
 
+@pytest.mark.parametrize(("lang", "words"), [("en", "Chinese blog posts"), ("zh", "中文博客")])
+def test_the_first_page_says_what_the_seed_posts_are(lang, words):
+    at = open_lessons(lang, lesson=1)
+    assert any(words in c.value and "001" in c.value for c in at.caption), [c.value for c in at.caption]
+
+
 def test_input_outside_the_grammar_warns_but_runs():
     at = open_lessons(lesson=1)
     at.text_input(key="lesson_text_tokens").set_value("我爱吃苹果").run()

@@ -301,6 +301,11 @@ def live_bert(data, param=None) -> Live:
 
 # ---------------------------------------------------------------- the syllabus
 
+# What "seed 001" means wherever a page names a seed post (st.caption(t(SEEDS_NOTE)) or help=t(SEEDS_NOTE)).
+SEEDS_NOTE = N_("The seed posts (seed 000–004) are the Chinese blog posts on the Transformer that this lab teaches "
+                "from. Their code has known bugs (seed 001's attention, masks and loss, seed 004's PE base): the "
+                "Experiments page reproduces each one next to the correct version.")
+
 LESSONS: list[Lesson] = [
     Lesson(
         "tokens", N_("Tokens and embeddings"),

@@ -293,7 +293,8 @@ def main() -> None:
     else:
         st.title(t("Lessons"))
         st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
-                     "of a trained model, a task to try and a question checked against the model's own numbers."))
+                     "of a trained model, a task to try and a question checked against the model's own numbers.")
+                   + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)
     st.html(KEYS_JS, unsafe_allow_javascript=True)
