@@ -128,7 +128,7 @@ def test_score_pipeline_panels(trace):
 def test_q_k_v_z_of_one_head(trace):
     name = "decoder.layers.0.cross_attn"
     hs = heatmaps(F.qkvz_figure(trace, name, head=3))
-    for h, role in zip(hs, "qkvz", strict=True):
+    for h, role in zip(hs, "qzkv", strict=True):  # a 2 × 2 grid: query side (Q, z) over key side (K, V)
         np.testing.assert_array_equal(h.z, np_(trace[f"{name}.{role}"][0, 3]))
 
 

@@ -164,13 +164,15 @@ def text_problems(text: str) -> str | None:
     return None
 
 
-def shorten(s: str, limit: int = MAX_SHOWN) -> str:
-    """`s` for a message: at most `limit` characters, the rest counted, never silently dropped."""
+def shorten(s: str, limit: int = MAX_SHOWN, markdown: bool = False) -> str:
+    """`s` for a message: at most `limit` characters, the rest counted, never silently dropped.
+    markdown=True: the characters of `s` are escaped for a Markdown message (see `md_escape`)."""
     from viz.figures import show_token
 
+    shown = md_escape if markdown else (lambda x: x)
     if len(s) <= limit:
-        return show_token(s)
-    return t("{start}… ({n} characters)", start=show_token(s[:limit]), n=len(s))
+        return shown(show_token(s))
+    return t("{start}… ({n} characters)", start=shown(show_token(s[:limit])), n=len(s))
 
 
 def unk_note(pieces, text: str | None = None) -> str | None:
@@ -179,9 +181,19 @@ def unk_note(pieces, text: str | None = None) -> str | None:
     unk = [p for p in pieces if p.is_unk]
     if not unk:
         return None
-    shown = ", ".join(f"'{shorten(_original(p, text))}'" for p in unk[:8]) + (", …" if len(unk) > 8 else "")
+    shown = ", ".join(f"'{shorten(_original(p, text), markdown=True)}'" for p in unk[:8])
+    shown += ", …" if len(unk) > 8 else ""
     return t("{n} token(s) are not in this model's vocabulary and became [UNK]: {shown}. "
              "The model still runs, but it sees only the [UNK] embedding there.", n=len(unk), shown=shown)
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:])")  # ":" too: Streamlit's :emoji: and :red[…]
+
+
+def md_escape(s: str) -> str:
+    """`s` shown literally in a Markdown message (st.warning, st.error): "*", "_", "`", "<"… would
+    otherwise format the message or vanish."""
+    return _MARKDOWN.sub(r"\\\1", s)
 
 
 def _original(piece, text: str | None) -> str:
@@ -191,10 +203,36 @@ def _original(piece, text: str | None) -> str:
     return piece.token if piece.token != "[UNK]" else f"[UNK]@{a}"
 
 
+# Input errors the model raises in English, said again in the UI language (one sentence, no repeated advice).
+_TOO_LONG = re.compile(r"the (input|target) is (\d+) tokens long; (?:with \[BOS\] )?this model's limit is (\d+) tokens")
+
+
+def error_text(err: BaseException | str) -> tuple[str, bool]:
+    """(message, whether it already says what to do) for a bad input or file."""
+    if isinstance(err, str):
+        return err, False
+    word, tokens = getattr(err, "word", None), getattr(err, "tokens", None)
+    if word is not None and tokens is not None:  # model.analysis.compare.NotATokenError
+        listed = " ".join(shorten(x, markdown=True) for x in tokens[:40]) + (" …" if len(tokens) > 40 else "")
+        if not word.strip():
+            return t("The token box is empty: type one of the sentence's tokens ({tokens}).", tokens=listed), True
+        return t("“{word}” is not a token of this sentence; its tokens: {tokens}.",
+                 word=shorten(word.strip(), markdown=True), tokens=listed), True
+    # str(KeyError) wraps its message in quotes; other messages keep theirs ("'street' is not…").
+    msg = (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)).strip() or type(err).__name__
+    m = _TOO_LONG.search(msg)
+    if m:
+        which = t("The input") if m.group(1) == "input" else t("The target")
+        return t("{which} is {n} tokens long; this model's limit is {limit} tokens. Shorten it: it is never "
+                 "silently truncated.", which=which, n=m.group(2), limit=m.group(3)), True
+    return msg[:1].upper() + msg[1:], False
+
+
 def show_error(err: BaseException | str, hint: str | None = None) -> None:
-    """A bad input or file as a message on the page, never a traceback."""
-    msg = err if isinstance(err, str) else (str(err).strip("'\"") or type(err).__name__)
-    st.error(msg + (f"\n\n{hint}" if hint else ""), icon="⚠️")
+    """A bad input or file as a message on the page, never a traceback. `hint` (what to do) is left out when
+    the message already says it."""
+    msg, advised = error_text(err)
+    st.error(msg + (f"\n\n{hint}" if hint and not advised else ""), icon="⚠️")
 
 
 # ---------------------------------------------------------------- URL (query string) sync
@@ -414,18 +452,33 @@ def require_trace(sel: Selection | None = None):
         st.stop()
     ckpt = sel.ckpt
     try:
-        note = unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text)
+        notes = [unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text), target_unk_note(ckpt, sel.target)]
         with st.spinner(t("Running the model…")):
             trace = get_trace(sel.name, sel.text, sel.target)
     except ValueError as e:  # too long, unknown ids, capture over budget, ...
         show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
-    if note:
+    for note in filter(None, notes):
         st.warning(note, icon="🔤")
     stop = stop_note(trace.meta)
     if stop:
         st.warning(stop, icon="✂️")
     return sel, trace
+
+
+def target_unk_note(ckpt, target: str | None) -> str | None:
+    """`unk_note` for a teacher-forced target (its characters outside the target vocabulary), or None."""
+    note = unk_note(ckpt.tgt_tokenizer.pieces(target), target) if target else None
+    return note and t("Target: ") + note
+
+
+def model_tokens(ckpt, trace) -> list[str] | None:
+    """Under teacher forcing, the model's own prediction at each decoder position (argmax of the trace's
+    logits), to show beside the reference token it was fed there; None for the model's own output (there
+    they are the same tokens) or a trace without logits."""
+    if trace.meta.get("generated", True) or "logits" not in trace:
+        return None
+    return [ckpt.tgt_tokenizer.id_to_token(int(i)) for i in trace["logits"][0].argmax(-1)]
 
 
 def return_freed_memory() -> None:
@@ -475,6 +528,10 @@ def show_figure(fig, key: str | None = None, filename: str | None = None, **kwar
     """Render a plotly figure with the export toolbar; extra kwargs go to st.plotly_chart
     (e.g. on_select="rerun" to get click selections back)."""
     name = filename or key or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else None)
+    if current_lang() == "zh":  # Chinese y titles horizontal (on a copy: the figure may be cached and shared)
+        from viz.figures import upright_y_titles
+
+        fig = upright_y_titles(fig, copy=True)
     return st.plotly_chart(fig, key=key, config=plotly_config(safe_filename(name)), **kwargs)
 
 

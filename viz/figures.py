@@ -272,8 +272,10 @@ def upright_y_titles(fig: go.Figure, copy: bool = False) -> go.Figure:
         yref = "y" + ax.removeprefix("yaxis")
         xref = axis.anchor if axis.anchor and axis.anchor != "free" else "x"
         width = text_width(text, axis.title.font.size or size)
-        labels = [str(v) for v in (axis.ticktext or ())] or [
-            str(v) for tr in fig.data if (getattr(tr, "yaxis", None) or "y") == yref for v in (tr.y or ())[:200]]
+        ticktext = axis.ticktext if axis.ticktext is not None else ()
+        labels = [str(v) for v in ticktext] or [
+            str(v) for tr in fig.data if (getattr(tr, "yaxis", None) or "y") == yref
+            for v in (tr.y if getattr(tr, "y", None) is not None else ())[:200]]
         ticks = max((text_width(v, axis.tickfont.size or size) for v in labels), default=0.0)
         if axis.showticklabels is False:
             ticks = 0.0

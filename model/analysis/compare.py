@@ -16,11 +16,21 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class NotATokenError(ValueError):
+    """`word` is not one of `tokens` (the UI words it in its own language from these two fields)."""
+
+    def __init__(self, word: str, tokens: list[str]):
+        self.word, self.tokens = word, list(tokens)
+        shown = word if len(word) <= 40 else f"{word[:40]}… ({len(word)} characters)"  # never echo 5,000 chars
+        super().__init__(f"{shown!r} is not a token of this sentence; its tokens: {' '.join(tokens)}" if word.strip()
+                         else f"the token is empty; this sentence's tokens: {' '.join(tokens)}")
+
+
 def find_token(tokens: list[str], word: str) -> int:
-    """Index of the first token equal to `word` (case-insensitive); ValueError listing the tokens."""
+    """Index of the first token equal to `word` (case-insensitive); NotATokenError listing the tokens."""
     low = [t.lower() for t in tokens]
     if word.lower() not in low:
-        raise ValueError(f"{word!r} is not a token of this sentence; its tokens: {' '.join(tokens)}")
+        raise NotATokenError(word, tokens)
     return low.index(word.lower())
 
 

@@ -14,4 +14,4 @@ sel, trace = common.require_trace()
 out = trace.meta.get("target", "")
 line = (t("**Decoder input (teacher-forced target):** {out}", out=out) if sel.target
         else t("**Model output (greedy):** {out}", out=out or t("(empty)")))
-render_attention(trace, key="attn", output=line)
+render_attention(trace, key="attn", output=line, model_tokens=common.model_tokens(sel.ckpt, trace))

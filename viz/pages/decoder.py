@@ -17,8 +17,9 @@ import torch
 
 from model.toy.checkpoint import sampling_distribution
 from viz import common
+from viz import figures as F
 from viz import figures_decode as fd
-from viz.i18n import N_, t
+from viz.i18n import N_, option_labels, t
 
 STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("Sampling")}
 PLAY_SECONDS = 0.9  # one step per tick while playing
@@ -102,8 +103,8 @@ def seed_state(n_layers: int, n_heads: int) -> list[str]:
 
 def strategy_controls() -> tuple[str, tuple]:
     """Strategy and its options, as a hashable tuple for the cache."""
-    strategy = st.segmented_control(t("Strategy"), list(STRATEGIES), format_func=lambda k: t(STRATEGIES[k]),
-                                    key="dec_strategy", required=True)
+    strategy = st.segmented_control(t("Strategy"), list(STRATEGIES), key="dec_strategy", required=True,
+                                    format_func=option_labels(STRATEGIES, lambda k: t(STRATEGIES[k])))
     opts: dict = {}
     cols = st.columns(4)
     if strategy == "beam":
@@ -311,8 +312,8 @@ def comparison_section(sel, out, n_layers: int, strategy: str, options: dict) ->
     if strategy == "sample":
         st.caption(t("The model's probabilities are softmax(logits); the token was drawn from the distribution "
                      "after temperature, top-k and top-p, whose probability is the last probability column."))
-    st.dataframe(translated_columns(rows), hide_index=True, column_config={
-        t(d): st.column_config.NumberColumn(format="%.2e") for d in DELTAS})
+    # One number format with the figures' (exact zero reads 0, not 0.00e+0 beside 2.53e-07).
+    st.dataframe(translated_columns([r | {d: F.num(r[d]) for d in DELTAS} for r in rows]), hide_index=True)
     if not sel.target:
         st.caption(t("Type a reference in the sidebar's *Target (teacher forcing)* box to also see what the "
                      "model predicts, position by position, when it is fed that reference."))
@@ -370,11 +371,14 @@ def main() -> None:
     heads = seed_state(cfg.n_decoder_layers, cfg.n_heads)
     strategy, options = strategy_controls()
     try:
-        note = common.unk_note(ckpt.src_tokenizer.pieces(sel.text))
+        note = common.unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text)
         out = computed("decode", sel.name, sel.text, strategy, options)
     except ValueError as e:
         common.show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
+    if note:
+        st.warning(note, icon="🔤")
+    note = common.target_unk_note(ckpt, sel.target) if sel.target and not common.text_problems(sel.target) else None
     if note:
         st.warning(note, icon="🔤")
     n = len(out.steps)
@@ -387,7 +391,7 @@ def main() -> None:
 
     c1, c2, c3 = st.columns([1, 1.5, 3])
     layer = c1.selectbox(t("Decoder layer"), range(cfg.n_decoder_layers), key="dec_layer")
-    head = c2.selectbox(t("Head"), heads, format_func=head_label, key="dec_head")
+    head = c2.selectbox(t("Head"), heads, format_func=option_labels(heads, head_label), key="dec_head")
     playing = bool(st.session_state.get("dec_playing")) and n > 1
     with c3:
         st.write("")  # align the button with the selects

@@ -10,7 +10,7 @@ from model.toy import prenorm
 from model.toy.tasks import TASKS
 from viz import common
 from viz import figures_layer as FL
-from viz.i18n import N_, t
+from viz.i18n import N_, option_labels, t
 
 STACKS = {"encoder": N_("Encoder"), "decoder": N_("Decoder")}
 
@@ -26,7 +26,8 @@ def choose() -> tuple[str, str, str, int, int]:
     """Stack, layer prefix, sublayer, token and head widgets (seeded from the URL, written back)."""
     common.seed_from_query("ly_stack", "stack", stacks[0], valid=lambda v: v in stacks)
     c1, c2, c3, c4, c5 = st.columns([1.2, 0.8, 1.6, 1.2, 0.8])
-    stack = c1.segmented_control(t("Stack"), stacks, format_func=lambda s: t(STACKS[s]), key="ly_stack")
+    stack = c1.segmented_control(t("Stack"), stacks, format_func=option_labels(stacks, lambda s: t(STACKS[s])),
+                                  key="ly_stack")
     stack = stack or stacks[0]
     layers = FL.layers_of(trace, stack)
     subs = [s for s, _ in FL.SUBLAYERS[stack]]
@@ -42,8 +43,8 @@ def choose() -> tuple[str, str, str, int, int]:
     if st.session_state.get("ly_sub") not in subs:  # cross-attention exists in the decoder only
         st.session_state["ly_sub"] = subs[0]
     layer = c2.selectbox(t("Layer"), range(len(layers)), key="ly_layer")
-    sub = c3.radio(t("Sublayer"), subs, format_func=lambda s: t(FL.SUBLAYER_TITLES[s]), key="ly_sub",
-                   horizontal=True)
+    sub = c3.radio(t("Sublayer"), subs, format_func=option_labels(subs, lambda s: t(FL.SUBLAYER_TITLES[s])),
+                   key="ly_sub", horizontal=True)
     labels = FL.F.token_labels(tokens, n_tok)
     token = c4.selectbox(t("Token"), range(n_tok), format_func=labels.__getitem__, key="ly_token")
     head = c5.selectbox(t("Head"), range(n_heads), key="ly_head")

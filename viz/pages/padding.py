@@ -47,6 +47,11 @@ names = list_checkpoints()
 fallback = next((n for n in names if pads_labels(n)), sel.name)
 default = sel.name if sel.name not in names or pads_labels(sel.name) else fallback
 options = [default] + [n for n in names if n != default]
+# The link's batch model and sentences (pad_model, pad_lines) apply when a session opens the link, not after the
+# sidebar's model changed (then the batch follows the sidebar, as before).
+followed = st.session_state.get("_pad_default") in (None, default)
+st.session_state["_pad_default"] = default
+common.seed_from_query(f"pad_model_{default}", "pad_model" if followed else "", default, valid=lambda v: v in options)
 name = st.selectbox(t("Model for this batch"), options, key=f"pad_model_{default}",
                     help=t("The sidebar's model, unless all its targets have one length (the dates task always "
                            "outputs YYYY-MM-DD, so no label would be [PAD])."))
@@ -70,10 +75,16 @@ def parse(text: str) -> list[tuple[str, str | None]]:
 
 
 key = f"pad_lines_{name}"  # one batch per model: another model has another vocabulary
-if key not in st.session_state:
-    st.session_state[key] = default_lines()
+# The link's sentences belong to the link's model: another model's box opens on its own default batch.
+from_url = followed and st.query_params.get("pad_model", default) == name
+common.seed_from_query(key, "pad_lines" if from_url else "", None if key in st.session_state else default_lines())
 lines = st.text_area(t("Sentences, one per line: `source {sep} target` (without a target, the model's own greedy "
                        "translation is used)", sep=SEP), key=key, height=120)
+# Long batches stay out of the URL (as the sidebar's texts): a reload would send them in the request line.
+common.write_query(pad_model=name, pad_lines=lines if len(lines) <= common.MAX_URL_TEXT else None)
+if len(lines) > common.MAX_URL_TEXT:
+    st.caption(t("These sentences are longer than {n} characters, so the page's link does not carry them: a copied "
+                 "link opens on the default batch instead.", n=f"{common.MAX_URL_TEXT:,}"))
 rows = parse(lines)
 if not 2 <= len(rows) <= MAX_SENTENCES:
     common.show_error(t("Type 2 to {n} sentences, one per line (found {k}).", n=MAX_SENTENCES, k=len(rows)))
