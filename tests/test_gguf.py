@@ -54,6 +54,8 @@ def write_gguf(path, tensors: dict[str, tuple[np.ndarray, QT]], kv: dict | None 
     for key, value in (kv or {}).items():
         if isinstance(value, bool):
             w.add_bool(key, value)
+        elif isinstance(value, list) and value and isinstance(value[0], int):
+            w.add_array(key, value)
         elif isinstance(value, int):
             w.add_uint32(key, value)
         elif isinstance(value, float):
@@ -142,6 +144,23 @@ def gguf_name(hf: str) -> str:
     return f"blk.{i}.{GGUF_OF['.'.join(rest[:-1])]}.weight"
 
 
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's byte alphabet: printable bytes stand for themselves, the others shift past 255 (space -> Ġ)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def tiny_tokenizer_kv(vocab: int) -> dict:
+    """A byte-level BPE of `vocab` tokens: 3 control tokens, the 256 byte symbols, merges of letter pairs."""
+    letters = "etaoinshrdlu"
+    merges = [f"{a} {b}" for a in letters for b in letters][: vocab - 259]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode(), *(m.replace(" ", "") for m in merges)]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (vocab - 3), "tokenizer.ggml.merges": merges,
+            "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"}
+
+
 def write_tiny_llama(path, sd, n_heads=4, n_kv=2, qtype=QT.F32, **extra):
     tensors = {}
     for name, w in sd.items():
@@ -157,7 +176,7 @@ def write_tiny_llama(path, sd, n_heads=4, n_kv=2, qtype=QT.F32, **extra):
           "llama.feed_forward_length": sd["model.layers.0.mlp.up_proj.weight"].shape[0],
           "llama.context_length": 128, "llama.rope.freq_base": 10000.0,
           "llama.attention.layer_norm_rms_epsilon": 1e-5, "tokenizer.ggml.bos_token_id": 1,
-          "tokenizer.ggml.eos_token_id": 2} | extra
+          "tokenizer.ggml.eos_token_id": 2} | tiny_tokenizer_kv(sd["model.embed_tokens.weight"].shape[0]) | extra
     return write_gguf(path, tensors, kv)
 
 
@@ -302,3 +321,79 @@ def test_tokenizer_needs_byte_level_bpe():
         tokenizer_from_gguf(meta)
     with pytest.raises(G.GGUFError, match="merges do not fit"):
         tokenizer_from_gguf(meta | {"tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.merges": ["a zz"]})
+
+
+# ---------------------------------------------------------------- the dequantized cache
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_LAB_CACHE", str(tmp_path / "cache"))
+    sd = tiny_llama_state()
+    return write_tiny_llama(tmp_path / "tiny.gguf", sd, qtype=QT.Q8_0), sd
+
+
+def cached_file(tmp_path):
+    (only,) = (tmp_path / "cache" / "gguf").glob("*.safetensors")
+    return only
+
+
+def test_read_model_parts(tiny_gguf):
+    path, sd = tiny_gguf
+    part = G.read_model(path)
+    assert not part.from_cache and set(part.tensors) == set(sd)
+    assert part.special_ids == {"bos": 1, "eos": 2, "pad": None, "end": [0, 2]}  # <|endoftext|> ends too
+    # merges rank "e a" before "t h"; "h e" is not a merge; the control token stays whole
+    assert part.tokenizer.encode("the heat<|im_end|>").tokens == ["th", "e", "Ġ", "h", "ea", "t", "<|im_end|>"]
+    assert part.chat_template.startswith("{% for m in messages %}")
+
+
+def test_cache_is_written_then_read_and_checked(tiny_gguf, tmp_path):
+    path, _ = tiny_gguf
+    first = G.read_model(path)
+    again = G.read_model(path)
+    assert again.from_cache and again.config == first.config and again.special_ids == first.special_ids
+    assert again.chat_template == first.chat_template
+    assert again.tokenizer.encode("heat 42").ids == first.tokenizer.encode("heat 42").ids
+    for name, t in first.tensors.items():
+        assert torch.equal(again.tensors[name], t), name
+
+
+@pytest.mark.parametrize("damage", ["flip a weight bit", "truncate", "garbage", "empty"])
+def test_a_corrupt_cache_is_rebuilt(tiny_gguf, tmp_path, damage):
+    path, _ = tiny_gguf
+    first = G.read_model(path)
+    cached = cached_file(tmp_path)
+    data = bytearray(cached.read_bytes())
+    if damage == "flip a weight bit":
+        data[-5] ^= 0x10
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "garbage":
+        data = bytearray(np.random.default_rng(1).bytes(len(data)))
+    else:
+        data = bytearray()
+    cached.write_bytes(bytes(data))
+    rebuilt = G.read_model(path)
+    assert not rebuilt.from_cache
+    for name, t in first.tensors.items():
+        assert torch.equal(rebuilt.tensors[name], t), name
+    assert G.read_model(path).from_cache  # and the cache is whole again
+
+
+def test_a_changed_gguf_is_not_served_from_the_old_cache(tiny_gguf, tmp_path):
+    path, sd = tiny_gguf
+    G.read_model(path)
+    sd2 = {k: v + 1.0 for k, v in sd.items()}
+    write_tiny_llama(path, sd2, qtype=QT.Q8_0)  # same size, new bytes
+    part = G.read_model(path)
+    assert not part.from_cache
+    assert torch.allclose(part.tensors["model.norm.weight"], torch.from_numpy(sd2["model.norm.weight"]), atol=0.05)
+
+
+def test_an_unwritable_cache_only_costs_time(tiny_gguf, tmp_path, monkeypatch):
+    path, sd = tiny_gguf
+    (tmp_path / "blocked").write_text("a file where the cache dir should be")
+    monkeypatch.setenv("ATTENTION_LAB_CACHE", str(tmp_path / "blocked"))
+    assert set(G.read_model(path).tensors) == set(sd)
+    assert not G.read_model(path).from_cache

@@ -62,7 +62,7 @@ def _load(kind: str, where: str):
 
         return load_minilm()
     if kind == "smollm2":
-        from model.loaders.gguf import load_smollm2
+        from model.loaders.smollm2 import load_smollm2
 
         return load_smollm2()
     if kind == "gguf":

@@ -467,3 +467,203 @@ def hf_tensors(g: GGUFFile, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
             heads = config["num_attention_heads"] if ".attn_q." in name else config["num_key_value_heads"]
             raw = unpermute_rows(raw, info.shape[0], heads)
         yield target, dequantize(raw, info.ggml_type, info.shape)
+
+
+# ---------------------------------------------------------------- a model's parts, with a dequantized cache
+
+# llama.cpp ends generation at these control tokens too (llama-vocab.cpp: its end-of-generation texts)
+_END_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|eom_id|>")
+CACHE_FORMAT = "attention-lab-gguf-1"
+CACHE_ENTRIES = 4  # dequantized models kept (least recently used go first); SmolLM2 takes 540 MB
+_HEAD_BYTES = 4 << 20  # the header hash covers the metadata, the tensor infos and the first tensor bytes
+
+
+@dataclass
+class GGUFModel:
+    """What a GGUF file holds, ready for `lm_from_hf`: HF config, HF-named float32 tensors, tokenizer."""
+
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat_template: str | None
+    special_ids: dict[str, Any]  # bos, eos, pad (int or None), end: the ids that stop generation
+    source: Path
+    from_cache: bool = False
+
+
+def special_ids(metadata: dict, vocab: int) -> dict[str, Any]:
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    types = metadata.get("tokenizer.ggml.token_type") or []
+
+    def valid(key: str) -> int | None:
+        v = metadata.get(f"tokenizer.ggml.{key}")
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab else None
+
+    ids = {"bos": valid("bos_token_id"), "eos": valid("eos_token_id"), "pad": valid("padding_token_id")}
+    end = {i for i in (ids["eos"], valid("eot_token_id"), valid("eom_token_id")) if i is not None}
+    end |= {i for i, (t, k) in enumerate(zip(tokens, types, strict=False)) if k == 3 and t in _END_TEXTS}
+    ids["end"] = sorted(end)
+    return ids
+
+
+def cache_dir() -> Path:
+    """Where dequantized copies live: $ATTENTION_LAB_CACHE, else the user's cache dir (XDG)."""
+    root = os.environ.get("ATTENTION_LAB_CACHE")
+    if root:
+        return Path(root) / "gguf"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-lab" / "gguf"
+
+
+def cache_key(path: Path) -> str:
+    """The GGUF's identity: size, mtime and a hash of its first bytes (header, metadata, tensor infos)."""
+    import hashlib
+
+    st = path.stat()
+    h = hashlib.sha256(f"{CACHE_FORMAT}:{st.st_size}:{st.st_mtime_ns}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_HEAD_BYTES))
+    return h.hexdigest()
+
+
+def _checksum(t: torch.Tensor) -> int:
+    """A cheap content checksum (wrapping sum of 64-bit words): any flipped bit changes it."""
+    b = t.contiguous().view(torch.uint8).numpy().reshape(-1)
+    words = b[: b.size // 8 * 8].view("<u8")
+    return int(words.sum(dtype=np.uint64)) + int(b[words.size * 8 :].sum(dtype=np.uint64))
+
+
+def _write_cache(target: Path, part: GGUFModel, key: str) -> None:
+    """Stream a safetensors file (8-byte header length, JSON header, raw bytes), then rename it into place.
+
+    Written by hand, tensor by tensor, so no second copy of 540 MB is ever built in memory.
+    """
+    import json
+    import tempfile
+
+    names = sorted(part.tensors)
+    header: dict[str, Any] = {}
+    start = 0
+    total = 0
+    for n in names:
+        t = part.tensors[n]
+        size = t.numel() * 4
+        header[n] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [start, start + size]}
+        start += size
+        total = (total + _checksum(t)) % (1 << 64)
+    header["__metadata__"] = {
+        "format": CACHE_FORMAT, "key": key, "checksum": str(total), "config": json.dumps(part.config),
+        "tokenizer": part.tokenizer.to_str(), "chat_template": json.dumps(part.chat_template),
+        "special_ids": json.dumps(part.special_ids), "source": str(part.source)}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".safetensors")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for n in names:
+                f.write(part.tensors[n].contiguous().numpy().data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_cache(target: Path, key: str, source: Path) -> GGUFModel | None:
+    """The cached model, or None if it is missing, stale or corrupt (checked: format, key, names, checksum)."""
+    import json
+
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+
+    if not target.is_file():
+        return None
+    try:
+        with safe_open(str(target), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
+                return None
+            tensors = {n: f.get_tensor(n) for n in f.keys()}
+        total = 0
+        for t in tensors.values():
+            if t.dtype != torch.float32:
+                return None
+            total = (total + _checksum(t)) % (1 << 64)
+        if str(total) != meta.get("checksum"):
+            return None
+        config = json.loads(meta["config"])
+        part = GGUFModel(config=config, tensors=tensors, tokenizer=Tokenizer.from_str(meta["tokenizer"]),
+                         chat_template=json.loads(meta["chat_template"]),
+                         special_ids=json.loads(meta["special_ids"]), source=source, from_cache=True)
+    except Exception:  # a corrupt cache is rebuilt, whatever its damage
+        return None
+    os.utime(target)  # least recently used go first
+    return part
+
+
+def _prune(directory: Path, keep: Path) -> None:
+    files = sorted(directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [p for p in files if p != keep][CACHE_ENTRIES - 1 :]:
+        old.unlink(missing_ok=True)
+
+
+def read_model(path: str | os.PathLike, cache: bool = True) -> GGUFModel:
+    """Config, HF-named float32 tensors, tokenizer, chat template and special ids of a llama-family GGUF.
+
+    With `cache`, the dequantized tensors (and the tokenizer) are kept as a safetensors file under
+    `cache_dir()`, keyed by the GGUF's size, mtime and header hash and checked on every read, so the
+    next load skips parsing and dequantizing; a stale or corrupt copy is rebuilt.
+    """
+    from model.loaders.bpe import tokenizer_from_gguf
+
+    path = Path(path).resolve()
+    target = None
+    if cache:
+        try:
+            key = cache_key(path)
+        except OSError as e:
+            raise GGUFError(f"Cannot read {path}: {e.strerror or e}.") from e
+        target = cache_dir() / f"{path.stem[:80]}-{key[:20]}.safetensors"
+        part = _read_cache(target, key, path)
+        if part is not None:
+            return part
+    g = read_gguf(path)
+    try:
+        config = hf_config(g)
+        from model.loaders.hf import config_from_hf
+
+        config_from_hf(config)  # the lab's size limits, and the float32 model must fit in memory: before dequantizing
+        tokenizer = tokenizer_from_gguf(g.metadata, path.name)
+        if tokenizer.get_vocab_size() != config["vocab_size"]:
+            raise GGUFError(f"{path.name}: the tokenizer has {tokenizer.get_vocab_size():,} tokens, "
+                            f"the embedding {config['vocab_size']:,} rows.")
+        template = g.metadata.get("tokenizer.chat_template")
+        part = GGUFModel(config=config, tensors=dict(hf_tensors(g, config)), tokenizer=tokenizer,
+                         chat_template=template if isinstance(template, str) else None,
+                         special_ids=special_ids(g.metadata, config["vocab_size"]), source=path)
+    finally:
+        g.data = None  # drop the memory map: the file's pages leave this process
+    if target is not None:
+        try:
+            _write_cache(target, part, key)
+            _prune(target.parent, target)
+        except OSError:
+            pass  # a read-only or full cache dir only costs the next load its dequantization
+    return part
+
+
+def load_gguf(path: str | os.PathLike, name: str | None = None, cache: bool = True):
+    """A llama-family GGUF -> LanguageModel (DecoderLM inside, float32), via `lm_from_hf`."""
+    from model.loaders.hf import lm_from_hf
+    from model.loaders.lm import LanguageModel
+
+    part = read_model(path, cache=cache)
+    model = lm_from_hf(part.config, part.tensors)
+    part.tensors.clear()  # the model holds them now (assigned, not copied)
+    vocab = part.tokenizer.get_vocab_size()
+    ids = part.special_ids
+    special = {f"{k}_token": part.tokenizer.id_to_token(ids[k]) for k in ("bos", "eos", "pad")
+               if ids.get(k) is not None and ids[k] < vocab}
+    return LanguageModel(model, part.tokenizer, name=name or part.source.stem, chat_template=part.chat_template,
+                         stop_ids=ids["end"], source=part.source, special_tokens=special)
