@@ -84,6 +84,8 @@ def _head_index(t: torch.Tensor, name: str, head: int) -> int:
 
 def ablate_head(module: str, head: int, mode: str = "zero") -> Hooks:
     """Knock out one head of an attention module (a name or glob like "decoder.layers.1.cross_attn").
+    Works on language models too: `head` is a query head (with grouped-query attention its K/V head
+    stays, shared with the others; `ablate_kv_head` knocks that out, silencing all its query heads).
 
     - "zero": its output z = weights·V becomes 0, as if W^O's input columns for it were zero;
     - "mean": z of every position becomes z's mean over the positions of this pass (in
@@ -119,6 +121,50 @@ def scale_head(module: str, head: int, factor: float = 2.0) -> Hooks:
         return z
 
     return {f"{module}.z": scale}
+
+
+def shared_query_heads(n_heads: int, n_kv_heads: int, kv_head: int) -> list[int]:
+    """The query heads that read key/value head `kv_head` under grouped-query attention: query head h
+    reads K/V head h // r (r = n_heads / n_kv_heads), so K/V head g serves g*r .. g*r + r - 1."""
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise SpecError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+    if not 0 <= kv_head < n_kv_heads:
+        raise SpecError(f"K/V head {kv_head} does not exist: there are {n_kv_heads} (0..{n_kv_heads - 1})")
+    r = n_heads // n_kv_heads
+    return list(range(kv_head * r, kv_head * r + r))
+
+
+def kv_head_note(n_heads: int, n_kv_heads: int, kv_head: int) -> str:
+    """What ablating a shared K/V head does, in words (for a page or a log)."""
+    heads = shared_query_heads(n_heads, n_kv_heads, kv_head)
+    if len(heads) == 1:
+        return f"K/V head {kv_head} belongs to query head {heads[0]} alone: ablating it silences that head."
+    return (f"K/V head {kv_head} is shared by query heads {', '.join(map(str, heads))}: ablating it silences "
+            f"all {len(heads)} of them at once (ablate_head silences one query head).")
+
+
+def ablate_kv_head(module: str, kv_head: int, mode: str = "zero") -> Hooks:
+    """Knock out one key/value head of a grouped-query attention module (Llama, SmolLM2: 9 query heads
+    share 3 K/V heads). A K/V head is shared: ablating K/V head g silences query heads g*r .. g*r + r - 1
+    (r = n_heads / n_kv_heads) all at once; `kv_head_note` says which. To silence one query head, use
+    `ablate_head` (its z).
+
+    - "zero": V of head g becomes 0, so z = weights·V of each of its query heads is exactly 0;
+    - "mean": V of head g becomes its mean over the positions of this pass.
+    """
+    if mode not in ("zero", "mean"):
+        raise SpecError(f"unknown K/V ablation mode {mode!r}; choose one of ('zero', 'mean')")
+
+    def knock(v: torch.Tensor, name: str) -> torch.Tensor:  # (B, H_kv, Lk, hs)
+        H = v.shape[1]
+        if not -H <= kv_head < H:
+            raise ValueError(f"K/V head {kv_head} does not exist at {name}: it has {H} K/V heads (0..{H - 1})")
+        g = kv_head % H
+        v = v.clone()
+        v[:, g] = 0.0 if mode == "zero" else v[:, g].mean(dim=1, keepdim=True)
+        return v
+
+    return {f"{module}.v": knock}
 
 
 def ablate_heads_by_row(table: dict[str, list[tuple[int, int]]], mode: str = "zero") -> Hooks:
@@ -298,7 +344,7 @@ class Intervention:
         return {n: p for n, p in inspect.signature(self.make).parameters.items() if n not in _FROM_CONFIG}
 
 
-_FROM_CONFIG = {"d_k": lambda cfg: cfg.d_head}
+_FROM_CONFIG = {"d_k": lambda cfg: cfg.d_head}  # TransformerConfig and LMConfig both have d_head
 
 REGISTRY: dict[str, Intervention] = {iv.id: iv for iv in [
     Intervention("ablate_head", N_("Ablate a head"), ablate_head),

@@ -9,6 +9,7 @@ import torch
 from model.core.layers import apply_rotary, rotary_angles
 from model.core.recorder import CaptureError
 from model.families.lm import DecoderLM, LMConfig
+from model.loaders.lm import LanguageModel
 
 LLAMA = dict(vocab_size=61, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=80, max_len=64,
              positional="rotary", rope_base=500.0, norm="rmsnorm", norm_eps=1e-6, ffn="gated",
@@ -184,3 +185,116 @@ def test_bad_ids_get_a_clear_message():
         lm(torch.zeros(1, 41, dtype=torch.long))
     with pytest.raises(ValueError, match="integer tensor"):
         lm(torch.zeros(1, 3))
+
+
+# ---------------------------------------------------------------- LanguageModel: text, chat, generation
+
+
+def word_lm(stop_ids=(), chat_template=None) -> LanguageModel:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<|im_end|>": 0, "<|im_start|>": 1} | {f"w{i}": i for i in range(2, 61)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|im_end|>", "<|im_start|>"])
+    return LanguageModel(make(LLAMA), tok, name="tiny", stop_ids=stop_ids, chat_template=chat_template,
+                         special_tokens={"eos_token": "<|im_end|>"})
+
+
+CHAT = ("{% for m in messages %}<|im_start|> w{{ 10 if m['role'] == 'user' else 11 }} {{ m['content'] }} "
+        "<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> w11 {% endif %}")
+
+
+def test_text_in_trace_out_with_tokens_in_meta():
+    lm = word_lm()
+    ids = lm.encode("w5 w6 w7")
+    assert ids.tolist() == [[5, 6, 7]]
+    logits, trace = lm.run_with_trace("w5 w6 w7", names="*.weights")
+    assert logits.shape == (1, 3, 61)
+    assert trace.meta["tgt_tokens"] == ["w5", "w6", "w7"] and trace.meta["tgt_ids"] == [[5, 6, 7]]
+    assert trace.meta["model"]["family"] == "decoder_lm"
+    with pytest.raises(ValueError, match="empty"):
+        lm.encode("   ")
+
+
+def test_chat_template_renders_in_a_sandbox():
+    lm = word_lm(chat_template=CHAT)
+    assert lm.encode("w5 w6", chat=True).tolist() == [[1, 10, 5, 6, 0, 1, 11]]
+    evil = word_lm(chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError, match="chat template failed"):
+        evil.encode("w5", chat=True)  # the sandbox refuses attribute access to internals
+    with pytest.raises(ValueError, match="no chat template"):
+        word_lm().encode("w5", chat=True)
+
+
+@torch.no_grad()
+def test_greedy_generation_is_the_argmax_of_a_full_pass_at_every_step():
+    lm = word_lm()
+    out = lm.generate("w5 w6 w7", max_new_tokens=6)
+    assert out.stop_reason == "length" and len(out.ids) == 6 and out.prompt_ids == [5, 6, 7]
+    seq = torch.tensor([[5, 6, 7] + out.ids])
+    full = lm.model(seq)
+    assert out.ids == full[0, 2:-1].argmax(-1).tolist()  # the cache changed nothing
+    for t, s in enumerate(out.steps):  # the recorded attention is the new position's row of a full pass
+        _, trace = lm.run_with_trace(seq[:, :3 + t], names="*.weights")
+        want = torch.stack([trace[f"decoder.layers.{i}.self_attn.weights"][0, :, -1] for i in range(2)])
+        torch.testing.assert_close(s.attention, want, atol=1e-5, rtol=0)
+        assert s.position == 2 + t
+    assert out.tokens == [f"w{i}" if i > 1 else "<|im_end|>" for i in out.ids]
+
+
+@torch.no_grad()
+def test_generation_stops_at_an_end_token_and_says_so():
+    free = word_lm().generate("w5 w6 w7", max_new_tokens=6)
+    stop = free.ids[2]
+    lm = word_lm(stop_ids=[stop])
+    out = lm.generate("w5 w6 w7", max_new_tokens=6)
+    k = free.ids.index(stop)
+    assert out.stop_reason == "eos" and out.ids == free.ids[:k + 1]
+    assert out.text == lm.decode(free.ids[:k])  # the end token is not part of the text
+    seen = []
+    lm.generate("w5 w6 w7", max_new_tokens=6, on_step=seen.append)  # streaming: one call per token
+    assert [s.id for s in seen] == out.ids
+
+
+@torch.no_grad()
+def test_sampling_is_reproducible_and_respects_top_k_and_top_p():
+    lm = word_lm()
+    a = lm.generate("w5 w6", max_new_tokens=8, temperature=1.5, seed=3)
+    assert a.ids == lm.generate("w5 w6", max_new_tokens=8, temperature=1.5, seed=3).ids  # private generator
+    assert any(lm.generate("w5 w6", max_new_tokens=8, temperature=1.5, seed=s).ids != a.ids for s in range(4, 8))
+    greedy = lm.generate("w5 w6", max_new_tokens=8).ids
+    assert lm.generate("w5 w6", max_new_tokens=8, temperature=1.0, top_k=1, seed=9).ids == greedy
+    assert lm.generate("w5 w6", max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=9).ids == greedy
+    for s in lm.generate("w5 w6", max_new_tokens=8, temperature=2.0, top_k=3, seed=1).steps:
+        assert s.token in [tok for tok, _ in s.top[:3]]
+    with pytest.raises(ValueError, match="top_p must be in"):
+        lm.generate("w5", top_p=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        lm.generate("w5", temperature=-1)
+
+
+# ---------------------------------------------------------------- interventions on a language model
+
+
+@torch.no_grad()
+def test_ablate_head_and_a_shared_kv_head_on_a_language_model():
+    from model import interventions as iv
+
+    lm = make(LLAMA)  # 6 query heads share 2 K/V heads: r = 3
+    x = ids(B=1)
+    module = "decoder.layers.1.self_attn"
+    assert iv.shared_query_heads(6, 2, 1) == [3, 4, 5]
+    assert "shared by query heads 3, 4, 5" in iv.kv_head_note(6, 2, 1)
+    assert "silences all 3" in iv.kv_head_note(6, 2, 1)
+    _, kv = lm.run_with_trace(x, names=[f"{module}.z", "logits"], hooks=iv.ablate_kv_head(module, 1))
+    z = kv[f"{module}.z"]
+    assert (z[:, 3:] == 0).all() and (z[:, :3] != 0).any()  # all three query heads silenced, the others not
+    heads = iv.combine(*(iv.ablate_head(module, h) for h in (3, 4, 5)))
+    torch.testing.assert_close(kv["logits"], lm.run_with_hooks(x, hooks=heads), atol=1e-6, rtol=0)
+    one = lm.run_with_hooks(x, hooks=iv.ablate_head(module, 4))
+    assert not torch.allclose(one, kv["logits"])  # one query head is not the whole group
+    with pytest.raises(ValueError, match="K/V head 2 does not exist at .* it has 2 K/V heads"):
+        lm.run_with_hooks(x, hooks=iv.ablate_kv_head(module, 2))
+    hooks = iv.build(f"ablate_head:module={module},head=4") | iv.build("no_scaling", cfg=lm.cfg)
+    assert lm.run_with_hooks(x, hooks=hooks).shape == (1, 9, 61)

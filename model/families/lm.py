@@ -56,7 +56,7 @@ class LMConfig:
     out_bias: bool = True
     ffn_bias: bool = True
     tie_embeddings: bool = True  # generator.weight is decoder.embed.tok.weight
-    d_head: int | None = None  # None = d_model // n_heads
+    d_head: int | None = None  # None = d_model // n_heads (filled in at init)
     bos_id: int | None = None
     eos_id: int | None = None
     pad_id: int | None = None
@@ -70,9 +70,13 @@ class LMConfig:
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"{f} must be a non-negative integer or None, got {v!r}")
-        if self.d_head is None and self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
-                             "or give d_head")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
+                                 "or give d_head")
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)  # always an int after init
+        elif self.d_head == 0:
+            raise ValueError("d_head must be a positive integer")
         if self.kv_heads <= 0 or self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         for f, allowed in (("positional", POSITIONALS), ("norm", NORMS), ("ffn", FFNS),
@@ -93,8 +97,8 @@ class LMConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
-    def head_dim(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
+    def head_dim(self) -> int:  # = d_head (the name Hugging Face configs use)
+        return self.d_head
 
     def num_parameters(self) -> int:
         """Parameter count implied by the sizes (checked before anything is allocated)."""
