@@ -1,10 +1,12 @@
 """Snapshots: download the current trace, upload one, and compare the two tensor by tensor."""
 
 import hashlib
+import json
 
 import streamlit as st
 
 from model import Trace, TraceFileError, compare_traces
+from model.core.trace import MAX_HEADER_BYTES, META_KEYS
 from viz import common
 from viz import figures as F
 from viz.i18n import N_, t
@@ -21,6 +23,19 @@ REFUSALS = {
                          "limit is {limit}). Capture fewer names, e.g. names='*.weights'."),
     "foreign": N_("“{name}” is a safetensors file but not an Attention Lab trace: it may be model weights."),
 }
+NOT_SAFETENSORS = N_("“{name}” is not a safetensors file (a text file renamed .safetensors, perhaps): a safetensors "
+                     "file begins with the length of its header, and this one does not.")
+# Coordinates of a differing cell (model.core.trace.locate's keys), in the UI language.
+AXES = {"layer": N_("layer"), "batch": N_("batch"), "head": N_("head"), "query": N_("query"), "key": N_("key"),
+        "position": N_("position"), "dim": N_("dim"), "vocab": N_("vocab"), "expected": N_("file"),
+        "actual": N_("current")}
+PROBLEMS = {"": N_("values"), "shape": N_("shape"), "dtype": N_("dtype")}
+# Why two traces' metadata differ, in the UI language (model.core.trace words it in English for the CLI).
+META_WHY = {"config": N_("The two traces come from different models ({changes}): expect differences everywhere."),
+            "versions": N_("The library versions differ ({changes}): small numeric differences may come from the "
+                           "upgrade."),
+            "src_tokens": N_("The source tokens differ ({changes}): the text or the tokenizer changed."),
+            "tgt_tokens": N_("The target tokens differ ({changes}): the text, target or tokenizer changed.")}
 
 st.title(t("Snapshots"))
 st.caption(t(
@@ -59,9 +74,11 @@ with st.expander(t("Load it in Python")):
 # ---------------------------------------------------------------- upload
 
 
-def _refusal(e: TraceFileError, name: str) -> str:
+def _refusal(e: TraceFileError, name: str, data: bytes) -> str:
     if e.kind in REFUSALS:
         return t(REFUSALS[e.kind], name=name, **{k: f"{v:,}" for k, v in e.info.items()})
+    if len(data) >= 8 and int.from_bytes(data[:8], "little") > MAX_HEADER_BYTES:  # the reader's own test
+        return t(NOT_SAFETENSORS, name=name)
     return t("“{name}” is not a usable trace file: {error}", name=name, error=e)
 
 
@@ -76,7 +93,7 @@ def _load_upload(upload) -> Trace | None:
         try:
             result = Trace.from_bytes(data, name=upload.name)
         except TraceFileError as e:
-            result = _refusal(e, upload.name)
+            result = _refusal(e, upload.name, data)
         except (ValueError, OSError, RuntimeError) as e:  # e.g. metadata that is not JSON-able
             result = t("“{name}” could not be read as a trace: {error}", name=upload.name, error=e)
         st.session_state["snap_loaded"] = (digest, result)
@@ -105,7 +122,35 @@ atol = st.select_slider(t("Tolerance (absolute)"), [0.0, 1e-7, 1e-6, 1e-5, 1e-4,
 diff = compare_traces(other, trace, atol=atol, meta=om)
 if diff.equal:
     st.success(t("The traces match: all {n} tensors within {atol}.", n=len(trace), atol=f"{atol:g}"), icon="✅")
-for note in diff.meta_notes:
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _meta_notes(file_meta: dict, current_meta: dict) -> list[str]:
+    """What differs in the two traces' metadata and what it explains (TraceDiff.meta_notes, in the UI language)."""
+    notes = []
+    for key in META_KEYS:
+        tokens_key = key.replace("_ids", "_tokens")
+        if key.endswith("_ids") and tokens_key in file_meta:
+            continue  # the token strings say the same, readably
+        if tokens_key not in META_WHY or key not in file_meta or key not in current_meta:
+            continue
+        old, new = file_meta[key], current_meta[key]
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes = ", ".join(f"{k} {_short(old.get(k))} → {_short(new.get(k))}"
+                                for k in sorted(set(old) | set(new), key=str) if old.get(k) != new.get(k))
+        else:
+            changes = f"{_short(old)} → {_short(new)}"
+        notes.append(t(META_WHY[tokens_key], changes=changes))
+    return notes
+
+
+for note in _meta_notes(om, meta):
     st.warning(note)
 
 
@@ -124,15 +169,21 @@ if not diff.diffs:
 
 
 def _where(w: dict) -> str:
-    return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in w.items())
+    """{"layer": 1, "query": 2, "query_token": "l"} -> "layer=1, query=2 'l'" (axis names in the UI language)."""
+    parts = []
+    for k, v in w.items():
+        if k.endswith("_token"):
+            continue
+        tok = w.get(f"{k}_token")
+        parts.append(f"{t(AXES.get(k, k))}={v}" + ("" if tok is None else f" {tok!r}"))
+    return ", ".join(parts)
 
 
 st.markdown(t("**{n} tensor(s) differ**, worst first:", n=len(diff.diffs)))
 if len(diff.diffs) > 200:
     st.caption(t("The table lists the worst 200 of {n}.", n=len(diff.diffs)))
-# Column names are data keys (tests and exports read them); the page shows them as they are.
-st.dataframe([{"name": d.name, "max |diff|": d.max_abs, "problem": d.problem or "values",
-               "where (worst cell)": _where(d.where)} for d in diff.diffs[:200]], hide_index=True)
+st.dataframe([{t("name"): d.name, "max |diff|": d.max_abs, t("problem"): t(PROBLEMS.get(d.problem, d.problem)),
+               t("where (worst cell)"): _where(d.where)} for d in diff.diffs[:200]], hide_index=True)
 comparable = [d for d in diff.diffs if not d.problem]
 if not comparable:
     st.info(t("Every differing tensor changed shape or dtype, so there is no cell-by-cell picture to draw "
