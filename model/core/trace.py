@@ -55,8 +55,8 @@ def check_safetensors_header(path: Path, label: str, max_names: int, what: str =
             raise TraceFileError(f"{label} is {size} bytes: too short to be a safetensors file")
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER_BYTES:
-            raise TraceFileError(f"{label} is not a safetensors {what}: its first 8 bytes announce a {n:,}-byte "
-                                 f"header (the limit is {MAX_HEADER_BYTES:,})")
+            raise TraceFileError(f"{label} is not a safetensors {what}: this is not a safetensors file (it does not "
+                                 "begin with the length of a safetensors header)")
         if 8 + n > size:
             raise TraceFileError(f"{label} is truncated (or not safetensors): its header alone should take "
                                  f"{n:,} bytes, and the file has {size:,}")
