@@ -28,6 +28,7 @@ from torch import nn
 
 from model.core import recorder
 from model.core.attention import MultiHeadAttention, causal_mask
+from model.core.describe import SIDES, attention_entry
 from model.core.layers import ACTIVATIONS, FeedForward, LayerNorm, RMSNorm, rotary_angles
 from model.core.recorder import CaptureError, Hook, record
 from model.core.trace import Trace
@@ -332,18 +333,15 @@ class DecoderLM(nn.Module):
     def describe(self) -> dict:
         """The model's own description (see model/core/describe.py), recorded in trace.meta["model"]."""
         c = self.cfg
-        attention = {
-            f"decoder.layers.{i}.self_attn": {
-                "kind": "decoder_self", "stack": "decoder", "layer": i, "causal": True,
-                "query_tokens": "tgt_tokens", "key_tokens": "tgt_tokens",
-                "n_heads": c.n_heads, "n_kv_heads": c.kv_heads, "d_head": c.head_dim}
-            for i in range(c.n_layers)}
+        attention = {f"decoder.layers.{i}.self_attn": attention_entry("decoder_self", "decoder", i, c.n_heads,
+                                                                      c.head_dim, c.kv_heads)
+                     for i in range(c.n_layers)}
         blocks = {"positional": c.positional, "norm": c.norm, "norm_first": True, "ffn": c.ffn,
                   "activation": c.activation, "tied_embeddings": c.tie_embeddings, "d_model": c.d_model,
                   "d_ff": c.d_ff, "vocab_size": c.vocab_size}
         if c.positional == "rotary":
             blocks["rope_base"] = c.rope_base
-        return {"family": "decoder_lm", "stacks": {"decoder": {"layers": c.n_layers, "tokens": "tgt_tokens"}},
+        return {"family": "decoder_lm", "stacks": {"decoder": {"layers": c.n_layers, "tokens": SIDES["decoder"]}},
                 "attention": attention, "blocks": blocks}
 
     def num_parameters(self) -> int:

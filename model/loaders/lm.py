@@ -133,7 +133,7 @@ class LanguageModel:
         """Logits [1, T, V] and the trace of the named tensors; meta has tgt_tokens, tgt_ids and the
         model's description, so every view that reads decoder.* works."""
         ids = self._ids(text_or_ids, chat)
-        meta = {"model_name": self.name, "text": text_or_ids if isinstance(text_or_ids, str) else None}
+        meta = {"checkpoint": self.name, "text": text_or_ids if isinstance(text_or_ids, str) else None}
         if self.tokenizer is not None and ids.shape[0] == 1:
             meta["tgt_tokens"] = self.tokens(ids[0])
         with torch.no_grad():
