@@ -43,17 +43,54 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
 }
 
 
+_LOST = "_al_lost_path"  # st.session_state: the unknown address this run was redirected from
+
+
+def requested_path() -> str:
+    """The page address a freshly opened URL asks for ("" at the root, or when the run names its page by
+    its hash: a sidebar click, st.switch_page)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    pages_manager = getattr(get_script_run_ctx(), "pages_manager", None)
+    if pages_manager is None or pages_manager.intended_page_script_hash:
+        return ""
+    return (pages_manager.intended_page_name or "").strip("/")
+
+
+def lost_note(path: str, default_title: str) -> str:
+    shown = path.replace("`", "'")[:80]  # in a code span: the address as typed, never formatted
+    if path == Path(DEFAULT).stem:  # links made before the Attention page moved to the root
+        return t("The {page} page is the app's start page: its address is the app's root (/), not `/{path}`.",
+                 page=default_title, path=shown)
+    return t("There is no page at `/{path}`, so the app opened the {page} page. Every page is in the sidebar.",
+             page=default_title, path=shown)
+
+
 def main() -> None:
     # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
     st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
     common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
     i18n.language_switch()
-    pages = {
-        t(section): [st.Page(f, title=t(title), icon=icon, url_path=Path(f).stem, default=(f == DEFAULT))
-                     for f, title, icon in entries if (ROOT / f).is_file()]
+    pages = {  # the default page's address is the root ("/"), so its stem is free for the alias below
+        t(section): [st.Page(f, title=t(title), icon=icon, url_path="" if f == DEFAULT else Path(f).stem,
+                             default=(f == DEFAULT)) for f, title, icon in entries if (ROOT / f).is_file()]
         for section, entries in SECTIONS.items()
     }
+    # An address that names no page (an old /attention link, a typo) would get Streamlit's English "Page not
+    # found" dialog: serve it a hidden page instead, which opens the default page with a note in the UI language.
+    lost = requested_path()
+    if lost and "/" not in lost and lost not in {p.url_path for ps in pages.values() for p in ps}:
+        default_title = next(p.title for ps in pages.values() for p in ps if p.url_path == "")
+        pages[next(iter(pages))].append(st.Page(lambda: None, title=default_title, url_path=lost,
+                                                visibility="hidden"))
+    else:
+        lost = ""
     page = st.navigation({s: ps for s, ps in pages.items() if ps}, expanded=True)  # every page in view
+    if lost and page.url_path == lost:
+        st.session_state[_LOST] = lost
+        st.switch_page(DEFAULT, query_params=st.query_params.to_dict())
+    if st.session_state.get(_LOST):
+        st.warning(lost_note(st.session_state.pop(_LOST), page.title), icon="🧭")
     task_help(common.sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
     page.run()
 
