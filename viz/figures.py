@@ -265,6 +265,7 @@ def upright_y_titles(fig: go.Figure, copy: bool = False) -> go.Figure:
         fig = go.Figure(fig)
     layout = fig.layout
     size = (layout.font.size if layout.font and layout.font.size else 12)
+    lift = 40 if layout.updatemenus else 4  # above a row of buttons over the plot (the head heatmap's)
     moved = 0
     for ax in names:
         axis = layout[ax]
@@ -272,24 +273,19 @@ def upright_y_titles(fig: go.Figure, copy: bool = False) -> go.Figure:
         yref = "y" + ax.removeprefix("yaxis")
         xref = axis.anchor if axis.anchor and axis.anchor != "free" else "x"
         width = text_width(text, axis.title.font.size or size)
-        ticktext = axis.ticktext if axis.ticktext is not None else ()
-        labels = [str(v) for v in ticktext] or [
-            str(v) for tr in fig.data if (getattr(tr, "yaxis", None) or "y") == yref
-            for v in (tr.y if getattr(tr, "y", None) is not None else ())[:200]]
-        ticks = max((text_width(v, axis.tickfont.size or size) for v in labels), default=0.0)
-        if axis.showticklabels is False:
-            ticks = 0.0
         layout.annotations = (*(layout.annotations or ()), go.layout.Annotation(
             text=text, xref=f"{xref} domain", yref=f"{yref} domain", x=0, y=1, xanchor="right", yanchor="bottom",
-            yshift=4, showarrow=False, align="right", font={"size": axis.title.font.size or size}))
+            yshift=lift, showarrow=False, align="right", font={"size": axis.title.font.size or size}))
         axis.title.text = None
         margin = layout.margin
-        need = int(width - ticks + 12)  # the part of the title wider than the tick labels, in the left margin
+        # The plot starts at max(margin.l, the tick labels' width) (automargin), so the title, which ends where
+        # the plot starts, fits when the margin alone is as wide as the title.
+        need = int(width + 12)
         if need > (margin.l if margin.l is not None else 80):
             margin.l = need
         moved += 1
     if moved:
-        layout.margin.t = (layout.margin.t if layout.margin.t is not None else 100) + 22
+        layout.margin.t = (layout.margin.t if layout.margin.t is not None else 100) + 18 + lift
     return fig
 
 
@@ -628,7 +624,8 @@ def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
     for r, (labels, title) in enumerate(((q_lab, qa), (k_lab, ka)), start=1):
         fig.update_yaxes(title=title, row=r, col=1, **every_tick(labels))
         fig.update_yaxes(showticklabels=False, row=r, col=2)
-    fig.update_xaxes(type="category", showticklabels=False, title=t("d_k dims"))
+    fig.update_xaxes(type="category", showticklabels=False)
+    fig.update_xaxes(title=t("d_k dims"), row=2)  # under the grid only: above, it would run into K's and V's titles
     return _layout(fig, _titled(t("{name} · head {head}: per-head projections (d_k = {d_k})", name=name, head=head,
                                   d_k=parts["q"].shape[1]), meta),
                    sum(rows_px) + 230, margin={"l": 10, "r": 10, "t": 80, "b": 10})
