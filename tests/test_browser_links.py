@@ -53,3 +53,18 @@ def test_no_deploy_button(server, page):
     page.wait_for_selector('[data-testid="stToolbar"]', state="attached")
     assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
     assert "Deploy" not in page.locator('[data-testid="stToolbar"]').inner_text()
+
+
+def test_a_top_head_link_opens_that_head_on_the_attention_page(server, page):
+    page.goto(server + "/experiments?lang=zh&checkpoint=dates&text=3+november+2023&exp_view=heads")
+    wait_drawn(page)
+    link = page.locator('[data-testid="stPageLink"] a').first
+    label = link.inner_text()
+    module, _, rest = label.partition(", ")
+    link.click()
+    page.wait_for_url(lambda u: urlparse(u).path == "/", timeout=60_000)
+    wait_drawn(page)
+    query = parse_qs(urlparse(page.url).query)
+    assert page.locator("h1").first.inner_text() == "注意力" and page.locator('[role="dialog"]').count() == 0
+    layer = module.split(".")[2]
+    assert query["layer"] == [layer] and query["head"][0] in rest, (label, query)
