@@ -14,7 +14,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from viz import common, i18n, warmup
+from viz import common, failover, i18n, warmup
 from viz.i18n import N_, t
 from viz.task_help import task_help
 
@@ -70,6 +70,7 @@ def main() -> None:
     # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
     st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
     common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
+    failover.install()  # a tab whose replica died reloads its URL on the live one (viz/failover.py)
     i18n.language_switch()
     pages = {  # the default page's address is the root ("/"), so its stem is free for the alias below
         t(section): [st.Page(f, title=t(title), icon=icon, url_path="" if f == DEFAULT else Path(f).stem,
@@ -99,4 +100,4 @@ if __name__ == "__main__":  # a session's script run
     main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
     warmup.start()  # in the background, while the server starts and the first browser loads the frontend
-    app = st.App(__file__)
+    app = st.App(__file__, routes=failover.routes())  # + the replica boot id (viz/failover.py)

@@ -18,13 +18,25 @@ sessions (Playwright) and reads the server's CPU time (utime + stime) and reside
    TTL, so closed sessions are freed promptly instead of after Streamlit's default 120 s).
 
 Absolute times are noise on a shared machine; compare the ratios within one run.
+
+    .venv/bin/python bench/load.py --hall 2 --sessions 40 [--hall-port 8700] [--via select]
+
+A lecture hall (issue 20 §2): `deploy/hall.sh up N` (N replicas behind HAProxy, cookie affinity) and
+the same class driven through the proxy. It prints sessions per replica, server CPU per click per
+replica, redraw p50/p95, exceptions and sessions that saw another's input (both must be 0); then it
+kills one replica (SIGKILL, its sessions open) and counts the sessions that came back on a live
+replica with the same view (URL and head) within 10 s. `--via select` clicks the Head select (a
+server round trip) instead of the heatmap's head buttons (drawn in the browser): use it to measure
+what a replica can serve (`--hall 1`, growing --sessions).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -53,6 +65,34 @@ st.plotly_chart(go.Figure(go.Heatmap(z=z), layout={"title": {"text": f"reference
 DATES = ["3 november 2023", "5 may 2021", "17 june 1999", "28 february 2010", "1 january 2000",
          "9 august 1987", "30 april 2015", "12 december 2012", "21 march 1995", "14 july 2019"]
 TITLES = "() => [...document.querySelectorAll('.js-plotly-plot')].map(el => el.layout?.title?.text || '')"
+HALL = ROOT / "deploy" / "hall.sh"
+HALL_COOKIE = "ATTNLAB"  # deploy/haproxy.cfg: the cookie that names a browser's replica
+RECOVER_S = 10.0  # a killed replica's sessions must be back (same view, live replica) within this
+# Every change of the app's script state, with the browser's clock (ms since the epoch), kept in the tab's
+# sessionStorage: it survives the reload viz/failover.py does when a tab finds its replica gone, and it
+# tells when a session's script ran again after a kill without the benchmark having to poll at the right
+# moment (the DOM keeps the old picture while disconnected). An init script of every context; it only
+# watches once the drill has armed it (no observer during the measured clicks).
+WATCH_RUNS = """(() => {
+    const arm = () => {
+        if (window.__alWatching || sessionStorage.getItem('__al_watch') !== '1') return;
+        window.__alWatching = true;
+        let last = null;
+        new MutationObserver(() => {
+            const app = document.querySelector('[data-testid="stApp"]');
+            const state = app && app.getAttribute('data-test-script-state');
+            if (state === last) return;
+            last = state;
+            const runs = JSON.parse(sessionStorage.getItem('__al_runs') || '[]');
+            runs.push([state, Date.now()]);
+            sessionStorage.setItem('__al_runs', JSON.stringify(runs));
+        }).observe(document, {attributes: true, childList: true, subtree: true});  // no <html> yet at init
+    };
+    window.__alArm = () => { sessionStorage.setItem('__al_watch', '1'); sessionStorage.setItem('__al_runs', '[]');
+                             arm(); };
+    arm();
+})()"""
+RUNS = "() => JSON.parse(sessionStorage.getItem('__al_runs') || '[]')"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -126,9 +166,11 @@ class Group(threading.Thread):
     sentence; they load at once, then take turns (a head switch each, round after round), then all go
     Attention -> Tokens -> Attention. Every page is checked for exceptions and foreign sentences."""
 
-    def __init__(self, base: str, students: list[int], clicks: int, results: list, start: threading.Barrier):
+    def __init__(self, base: str, students: list[int], clicks: int, results: list, start: threading.Barrier,
+                 via: str = "auto", drill: Drill | None = None, tour: bool = True):
         super().__init__(daemon=True)
         self.base, self.students, self.clicks, self.results, self.start_line = base, students, clicks, results, start
+        self.via, self.drill, self.pages_tour = via, drill, tour
 
     @staticmethod
     def sentence(i: int) -> str:
@@ -137,42 +179,70 @@ class Group(threading.Thread):
     def run(self) -> None:
         from playwright.sync_api import sync_playwright
 
-        out = {"redraw": [], "clicks": 0, "errors": [], "foreign": []}
+        # sessions: per page, its replica (hall), clicks and redraws, and after a drill its recovery
+        self.out = out = {"redraw": [], "clicks": 0, "errors": [], "foreign": [],
+               "sessions": [{"replica": None, "clicks": 0, "redraw": [], "recovered": None} for _ in self.students]}
         try:
             with sync_playwright() as p:
                 b = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
                 try:
-                    pages = [b.new_context(viewport={"width": 1200, "height": 1600}).new_page() for _ in self.students]
+                    pages = []
+                    for _ in self.students:
+                        ctx = b.new_context(viewport={"width": 1200, "height": 1600})
+                        ctx.add_init_script(WATCH_RUNS)  # idle until a drill arms it
+                        pages.append(ctx.new_page())
                     for page in pages:
                         page.set_default_timeout(300_000)  # 2 cores for the server, the class and the browsers
                     self.start_line.wait()
                     self.tour(pages, out)
+                    if self.drill is not None:
+                        self.drill.watch(pages, [self.sentence(i) for i in self.students], out)
                 finally:
                     b.close()
         except Exception as e:  # a failed group is a result, not a crash of the benchmark
             out["errors"].append(f"{type(e).__name__}: {str(e)[:200]}")
+            if self.drill is not None:
+                self.drill.abandon(out)  # the others must not wait for this group at the kill line
         self.results.append(out)
 
     def tour(self, pages: list, out: dict) -> None:
         texts = [self.sentence(i) for i in self.students]
         for page, text in zip(pages, texts, strict=True):
             page.goto(f"{self.base}/?text={text.replace(' ', '+')}", wait_until="commit")
-        for page, text in zip(pages, texts, strict=True):
+        sessions = out["sessions"]
+        for page, text, me in zip(pages, texts, sessions, strict=True):
             settled(page)
+            me["replica"] = replica_of(page)
             self.check(page, text, out)
         for k in range(self.clicks):
-            for page, text in zip(pages, texts, strict=True):
-                out["redraw"].append(bench.pick_head(page, (k + 1) % 4))
+            for page, text, me in zip(pages, texts, sessions, strict=True):
+                took = self.guarded(out, bench.pick_head, page, (k + 1) % 4, self.via)
+                if took is not None:
+                    out["redraw"].append(took)
+                    me["redraw"].append(took)
                 out["clicks"] += 1
+                me["clicks"] += 1
                 self.check(page, text, out)
-        for link, path in (("Tokens & embeddings", "/tokens"), ("Attention", "/")):
+        for link, path in (("Tokens & embeddings", "/tokens"), ("Attention", "/")) if self.pages_tour else ():
             for page in pages:
-                page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=link, exact=True).click()
-            for page, text in zip(pages, texts, strict=True):
-                page.wait_for_function(f"() => location.pathname === {path!r}")
-                settled(page)
+                self.guarded(out, page.locator('[data-testid="stSidebarNav"]').get_by_role(
+                    "link", name=link, exact=True).click)
+            for page, text, me in zip(pages, texts, sessions, strict=True):
+                self.guarded(out, page.wait_for_function, f"() => location.pathname === {path!r}")
+                self.guarded(out, settled, page)
                 out["clicks"] += 1
+                me["clicks"] += 1
                 self.check(page, text, out)
+
+    @staticmethod
+    def guarded(out: dict, fn, *args):
+        """fn(*args), or None with the error recorded: one page's failure is counted, and the group's other
+        sessions carry on (and stay open for a drill)."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - an exception on a page is a result to count
+            out["errors"].append(f"{type(e).__name__}: {str(e)[:300]}")
+            return None
 
     @staticmethod
     def check(page, text: str, out: dict) -> None:
@@ -181,6 +251,153 @@ class Group(threading.Thread):
         for title in page.evaluate(TITLES):
             if "“" in title and f"“{text}”" not in title:
                 out["foreign"].append(title)
+
+
+def replica_of(page) -> str | None:
+    """The replica HAProxy pinned this browser context to (its affinity cookie), None without a hall."""
+    return next((c["value"] for c in page.context.cookies() if c["name"] == HALL_COOKIE), None)
+
+
+def same_view(page, url: str, text: str) -> str | None:
+    """None when the page shows the view `url` names (same query, its sentence, its head); else what differs."""
+    from urllib.parse import parse_qs, urlsplit
+
+    if parse_qs(urlsplit(page.url).query) != parse_qs(urlsplit(url).query):
+        return f"URL changed: {url} -> {page.url}"
+    head = parse_qs(urlsplit(url).query).get("head", ["0"])[0]
+    titles = page.evaluate(TITLES)
+    if not any(f"“{text}”" in x and f"· head {head} ·" in x for x in titles):
+        return f"no heatmap of “{text}”, head {head}: {[x[:80] for x in titles[:3]]}"
+    return None
+
+
+class Drill:
+    """A replica dies mid-class: every group holds its pages open at the kill line; the main thread kills
+    one replica (SIGKILL); each group then watches its pages on that replica come back (the Streamlit
+    frontend reconnects by itself, HAProxy redispatches the dead replica's cookie to a live one, and the
+    new session runs the script from the URL). A session counts as recovered when its script ran again
+    after the kill and it shows the view its URL held before, from a live replica."""
+
+    def __init__(self, groups: int, wait: float = 30.0):
+        self.ready = threading.Barrier(groups + 1, timeout=900)
+        self.killed = threading.Event()
+        self.victim: str | None = None
+        self.t_kill = 0.0  # time.time() of the kill: the browsers' Date.now() shares this clock
+        self.wait = wait  # how long to watch (longer than RECOVER_S, to report late recoveries too)
+
+    def abandon(self, out: dict) -> None:
+        """A group that failed before the kill line still arrives there (once), so no one waits for it."""
+        if not out.get("at_kill_line"):
+            out["at_kill_line"] = True
+            self.ready.wait()
+
+    def watch(self, pages: list, texts: list[str], out: dict) -> None:
+        views = []
+        for page in pages:
+            page.evaluate("() => window.__alArm()")
+            views.append(page.url)
+        out["at_kill_line"] = True
+        self.ready.wait()
+        if not self.killed.wait(timeout=900):
+            return
+        sessions = out["sessions"]
+        pending = [i for i, me in enumerate(sessions) if me["replica"] == self.victim]
+        kill_ms = self.t_kill * 1000
+        deadline = time.monotonic() + self.wait
+        while pending and time.monotonic() < deadline:
+            for i in list(pending):
+                try:
+                    runs = pages[i].evaluate(RUNS)
+                except Exception:  # noqa: BLE001 - the page is reloading: ask again next round
+                    continue
+                ran = [ms for state, ms in runs if state == "running" and ms >= kill_ms]
+                done = [ms for state, ms in runs if state == "notRunning" and ran and ms > ran[0]]
+                if not done:
+                    continue
+                pending.remove(i)
+                settled(pages[i], timeout=60_000)
+                problem = same_view(pages[i], views[i], texts[i])
+                now = replica_of(pages[i])
+                if problem is None and now == self.victim:
+                    problem = f"its cookie still names the dead replica {now}"
+                sessions[i]["recovered"] = (done[0] - kill_ms) / 1000
+                sessions[i]["problem"] = problem
+                sessions[i]["now_on"] = now
+            time.sleep(0.1)
+        for page, text in zip(pages, texts, strict=True):
+            self.check_after(page, text, out)
+
+    @staticmethod
+    def check_after(page, text: str, out: dict) -> None:
+        Group.check(page, text, out)
+
+
+def hall(cmd: str, port: int, *args: str, extra: str = "") -> None:
+    """deploy/hall.sh <cmd> [args] with HALL_PORT=port (HALL_ARGS=extra: more `streamlit run` options)."""
+    env = {**os.environ, "HALL_PORT": str(port), "HALL_RUN": str(hall_run_dir(port)), "HALL_ARGS": extra}
+    subprocess.run(["bash", str(HALL), cmd, *args], env=env, check=True, timeout=400)
+
+
+def hall_run_dir(port: int) -> Path:
+    return Path(f"/tmp/attention-lab-hall-{port}")
+
+
+def replica_pids(port: int) -> dict[str, int]:
+    """Replica name (HAProxy's server name and cookie value, r1..rN) -> pid of its process group leader."""
+    files = sorted(hall_run_dir(port).glob("replica-*.pid"), key=lambda f: int(f.stem.split("-")[1]))
+    return {f"r{f.stem.split('-')[1]}": int(f.read_text()) for f in files}
+
+
+def kill_replica(port: int, name: str) -> float:
+    """SIGKILL replica `name` (its whole process group, which hall.sh made it lead); returns time.time()."""
+    os.killpg(replica_pids(port)[name], signal.SIGKILL)
+    return time.time()
+
+
+def run_class(base: str, sessions: int, clicks: int, browsers: int, via: str = "auto",
+              drill: bool = False, port: int | None = None, on_kill_line=None, tour: bool = True) -> dict:
+    """The class through `base`; with drill (a hall on `port`), the replica holding the most sessions is
+    killed once every session has toured. on_kill_line(): called just before the kill (e.g. stop training).
+    Returns the groups' results, per-replica CPU during the class, the class wall time and the drill."""
+    n_groups = min(browsers, sessions)
+    results: list = []
+    d = Drill(n_groups) if drill else None
+    pids = replica_pids(port) if port is not None else {}
+    line = threading.Barrier(n_groups)
+    groups = [Group(base, list(range(g, sessions, n_groups)), clicks, results, line, via, d, tour)
+              for g in range(n_groups)]
+    c0 = {r: cpu_seconds(pid) for r, pid in pids.items()}
+    t0 = time.perf_counter()
+    for g in groups:
+        g.start()
+    out = {"results": results, "drill": d}
+    if d is not None:
+        d.ready.wait()  # every group toured and holds its pages open
+        out["wall"] = time.perf_counter() - t0
+        out["cpu"] = {r: cpu_seconds(pid) - c0[r] for r, pid in pids.items()}
+        if on_kill_line is not None:
+            on_kill_line()
+        counts: dict[str, int] = {}
+        for r in results_sessions(groups_partial(groups)):
+            counts[r["replica"]] = counts.get(r["replica"], 0) + 1
+        d.victim = max((r for r in counts if r in pids), key=counts.get, default="r1")
+        d.t_kill = kill_replica(port, d.victim)
+        d.killed.set()
+    for g in groups:
+        g.join(timeout=1800)
+    if d is None:
+        out["wall"] = time.perf_counter() - t0
+        out["cpu"] = {r: cpu_seconds(pid) - c0[r] for r, pid in pids.items()}
+    return out
+
+
+def groups_partial(groups: list[Group]) -> list[dict]:
+    """The groups' results so far (at the kill line every group's `out` is complete up to the drill)."""
+    return [g.out for g in groups if getattr(g, "out", None) is not None]
+
+
+def results_sessions(outs: list[dict]) -> list[dict]:
+    return [s for o in outs for s in o["sessions"]]
 
 
 def start_training(browser, base: str):
@@ -215,7 +432,15 @@ def main() -> None:
     ap.add_argument("--clicks", type=int, default=6, help="head switches per session")
     ap.add_argument("--browsers", type=int, default=4, help="Chromium processes sharing the sessions")
     ap.add_argument("--no-training", action="store_true", help="no training run during the class")
+    ap.add_argument("--hall", type=int, default=0, help="N replicas behind HAProxy (deploy/hall.sh); 0: one server")
+    ap.add_argument("--hall-port", type=int, default=8700, help="the hall's proxy port (replica i: +10+i)")
+    ap.add_argument("--via", choices=["auto", "button", "select"], default="auto",
+                    help="head switch: the heatmap's buttons (browser), the Head select (server round trip)")
+    ap.add_argument("--no-drill", action="store_true", help="hall: do not kill a replica after the class")
     args = ap.parse_args()
+    if args.hall:
+        hall_main(args)
+        return
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
@@ -320,6 +545,79 @@ def main() -> None:
     print(f"memory (RSS): after first session {mem_first:.0f} MB, peak {peak:.0f} MB, after all closed "
           f"{mem_after:.0f} MB   ratio {ratio:.2f}   target <= {TARGET_MEM_RETURN:.2f}  "
           f"[{verdict(ratio <= TARGET_MEM_RETURN)}]")
+
+
+def hall_main(args) -> None:
+    """The class through a hall of args.hall replicas, then a replica killed mid-class."""
+    from playwright.sync_api import sync_playwright
+
+    port = args.hall_port
+    hall("up", port, str(args.hall), extra="--server.disconnectedSessionTTL 2")
+    try:
+        pids = replica_pids(port)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+            try:
+                for name, pid in pids.items():  # warm each replica directly (not through the proxy)
+                    first_view(browser, f"http://127.0.0.1:{port + 10 + int(name[1:])}", pid, DATES[0])
+                base = f"http://127.0.0.1:{port}"
+                trainer = None if args.no_training else start_training(browser, base)
+
+                def stop() -> None:
+                    if trainer is not None:
+                        stop_training(trainer)
+
+                out = run_class(base, args.sessions, args.clicks, args.browsers, args.via,
+                                drill=not args.no_drill, port=port, on_kill_line=stop)
+                if args.no_drill:
+                    stop()
+            finally:
+                browser.close()
+    finally:
+        hall("down", port)
+    report_hall(args, out, list(pids))
+
+
+def report_hall(args, out: dict, replicas: list[str]) -> None:
+    results, d = out["results"], out["drill"]
+    sessions = results_sessions(results)
+    training = "" if args.no_training else " + 1 training run"
+    print(f"hall: {args.hall} replica(s) behind HAProxy (cookie affinity), {args.sessions} sessions{training}, "
+          f"head switch via {args.via}; class took {out['wall']:.1f} s")
+    for r in replicas:
+        mine = [s for s in sessions if s["replica"] == r]
+        clicks = sum(s["clicks"] for s in mine)
+        red = [x for s in mine for x in s["redraw"]]
+        cpu = out["cpu"].get(r, float("nan"))
+        per = f"{cpu / clicks * 1000:.0f} ms/click" if clicks else "no clicks"
+        red_s = f"redraw p50 {statistics.median(red) * 1000:.0f} ms, p95 {percentile(red, .95) * 1000:.0f} ms" \
+            if red else ""
+        print(f"  {r}: {len(mine):3d} sessions, {clicks:4d} clicks, server CPU {cpu:6.1f} s = {per} "
+              f"(page loads{' and training' if training else ''} included)   {red_s}")
+    lost = [s for s in sessions if s["replica"] not in replicas]
+    if lost:
+        print(f"  {len(lost)} session(s) never reached a replica (no affinity cookie)")
+    red = [x for r in results for x in r["redraw"]]
+    if red:
+        print(f"class: head switch redraw p50 {statistics.median(red) * 1000:.0f} ms, p95 "
+              f"{percentile(red, .95) * 1000:.0f} ms (2 CPU cores shared by the replicas, the proxy and the browsers)")
+    errors = [e for r in results for e in r["errors"]]
+    foreign = [f for r in results for f in r["foreign"]]
+    print(f"class: exceptions {len(errors)}   sessions that saw another's input {len(foreign)}   "
+          f"[{verdict(not errors and not foreign)}]")
+    for e in (errors + foreign)[:5]:
+        print("   ", e)
+    if d is None:
+        return
+    hit = [s for s in sessions if s["replica"] == d.victim]
+    back = [s for s in hit if s["recovered"] is not None and s["recovered"] <= RECOVER_S and not s.get("problem")]
+    times = sorted(s["recovered"] for s in hit if s["recovered"] is not None)
+    spread = f" (p50 {statistics.median(times):.1f} s, max {times[-1]:.1f} s)" if times else ""
+    print(f"failover: killed {d.victim} with {len(hit)} session(s) open: {len(back)}/{len(hit)} back on a live "
+          f"replica with the same view within {RECOVER_S:.0f} s{spread}   [{verdict(len(back) == len(hit))}]")
+    for s in hit:
+        if s not in back:
+            print(f"    not recovered: after {s['recovered']} s, {s.get('problem') or 'no new script run'}")
 
 
 if __name__ == "__main__":
