@@ -235,3 +235,14 @@ def test_a_truncated_safetensors_file_is_refused(tmp_path):
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with pytest.raises(ModelLoadError, match="truncated"):
         load_hf_dir(tmp_path)
+
+
+def test_an_absurd_bert_config_is_refused_before_allocating(tmp_path):
+    from safetensors.torch import save_file
+
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32768, num_hidden_layers=600, num_attention_heads=64,
+                                  intermediate_size=131072, max_position_embeddings=512)
+    cfg.save_pretrained(tmp_path)
+    save_file({"embeddings.word_embeddings.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="Refused before loading"):
+        load_hf_dir(tmp_path)

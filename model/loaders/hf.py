@@ -13,7 +13,6 @@ the same shape (nothing missing, nothing left over).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -347,8 +346,12 @@ def _load_bert(d: Path, hf: dict, files: list[Path]):
         cfg = minilm.config_from_bert(hf)
     except (RuntimeError, KeyError, ValueError) as e:
         raise ModelLoadError(f"{d.name}: {e}") from None
-    if 4 * math.prod((cfg.src_vocab_size, cfg.d_model)) > available_bytes():
-        raise ModelLoadError(f"{d.name}: config.json describes a model larger than this machine's memory")
+    D, F, L = cfg.d_model, cfg.d_ff, cfg.n_encoder_layers
+    n = (cfg.src_vocab_size + cfg.max_len + cfg.n_token_types) * D + L * (4 * D * D + 2 * D * F + F + 9 * D)
+    if cfg.src_vocab_size > LIMITS["vocab_size"] or D > LIMITS["d_model"] or L > LIMITS["n_layers"] \
+            or 4 * n > available_bytes():
+        raise ModelLoadError(f"{d.name}: config.json describes a model of {n:,} parameters ({4 * n / 2**30:.1f} GiB "
+                             "in float32), more than this lab loads or this machine holds. Refused before loading.")
     if not (d / "tokenizer.json").is_file():
         raise ModelLoadError(f"{d} has no tokenizer.json (the BERT encoder needs its WordPiece tokenizer)")
     from tokenizers import Tokenizer
