@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,3 +57,20 @@ def test_export_html_is_offline_and_inlines_plotly_once(dates_trace, tmp_path):
     specs = re.findall(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", page, flags=re.S)
     assert len(specs) == 2
     assert json.loads(specs[0])[2]["z"]  # the head's numbers are in the page
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs_top_to_bottom():
+    """examples/quickstart.ipynb (toy model, MiniLM, SmolLM2, your own HF directory, a hook, a snapshot test)
+    runs in a fresh kernel; any cell's error fails the test."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(__file__).parent.parent / "examples" / "quickstart.ipynb"
+    book = nbformat.read(path, as_version=4)
+    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+                   ).execute()
+    outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "2023-11-03" in text and "Paris" in text and "passed" in text
