@@ -272,7 +272,7 @@ def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str) 
         fig.add_vline(x=h * hs - 0.5, line={"color": "#222", "width": 2}, row=1, col=1)
     for h in range(H):  # head names under the concatenation, where its dimension ticks would be
         fig.add_annotation(x=h * hs + hs / 2 - 0.5, y=0, yref="y domain", yanchor="top", xref="x",
-                           text=f"head {h}", showarrow=False, font={"size": 11})
+                           text=t("head {h}", h=h), showarrow=False, font={"size": 11})
     fig.update_xaxes(showticklabels=False, row=1, col=1)
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_yaxes(showticklabels=False, row=1, col=2)

@@ -13,6 +13,7 @@ from viz import figures_layer as FL
 from viz.i18n import N_, option_labels, t
 
 STACKS = {"encoder": N_("Encoder"), "decoder": N_("Decoder")}
+SUMMARY_COLUMNS = (N_("run"), N_("steps"), N_("diverged"), N_("final loss"), N_("final accuracy"))  # prenorm.summary
 
 st.title(t("Inside a layer"))
 st.caption(t("What happens after attention. Every sublayer (self-attention, cross-attention, feed-forward) is "
@@ -117,7 +118,7 @@ def experiment() -> None:
                  task=res["task"], steps=res["steps"], batch=res["batch_size"], w=res["warmups"][1],
                  lr=f"{res.get('peak_lr', float('nan')):.2g}"))
     common.show_figure(FL.prenorm_figure(res), key="ly_prenorm", filename="post-ln-vs-pre-ln")
-    st.dataframe(prenorm.summary(res), hide_index=True)
+    st.dataframe([{t(k): v for k, v in row.items()} for row in prenorm.summary(res)], hide_index=True)
     st.caption(t("{which}. Command: `{cmd}`", cmd=res["command"],
                  which=t("Your live re-run") if live else t("Shipped results (model/results/prenorm.json)")))
     with st.form("ly_prenorm_form"):
