@@ -10,15 +10,19 @@ A thin entry point, in two roles:
   every language, so a shared link opens the same page for everyone.
 """
 
+import sys
 from pathlib import Path
 
 import streamlit as st
 
-from viz import common, failover, i18n, warmup
+from viz import common, failover, i18n, lm_models, warmup
 from viz.i18n import N_, t
 from viz.task_help import task_help
 
 ROOT = Path(__file__).parent
+# `streamlit run app.py -- --model PATH [--model PATH2]`: real models this server offers beside the shipped
+# ones (HF directories, .gguf files). Only these paths: a browser names a model by its label, never a path.
+lm_models.add_server_models(lm_models.parse_model_args(sys.argv[1:]))
 DEFAULT = "viz/pages/attention.py"  # opens at "/": the view that shows a Transformer thinking
 SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A page appears once its file exists.
     N_("Learn"): [
@@ -33,6 +37,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
         ("viz/pages/padding.py", N_("A batch with padding"), ":material/view_week:"),
         ("viz/pages/decoder.py", N_("Step-by-step decoder"), ":material/step:"),
         ("viz/pages/pretrained.py", N_("Pretrained encoder"), ":material/psychology:"),
+        ("viz/pages/llm.py", N_("Language model"), ":material/chat:"),
     ],
     N_("Experiment"): [
         ("viz/pages/experiments.py", N_("Experiments"), ":material/science:"),

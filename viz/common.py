@@ -34,11 +34,13 @@ from typing import Any
 
 import streamlit as st
 
-from viz.i18n import current_lang, t
+from viz import lm_models
+from viz.i18n import N_, current_lang, t
 
 PREFERRED = ("dates", "zh-en", "reverse")  # default checkpoint: attention is readable on these
 LANG_DEFAULT = {"zh": "zh-en"}  # a Chinese UI opens on the Chinese model (its example: 我爱机器学习)
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
+LM_TRACE_ENTRIES = 6  # a real LM's full trace is far bigger (SmolLM2, 64 tokens: ~90 MB)
 SESSION_TRACES = 4  # traces of session-trained models kept per session
 MAX_URL_TEXT = 1000  # characters of source/target text mirrored into the URL
 SESSION_MODELS = "session_models"  # st.session_state key: name -> Checkpoint trained in this session
@@ -91,11 +93,17 @@ def checkpoint_names() -> list[str]:
     list_checkpoints, _ = _checkpoint_api()
     extra = [p for p in os.environ.get(EXTRA_ENV, "").split(os.pathsep) if p.strip()]
     names = list(list_checkpoints()) + extra
+    names += [n for n in lm_models.names() if n not in names]  # SmolLM2, MiniLM, the server's --model ones
     return names + [n for n in session_models() if n not in names]
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load_shared(name: str):
+    if lm_models.is_real(name):  # weights shared through model.load_model's own per-process cache
+        try:
+            return lm_models.load(name)
+        except KeyError as e:
+            raise ValueError(t("This server offers no model “{name}”.", name=name)) from e
     _, load_checkpoint = _checkpoint_api()
     ckpt = load_checkpoint(name)
     ckpt.model.eval()
@@ -128,12 +136,20 @@ def _session_trace(name: str, text: str, target: str | None):
     return cache[key]
 
 
-def get_trace(name: str, text: str, target: str | None = None):
-    """Full trace of checkpoint `name` on `text` (target None = the model's own greedy output).
+@st.cache_resource(show_spinner=False, max_entries=LM_TRACE_ENTRIES, ttl=3600)
+def _cached_lm_trace(name: str, text: str, chat: bool):
+    return _load_shared(name).trace(text, chat=chat)
+
+
+def get_trace(name: str, text: str, target: str | None = None, chat: bool = False):
+    """Full trace of checkpoint `name` on `text` (target None = the model's own greedy output; a real
+    model's `chat=True` wraps the text in its chat template).
 
     Cached per (checkpoint, text, target): the same input always gives the same read-only trace.
     Raises ValueError (and subclasses) for input the model cannot take.
     """
+    if lm_models.is_real(name) and name not in session_models():
+        return _cached_lm_trace(name, text, bool(chat))[1]
     if name in session_models():
         return _session_trace(name, text, target or None)[1]
     return _cached_trace(name, text, target or None)[1]
@@ -377,6 +393,15 @@ def _on_checkpoint_change() -> None:
     st.session_state["target_text"] = ""
 
 
+def model_label(name: str) -> str:
+    """How the model list shows a model: toy checkpoints by name, real models with what they are."""
+    if name in lm_models.BUILTIN:
+        return {"smollm2": t("SmolLM2-135M (language model)"), "minilm": t("MiniLM (pretrained encoder)")}[name]
+    if name in lm_models.server_models():
+        return t("{name} (started with the server)", name=name)
+    return name
+
+
 def sidebar() -> Selection | None:
     """Checkpoint select, source text and figure-export format, in the sidebar. Call once per run
     (app.py does), before the page. Returns None (after showing why) if no model can be loaded."""
@@ -396,24 +421,34 @@ def sidebar() -> Selection | None:
     seed_from_query("checkpoint", "checkpoint", default_checkpoint(names, current_lang()),
                     valid=lambda v: v in names)
     name = sb.selectbox(t("Model (checkpoint)"), names, key="checkpoint", on_change=_on_checkpoint_change,
+                        format_func=model_label,
                         help=t("A small Transformer trained on a toy task, shipped with the app (or trained "
-                               "on the Training page in this session)."))
+                               "on the Training page in this session), or a real pretrained model: SmolLM2 "
+                               "(a language model), MiniLM (an encoder) and those the server was started with."))
     if name in session_models():
         sb.caption(t("Trained on the Training page in this session: only you see it, until the session ends."))
+    real = lm_models.is_real(name) and name not in session_models()
     try:
-        example = load_ckpt(name).example
+        with st.spinner(t("Loading {name}…", name=name)):
+            example = load_ckpt(name).example
     except ValueError as e:
         show_error(e)
         return None
     seed_from_query("source_text", "text", example)
     seed_from_query("target_text", "target", "")
-    text = sb.text_area(t("Source text"), key="source_text", height=90,
-                        help=t("The encoder reads this. One model input; every page shows its tensors."))
-    with sb.expander(t("Target (teacher forcing)")):
-        target = st.text_input(
-            t("Target text"), key="target_text",
-            help=t("Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
-                   "text in one parallel pass under the look-ahead mask (teacher forcing)."))
+    if real:  # one text in, no target: a real model reads the text as it is (no teacher forcing here)
+        text = sb.text_area(t("Prompt"), key="source_text", height=90,
+                            help=t("The model reads this text, as typed. One model input; every page shows its "
+                                   "tensors."))
+        target = ""
+    else:
+        text = sb.text_area(t("Source text"), key="source_text", height=90,
+                            help=t("The encoder reads this. One model input; every page shows its tensors."))
+        with sb.expander(t("Target (teacher forcing)")):
+            target = st.text_input(
+                t("Target text"), key="target_text",
+                help=t("Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
+                       "text in one parallel pass under the look-ahead mask (teacher forcing)."))
     long = [label for label, s in ((t("source text"), text), (t("target text"), target)) if len(s) > MAX_URL_TEXT]
     if long:
         sb.caption(t("The {what} is longer than {n} characters, so the page's link does not carry it: "
@@ -452,7 +487,8 @@ def require_trace(sel: Selection | None = None):
         st.stop()
     ckpt = sel.ckpt
     try:
-        notes = [unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text), target_unk_note(ckpt, sel.target)]
+        notes = [] if isinstance(ckpt, lm_models.RealModel) else [  # byte-level BPE has no [UNK]
+            unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text), target_unk_note(ckpt, sel.target)]
         with st.spinner(t("Running the model…")):
             trace = get_trace(sel.name, sel.text, sel.target)
     except ValueError as e:  # too long, unknown ids, capture over budget, ...
@@ -464,6 +500,98 @@ def require_trace(sel: Selection | None = None):
     if stop:
         st.warning(stop, icon="✂️")
     return sel, trace
+
+
+# ---------------------------------------------------------------- what a page needs from the model
+
+# A page that cannot work with every model calls `require(...)` at its top, before anything else:
+#   common.require("toy")               # a model trained in this lab (task, tokenizers, training run)
+#   common.require("cross_attention")   # an encoder-decoder Transformer
+#   common.require("lm")                # a decoder-only language model
+# Without it, the page says in one sentence what this model lacks, offers a model that has it, and stops.
+CAPABILITIES = ("toy", "encoder", "decoder", "cross_attention", "lm")
+
+
+def capabilities(name: str) -> set[str]:
+    """What model `name` has, from its own description (describe()), never from its name."""
+    ckpt = load_ckpt(name)
+    if not isinstance(ckpt, lm_models.RealModel):
+        return {"toy", "encoder", "decoder", "cross_attention"}
+    desc = ckpt.describe()
+    kinds = {a["kind"] for a in desc.get("attention", {}).values()}
+    out = set(desc.get("stacks", {})) & {"encoder", "decoder"}
+    if "cross" in kinds:
+        out.add("cross_attention")
+    if desc.get("family") == "decoder_lm":
+        out.add("lm")
+    return out
+
+
+def _lacks(need: str, name: str, family: str) -> str:
+    """One sentence: what model `name` (of `family`) lacks for a page that needs `need`."""
+    if need in ("cross_attention", "encoder") and family == "decoder_lm":
+        return t("A decoder-only model has no encoder and no cross-attention, and {model} is one.",
+                 model=model_label(name))
+    if need in ("cross_attention", "decoder") and family == "encoder":
+        return t("An encoder-only model has no decoder and no cross-attention, and {model} is one.",
+                 model=model_label(name))
+    if need == "lm":
+        return t("{model} is not a language model: this page runs a decoder-only LLM.", model=model_label(name))
+    return t("{model} was not trained in this lab: this page needs a toy model's task, tokenizers and "
+             "training run.", model=model_label(name))
+
+
+def _model_with(need: str, names: list[str]) -> str | None:
+    if need == "lm":
+        return next((n for n in ("smollm2", *names) if n in names and lm_models.is_real(n)
+                     and "lm" in capabilities(n)), None)
+    toys = [n for n in names if not lm_models.is_real(n)]
+    return default_checkpoint(toys, current_lang()) if toys else None
+
+
+def switch_model(name: str) -> None:
+    """Choose model `name` in the sidebar (a button's on_click: before the rerun draws the sidebar)."""
+    st.session_state["checkpoint"] = st.session_state[_KEPT + "checkpoint"] = name
+    _on_checkpoint_change()
+
+
+LLM_PAGE = "viz/pages/llm.py"
+LM_VIEWS = {"tokens": N_("See its tokens on the Language model page"),
+            "generate": N_("Generate with it on the Language model page")}
+
+
+def require(*needs: str, lm_view: str | None = None) -> Selection:
+    """The sidebar's selection if its model has every capability in `needs` (see CAPABILITIES); else one
+    sentence on what it lacks, a button that opens this page with a model that has it, and st.stop().
+    lm_view: for a language model, also a link to that view of the Language model page (LM_VIEWS)."""
+    sel = selection()
+    if sel is None:
+        st.stop()
+    try:
+        have = capabilities(sel.name)
+    except ValueError as e:
+        show_error(e)
+        st.stop()
+    missing = [n for n in needs if n not in have]
+    if not missing:
+        return sel
+    ckpt = load_ckpt(sel.name)
+    family = ckpt.family if isinstance(ckpt, lm_models.RealModel) else "transformer"
+    need = missing[0]
+    st.info(_lacks(need, sel.name, family), icon="🧩")
+    if lm_view and family == "decoder_lm":
+        st.page_link(LLM_PAGE, label=t(LM_VIEWS[lm_view]), icon=":material/chat:",
+                     query_params={"checkpoint": sel.name, "view": "generate" if lm_view == "generate" else "heads"})
+    other = _model_with(need, checkpoint_names())
+    if other:
+        st.button(t("Open this page with {model}", model=model_label(other)), key="_al_require_switch",
+                  on_click=switch_model, args=(other,), type="primary")
+    st.stop()
+
+
+def is_real_model(sel: Selection | None) -> bool:
+    """Whether the selection is a real pretrained model (SmolLM2, MiniLM, a server model), not a toy one."""
+    return sel is not None and lm_models.is_real(sel.name) and sel.name not in session_models()
 
 
 def target_unk_note(ckpt, target: str | None) -> str | None:

@@ -22,6 +22,7 @@ st.caption(t("The Transformer of “Attention Is All You Need” as this model b
              "source, the decoder (right) reads [BOS] + target and, in every layer, looks at the encoder output "
              "through cross-attention. Edges carry the tensor shapes of your input (B = batch, S / T = source / "
              "target length). Click a block (its red dot) to open its view."))
+common.require("cross_attention")  # the 2017 encoder-decoder map; a decoder-only or encoder-only model says so
 sel, trace = common.require_trace()
 cfg = trace.meta["config"]
 S, T = trace["masks.src_pad"].shape[1], trace["masks.tgt_pad"].shape[1]

@@ -359,9 +359,7 @@ def main() -> None:
         "and K, V from the encoder output. Greedy takes the most likely token, beam search keeps the best W "
         "prefixes, sampling draws from softmax(logits / T) after top-k / top-p filtering. A decoder position "
         "is labelled input → predicted: “[BOS] → i” reads [BOS] and predicts i."))
-    sel = common.selection()
-    if sel is None:
-        st.stop()
+    sel = common.require("toy", lm_view="generate")  # an LM generates on the Language model page
     problem = common.text_problems(sel.text)
     if problem:
         common.show_error(problem)

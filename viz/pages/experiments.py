@@ -482,6 +482,7 @@ common.write_query(exp_view=view)
 if view == "compare":
     compare_view()
 else:
+    common.require("toy")  # interventions and held-out runs of a toy task
     sel, trace = common.require_trace()
     ckpt = common.load_ckpt(sel.name)
     {"before_after": before_after_view, "heads": heads_view, "attribution": attribution_view}[view](sel, ckpt, trace)

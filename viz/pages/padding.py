@@ -17,7 +17,7 @@ st.title(t("A batch with padding"))
 st.caption(t("Training feeds many sentences at once. They have different lengths, so the shorter ones are padded "
              "with [PAD] (id 0) to the longest; masks keep attention away from the [PAD] keys and the loss ignores "
              "[PAD] labels. Here {n} sentences go through the sidebar's model as one batch.", n="2–4"))
-sel = common.selection()
+sel = common.require("toy")  # a batch of the toy task's sentences
 if sel is None:
     st.stop()
 

@@ -30,6 +30,7 @@ def schedule_of(meta: dict) -> dict:
 
 
 sel = common.selection()
+sel = None if common.is_real_model(sel) else sel  # a pretrained model has no training log here: the schedule alone
 ckpt = sel.ckpt if sel else None
 trained = schedule_of(ckpt.meta) if ckpt else {}
 

@@ -12,6 +12,7 @@ st.title(t("Tokens & embeddings"))
 st.caption(t("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
              "(each token has an integer id); the embedding table maps each id to a d_model-dimensional "
              "vector; a positional encoding is added so the model knows the order."))
+common.require("toy", lm_view="tokens")  # the toy tokenizers; a real LM's pieces are on the Language model page
 sel, trace = common.require_trace()
 ckpt, cfg, meta = sel.ckpt, sel.ckpt.cfg, trace.meta
 

@@ -349,7 +349,8 @@ def main() -> None:
     if sel is None:
         st.stop()
     try:
-        shipped_section(sel)
+        if not common.is_real_model(sel):  # a pretrained model was not trained here: no film, no log
+            shipped_section(sel)
     except ValueError as e:  # a checkpoint whose film or log cannot be read
         common.show_error(e)
 

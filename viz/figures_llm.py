@@ -1,0 +1,160 @@
+"""Figures of the Language model page (viz/pages/llm.py): pure builders, arrays or a Trace in, plotly out.
+
+- `head_scores(trace, stat)`: one number per (layer, head) of a decoder LM's self-attention, [L, H];
+- `head_overview(scores, ...)`: that layer × head grid; hover gives the number, customdata the (layer, head)
+  a click opens;
+- `top_tokens_figure(top)`: a step's top-10 next tokens with probabilities;
+- `step_attention_figure(attn, ...)`: where the new position looked, in every layer, for one head;
+- `logit_lens_figure(top_tokens, probs, ...)`: layer × position, the lens's top token and its probability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from viz.figures import WEIGHTS_SCALE, arr, every_tick, num, show_token, token_labels
+from viz.i18n import N_, t
+
+STATS = {  # id (URL value) -> (label, what one cell means, colour scale upper bound: None = the data's max)
+    "sink": (N_("Share on the first token (sink)"),
+             N_("mean over queries 1…T−1 of the weight on token 0"), 1.0),
+    "prev": (N_("Previous-token score"), N_("mean over queries 1…T−1 of the weight on the token just before"), 1.0),
+    "dup": (N_("Duplicate-token score"),
+            N_("mean, over queries whose token occurred earlier, of the weight on those earlier copies"), 1.0),
+    "induction": (N_("Induction score"),
+                  N_("mean, over queries whose token occurred earlier, of the weight on the token that followed "
+                     "each earlier copy"), 1.0),
+    "entropy": (N_("Entropy (nats)"), N_("mean over queries of −Σ w·log w: 0 = one key, log n = spread evenly"),
+                None),
+    "distance": (N_("Mean attention distance"), N_("mean over queries of Σ w·(i − j), in tokens"), None),
+}
+
+
+def lm_modules(trace: Mapping) -> list[str]:
+    """The decoder's self-attention modules in layer order (from the model's description in meta)."""
+    desc = (getattr(trace, "meta", None) or {}).get("model", {})
+    mods = [m for m, a in desc.get("attention", {}).items() if a.get("kind") == "decoder_self"]
+    return sorted((m for m in mods if f"{m}.weights" in trace), key=lambda m: desc["attention"][m]["layer"])
+
+
+def _stat(w: np.ndarray, ids: np.ndarray, stat: str) -> np.ndarray:
+    """w: [H, T, T] one layer's weights (row = query); ids: [T]. Returns [H]."""
+    H, T, _ = w.shape
+    i = np.arange(T)
+    if stat == "sink":
+        return w[:, 1:, 0].mean(-1) if T > 1 else np.full(H, np.nan)
+    if stat == "prev":
+        return w[:, i[1:], i[1:] - 1].mean(-1) if T > 1 else np.full(H, np.nan)
+    if stat == "entropy":
+        return -(w * np.log(np.clip(w, 1e-30, None))).sum(-1).mean(-1)
+    if stat == "distance":
+        return (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)
+    same = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])  # [q, k]: an earlier copy of q's token
+    if stat == "dup":
+        rows = same.any(1)
+        return (w * same).sum(-1)[:, rows].mean(-1) if rows.any() else np.full(H, np.nan)
+    if stat == "induction":
+        nxt = np.zeros_like(same)  # [q, k]: k follows an earlier copy of q's token (and k < q)
+        nxt[:, 1:] = same[:, :-1]
+        nxt &= i[None, :] < i[:, None]
+        rows = nxt.any(1)
+        return (w * nxt).sum(-1)[:, rows].mean(-1) if rows.any() else np.full(H, np.nan)
+    raise ValueError(f"unknown statistic {stat!r}; one of {', '.join(STATS)}")
+
+
+def head_scores(trace: Mapping, stat: str) -> np.ndarray:
+    """[L, H] statistic `stat` (a STATS id) of every decoder self-attention head, first batch row.
+    NaN where the prompt cannot show it (dup/induction need a repeated token)."""
+    ids = np.asarray(trace.meta.get("tgt_ids") or [], dtype=np.int64).reshape(-1)
+    out = []
+    for m in lm_modules(trace):
+        w = arr(trace[f"{m}.weights"])[0].astype(np.float64)
+        out.append(_stat(w, ids[: w.shape[-1]] if ids.size else np.arange(w.shape[-1]), stat))
+    return np.stack(out) if out else np.zeros((0, 0))
+
+
+def head_overview(scores: np.ndarray, stat: str, layer: int | None = None, head: int | None = None,
+                  title: str | None = None) -> go.Figure:
+    """Layer (rows) × head (columns) heatmap of `scores`; hover gives the number; each cell's customdata is
+    [layer, head] so a click can open it; the chosen (layer, head) is outlined."""
+    label, what, top = STATS[stat]
+    L, H = scores.shape
+    z = np.where(np.isfinite(scores), scores, np.nan)
+    custom = np.dstack(np.meshgrid(np.arange(L), np.arange(H), indexing="ij"))
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(H)), y=list(range(L)), customdata=custom, colorscale=WEIGHTS_SCALE, zmin=0,
+        zmax=top if top is not None else (float(np.nanmax(z)) if np.isfinite(z).any() else 1.0),
+        colorbar={"title": {"text": t(label), "side": "right"}, "thickness": 12},
+        hovertemplate=t("layer %{y} · head %{x}") + "<br>" + t(label) + ": %{z:.3f}<extra></extra>",
+        xgap=1, ygap=1))
+    fig.update_layout(
+        title={"text": title or t("{what} per head · click a cell to open that head", what=t(label))},
+        height=max(320, 22 * L + 120), width=max(360, 44 * H + 200), margin={"l": 60, "r": 20, "t": 60, "b": 50},
+        xaxis={"title": {"text": t("head")}, "dtick": 1, "side": "bottom"},
+        yaxis={"title": {"text": t("layer")}, "dtick": 1, "autorange": "reversed"},
+        clickmode="event+select")
+    if layer is not None and head is not None and 0 <= layer < L and 0 <= head < H:
+        fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
+                      line={"color": "#d62728", "width": 3})
+    fig.add_annotation(text=t(what), xref="paper", yref="paper", x=0, y=-0.02, yanchor="top", showarrow=False,
+                       yshift=-24, font={"size": 11})
+    return fig
+
+
+def top_tokens_figure(top: Sequence[tuple[str, float]], chosen: str | None = None,
+                      title: str | None = None) -> go.Figure:
+    """Horizontal bars: the top next tokens (readable) and their probabilities, most likely on top; the
+    chosen token in another colour."""
+    toks = [show_token(tok) for tok, _ in top]
+    probs = [float(p) for _, p in top]
+    labels = [f"{i + 1}. {tok}" for i, tok in enumerate(toks)]
+    colors = ["#d62728" if chosen is not None and tok == chosen else "#1f77b4" for tok, _ in top]
+    fig = go.Figure(go.Bar(x=probs, y=labels, orientation="h", marker_color=colors,
+                           text=[num(p) for p in probs], textposition="outside",
+                           hovertemplate="%{y}: %{x:.4f}<extra></extra>"))
+    fig.update_layout(title={"text": title or t("Top {n} next tokens", n=len(top))}, height=60 + 26 * len(top),
+                      width=460, margin={"l": 10, "r": 40, "t": 50, "b": 40},
+                      xaxis={"title": {"text": t("probability")}, "range": [0, 1.15]},
+                      yaxis={"autorange": "reversed", "automargin": True})
+    return fig
+
+
+def step_attention_figure(attn, tokens: Sequence[str], head: int, title: str | None = None) -> go.Figure:
+    """attn [L, H, T]: one generated position's attention in every layer; rows = layers, columns = the keys
+    (prompt and tokens so far), for head `head`."""
+    a = arr(attn)[:, head]  # [L, T]
+    L, T = a.shape
+    x = token_labels(tokens, T)
+    fig = go.Figure(go.Heatmap(z=a, x=x, y=list(range(L)), colorscale=WEIGHTS_SCALE, zmin=0, zmax=1,
+                               hovertemplate=t("layer %{y} · key %{x}") + "<br>" + t("weight") +
+                               ": %{z:.3f}<extra></extra>", colorbar={"thickness": 12}))
+    fig.update_layout(title={"text": title or t("Where the new token looked · head {head}", head=head)},
+                      height=max(300, 16 * L + 160), width=min(1300, max(420, 18 * T + 160)),
+                      margin={"l": 60, "r": 20, "t": 60, "b": 80},
+                      xaxis={"title": {"text": t("key (earlier token)")}, **every_tick(x)},
+                      yaxis={"title": {"text": t("layer")}, "autorange": "reversed", "dtick": 1})
+    return fig
+
+
+def logit_lens_figure(top_tokens: Sequence[Sequence[str]], probs, positions: Sequence[int],
+                      inputs: Sequence[str], title: str | None = None) -> go.Figure:
+    """Layer (rows) × position (columns): the colour is the lens's top-token probability, the cell text that
+    token. `positions` are the prompt positions shown (columns); `inputs` the prompt's tokens (readable)."""
+    p = arr(probs)
+    L, P = p.shape
+    x = [f"{i}: {show_token(inputs[i])}" if i < len(inputs) else str(i) for i in positions]
+    text = [[show_token(tok) for tok in row] for row in top_tokens]
+    fig = go.Figure(go.Heatmap(
+        z=p, x=x, y=list(range(L)), text=text, texttemplate="%{text}", textfont={"size": 10},
+        colorscale="Blues", zmin=0, zmax=1, colorbar={"title": {"text": t("probability")}, "thickness": 12},
+        hovertemplate=t("layer %{y} · position %{x}") + "<br>" + t("top token") + ": %{text}<br>"
+        + t("probability") + ": %{z:.3f}<extra></extra>"))
+    fig.update_layout(title={"text": title or t("Logit lens: each layer's residual stream read as the output")},
+                      height=max(360, 22 * L + 160), width=min(1400, max(480, 70 * P + 140)),
+                      margin={"l": 60, "r": 20, "t": 60, "b": 90},
+                      xaxis={"title": {"text": t("position: input token")}, "side": "bottom", **every_tick(x)},
+                      yaxis={"title": {"text": t("layer (output of)")}, "autorange": "reversed", "dtick": 1})
+    return fig

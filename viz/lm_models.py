@@ -1,0 +1,236 @@
+"""Real models in the sidebar's model list, beside the toy checkpoints: SmolLM2, MiniLM, and the models
+the server was started with (`streamlit run app.py -- --model PATH`, repeatable).
+
+A browser never chooses a server path: the URL carries a model's *label* (`?checkpoint=smollm2`, or a
+server model's file name); only labels registered here at server start map to paths.
+
+`load(name)` gives a `RealModel`, the small face the pages' shared code needs (`example`, `trace`,
+`describe`, `capabilities`). The weights are loaded once per process by `model.load_model` (its own cache):
+every session shares them, read-only.
+
+Token display: byte-level BPE pieces (GPT-2, Llama 3, SmolLM2) spell bytes with stand-in letters (Ġ = space,
+Ċ = newline). `readable()` turns a piece back into its text with visible marks (␣, ↵); a trace's
+meta["tgt_tokens"] holds the readable forms (what every view labels axes with), meta["tgt_pieces"] the raw ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+BUILTIN = ("smollm2", "minilm")
+EXAMPLES = {  # the sentence a model opens on
+    "decoder_lm": "When Mary and John went to the store, John gave a drink to",
+    "encoder": "The animal didn't cross the street because it was too tired",
+}
+_SERVER: dict[str, str] = {}  # label -> path, set once at server start (app.py), read by every session
+_SERVER_LOCK = threading.Lock()
+
+
+# ---------------------------------------------------------------- the server's model list
+
+
+def parse_model_args(argv: list[str]) -> list[str]:
+    """The paths given as `--model PATH` / `--model=PATH` (any other argument is ignored)."""
+    out, it = [], iter(argv)
+    for a in it:
+        if a == "--model":
+            path = next(it, None)
+            if path:
+                out.append(path)
+        elif a.startswith("--model="):
+            out.append(a.split("=", 1)[1])
+    return [p for p in out if p.strip()]
+
+
+def add_server_models(paths: list[str]) -> list[str]:
+    """Register models named at server start; returns their labels (the file or directory name, made
+    unique). Only these paths can ever be loaded from a label."""
+    labels = []
+    with _SERVER_LOCK:
+        for p in paths:
+            resolved = str(Path(p).expanduser().resolve())
+            known = next((k for k, v in _SERVER.items() if v == resolved), None)
+            if known:
+                labels.append(known)
+                continue
+            base = Path(resolved).name or "model"
+            label, i = base, 2
+            while label in _SERVER or label in BUILTIN:
+                label, i = f"{base}-{i}", i + 1
+            _SERVER[label] = resolved
+            labels.append(label)
+    return labels
+
+
+def server_models() -> dict[str, str]:
+    with _SERVER_LOCK:
+        return dict(_SERVER)
+
+
+def names() -> list[str]:
+    """Labels of the real models this server offers (built-in ones only when their package is installed)."""
+    out = []
+    if _available("smollm2"):
+        out.append("smollm2")
+    if _available("minilm"):
+        out.append("minilm")
+    return out + list(server_models())
+
+
+def is_real(name: str) -> bool:
+    return name in BUILTIN or name in server_models()
+
+
+@cache
+def _available(name: str) -> bool:
+    if name == "smollm2":
+        from model.loaders.smollm2 import is_available
+    else:
+        from model.loaders.minilm import is_available
+    return is_available()
+
+
+# ---------------------------------------------------------------- readable tokens
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte -> printable-letter table, inverted (letter -> byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    letters, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            letters[chr(b)] = b
+        else:
+            letters[chr(256 + n)] = b
+            n += 1
+    return letters
+
+
+MARKS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def _marked(text: str) -> str:
+    return "".join(MARKS.get(ch, ch) for ch in text)
+
+
+def readable(piece: str) -> str:
+    """A byte-level BPE piece as the text it stands for, spaces and newlines visible ("ĠMary" -> "␣Mary",
+    "Ċ" -> "↵"); bytes of a character split across pieces show as \\xNN. Pieces with letters outside the
+    byte alphabet (a SentencePiece "▁word", a special token's text) keep their letters, "▁" shown as ␣."""
+    table = _byte_decoder()
+    if piece and all(ch in table for ch in piece):
+        raw = bytes(table[ch] for ch in piece)
+        return _marked(raw.decode("utf-8", errors="backslashreplace"))
+    return _marked(piece.replace("▁", " "))
+
+
+def readable_tokens(pieces: list[str], byte_level: bool = True) -> list[str]:
+    return [readable(p) for p in pieces] if byte_level else list(pieces)
+
+
+# ---------------------------------------------------------------- the models
+
+
+@dataclass(eq=False)
+class RealModel:
+    """A loaded real model as the sidebar and the shared pages see it."""
+
+    name: str  # the label in the model list and the URL
+    obj: object  # model.loaders.lm.LanguageModel or model.loaders.minilm.PretrainedEncoder
+    family: str  # describe()["family"]: "decoder_lm" or "encoder"
+
+    @property
+    def example(self) -> str:
+        return EXAMPLES.get(self.family, EXAMPLES["decoder_lm"])
+
+    @property
+    def meta(self) -> dict:  # toy checkpoints have a meta dict (task, training log); real models none
+        return {}
+
+    @property
+    def title(self) -> str:
+        return getattr(self.obj, "name", self.name)
+
+    def describe(self) -> dict:
+        return self.obj.model.describe()
+
+    def trace(self, text: str, target: str | None = None, chat: bool = False):
+        """(logits, full trace) of `text`; the target is meaningless here (no teacher forcing)."""
+        from model.core.trace import Trace
+
+        if self.family == "decoder_lm":
+            logits, trace = self.obj.run_with_trace(text, chat=chat)
+        else:
+            logits, trace = self.obj.run_with_trace(text)
+        meta = trace.meta
+        meta["checkpoint"] = self.name
+        if meta.get("tgt_tokens"):
+            meta["tgt_pieces"] = list(meta["tgt_tokens"])
+            meta["tgt_tokens"] = readable_tokens(meta["tgt_pieces"], _byte_level(self.obj))
+        if chat:
+            meta["chat"] = True
+        return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
+
+
+def _byte_level(lm) -> bool:
+    """Whether the tokenizer spells bytes with GPT-2's stand-in letters (its pre-tokenizer or decoder is ByteLevel)."""
+    tok = getattr(lm, "tokenizer", None)
+    parts = [getattr(tok, "pre_tokenizer", None), getattr(tok, "decoder", None)]
+    return tok is None or any("ByteLevel" in repr(p) for p in parts if p is not None)
+
+
+
+
+def load(name: str) -> RealModel:
+    """The real model labelled `name`, loaded once per process. Raises ValueError with a sentence for the
+    page (a missing package, a broken file) and KeyError for a label this server does not offer."""
+    if name in BUILTIN:
+        where = name
+    else:
+        where = server_models().get(name)
+        if where is None:
+            raise KeyError(f"no model {name!r} on this server")
+    from model import load_model
+
+    try:
+        obj = load_model(where)
+    except (ImportError, OSError, ValueError) as e:
+        raise ValueError(f"{name}: {e}") from None
+    family = obj.model.describe().get("family", "decoder_lm")
+    return RealModel(name, obj, family)
+
+
+LENS_POSITIONS = 24  # the logit lens reads the last this-many positions (30 layers × 49k logits each)
+
+
+def logit_lens(rm: RealModel, trace, positions: list[int] | None = None) -> tuple[list[list[str]], np.ndarray]:
+    """The logit lens (nostalgebraist 2020): every layer's residual stream `decoder.layers.{i}.out`, through
+    the model's final norm (its statistics recomputed for that layer's vector) and the unembedding.
+    Returns (top token per [layer][position], readable; probabilities [L, P] as a numpy array).
+    The last row (the last layer) equals the model's own logits' top token and probability."""
+    import torch
+
+    m = rm.obj.model
+    meta = trace.meta
+    n_layers = meta["model"]["stacks"]["decoder"]["layers"]
+    T = trace["decoder.layers.0.out"].shape[1]
+    pos = positions if positions is not None else list(range(max(0, T - LENS_POSITIONS), T))
+    tok = getattr(rm.obj, "tokenizer", None)
+    byte_level = _byte_level(rm.obj)
+    tops, probs = [], []
+    with torch.no_grad():
+        for i in range(n_layers):
+            x = trace[f"decoder.layers.{i}.out"][0, pos].float()
+            p = torch.softmax(m.generator(m.decoder.norm(x)).float(), dim=-1)
+            val, idx = p.max(-1)
+            probs.append(val.numpy())
+            pieces_i = [(tok.id_to_token(int(j)) if tok is not None else None) or f"<{int(j)}>" for j in idx]
+            tops.append(readable_tokens(pieces_i, byte_level))
+    return tops, np.stack(probs)
