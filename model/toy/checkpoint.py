@@ -63,7 +63,10 @@ def list_checkpoints(root: str | Path = CHECKPOINT_DIR) -> list[str]:
 
 
 def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
-    """A shipped checkpoint by name ("dates"), or a checkpoint directory by path."""
+    """A shipped checkpoint by name ("dates"), a checkpoint directory by path, or a single-file
+    checkpoint (`save_checkpoint_file`: what the Training page downloads)."""
+    if _is_single_file(name_or_path):
+        return load_checkpoint_file(name_or_path)
     return Checkpoint.load(name_or_path)
 
 
@@ -465,3 +468,111 @@ def _load_film(path: Path) -> list[tuple[int, Trace]]:
         }
         out.append((fr["step"], Trace(ts, fr["meta"])))
     return out
+
+
+# ---------------------------------------------------------------------- one-file checkpoints
+# A model trained in a browser session lives only in that session (and its server's memory): the
+# Training page offers it as one download. One safetensors file: the weights (and the film strip's
+# tensors under "film/<step>/..."), with every JSON file of the directory format in the header's
+# metadata. Loading unpacks it into a temporary directory and reads that with `Checkpoint.load`, so
+# a file gets exactly the checks a directory gets (config, tokenizers vs embeddings, weight shapes).
+
+FILE_FORMAT = "attention-lab-checkpoint-file"
+FILE_JSON = ("config.json", "src_tokenizer.json", "tgt_tokenizer.json", "meta.json", "log.json")
+FILE_MAX_TENSORS = 100_000  # weights + film frames of an in-app model: a few hundred
+
+
+class CheckpointFileError(CheckpointError):
+    """A file that is not a one-file checkpoint. `kind`: "empty", "pickle", "zip", "foreign"
+    (safetensors, but not a checkpoint), "too_many_names" or "corrupt", for a UI that words its own message."""
+
+    def __init__(self, message: str, kind: str = "corrupt"):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _is_single_file(name_or_path: str | Path) -> bool:
+    if isinstance(name_or_path, str) and name_or_path in list_checkpoints():
+        return False
+    path = Path(name_or_path)
+    return path.is_file() and path.suffix not in PICKLE_SUFFIXES  # pickles keep _resolve's refusal
+
+
+def save_checkpoint_file(ckpt: Checkpoint, path: str | Path) -> Path:
+    """Write `ckpt` as one .safetensors file that `load_checkpoint(path)` reads back."""
+    import tempfile
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as d:
+        ckpt_dir = Path(d) / "ckpt"
+        old_path = ckpt.path
+        ckpt.film()  # read a lazy film before save() repoints ckpt.path
+        ckpt.save(ckpt_dir)
+        ckpt.path = old_path
+        files = {f: (ckpt_dir / f).read_text(encoding="utf-8") for f in FILE_JSON if (ckpt_dir / f).is_file()}
+        with safe_open(str(ckpt_dir / "model.safetensors"), framework="pt") as f:
+            tied = (f.metadata() or {}).get("tied", "{}")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+        frames = []
+        if (ckpt_dir / "film.safetensors").is_file():
+            with safe_open(str(ckpt_dir / "film.safetensors"), framework="pt") as f:
+                frames = json.loads((f.metadata() or {}).get("frames", "[]"))
+                tensors.update({f"film/{k}": f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    save_file(tensors, str(path), metadata={"format": FILE_FORMAT, "version": FORMAT_VERSION, "tied": tied,
+                                            "files": json.dumps(files, ensure_ascii=False),
+                                            "frames": json.dumps(frames, ensure_ascii=False)})
+    return path
+
+
+def load_checkpoint_file(path: str | Path, label: str | None = None) -> Checkpoint:
+    """Read a one-file checkpoint. Anything else (a pickle, a zip, a trace or other safetensors, a
+    forged or truncated header) is refused with a CheckpointFileError before any tensor is read.
+    label: the name to use in messages (e.g. an upload's file name); default the file name."""
+    import tempfile
+
+    from model.core.trace import TraceFileError, check_safetensors_header
+
+    path = Path(path)
+    label = label or path.name
+    try:
+        check_safetensors_header(path, label, FILE_MAX_TENSORS, what="model")
+    except TraceFileError as e:
+        raise CheckpointFileError(str(e), e.kind) from None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            if header.get("format") != FILE_FORMAT:
+                raise CheckpointFileError(f"{label} is a safetensors file but not an Attention Lab model file "
+                                          f"(format={header.get('format')!r})", "foreign")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        files = json.loads(header.get("files", "{}"))
+        frames = json.loads(header.get("frames", "[]"))
+    except CheckpointError:
+        raise
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointFileError(f"{label}: corrupt or truncated model file ({e})") from None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise CheckpointFileError(f"{label}: its header's file table is not a JSON object of texts")
+    with tempfile.TemporaryDirectory() as d:
+        ckpt_dir = Path(d) / "ckpt"
+        ckpt_dir.mkdir()
+        for name in FILE_JSON:  # only the names this format knows: a header never chooses a path
+            if name in files:
+                (ckpt_dir / name).write_text(files[name], encoding="utf-8")
+        weights = {k: v for k, v in tensors.items() if not k.startswith("film/")}
+        save_file(weights, str(ckpt_dir / "model.safetensors"),
+                  metadata={"format": FORMAT, "version": FORMAT_VERSION, "tied": header.get("tied", "{}")})
+        film = {k[len("film/"):]: v for k, v in tensors.items() if k.startswith("film/")}
+        if frames:
+            save_file(film, str(ckpt_dir / "film.safetensors"),
+                      metadata={"format": FILM_FORMAT, "version": FORMAT_VERSION, "frames": json.dumps(frames)})
+        try:
+            ckpt = Checkpoint.load(ckpt_dir)
+            ckpt.film()  # read now: the directory goes away
+        except CheckpointError as e:
+            raise CheckpointFileError(f"{label}: {str(e).replace(str(ckpt_dir), 'the file')}") from None
+        except (KeyError, TypeError, ValueError) as e:  # e.g. film frames that do not match their tensors
+            raise CheckpointFileError(f"{label}: inconsistent model file ({type(e).__name__}: {e})") from None
+    ckpt.path = None
+    ckpt.name = ckpt.meta.get("name") or path.stem
+    return ckpt

@@ -9,9 +9,12 @@ strip is shown first, without training anything. A finished run joins the sessio
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import streamlit as st
@@ -209,6 +212,86 @@ def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int 
                        key=f"{prefix}_sharp", filename=f"{prefix}-sharpness")
 
 
+# ---------------------------------------------------------------- your model as a file
+# A trained model lives only in its session (and its server's memory): a closed tab, a restart, a
+# replica that dies mid-class (deploy/) lose it. So it is offered as one file, and the file brings it back.
+
+MODEL_REFUSALS = {  # CheckpointFileError.kind -> what the file is, in the user's words
+    "empty": N_("“{name}” is empty (0 bytes): it is not a model file."),
+    "pickle": N_("“{name}” is a Python pickle, not a model file of this app. A pickle can run code when it is "
+                 "opened, so this app never opens one."),
+    "zip": N_("“{name}” is a zip archive (the format of torch.save), not a model file of this app. Pickled "
+              "tensors can run code when they are opened, so this app never opens them."),
+    "foreign": N_("“{name}” is a safetensors file but not a model downloaded from this page (a trace, or "
+                  "another program's weights?)."),
+    "too_many_names": N_("“{name}” holds far more tensors than a model trained here: it is not one."),
+}
+UPLOADED = "uploaded: "  # sidebar name prefix of a model brought back from a file (stable: not translated)
+
+
+def model_file(ckpt) -> bytes:
+    """The checkpoint as one .safetensors file (weights, film strip, config, tokenizers, meta and log)."""
+    from model.toy.checkpoint import save_checkpoint_file
+
+    with tempfile.TemporaryDirectory() as d:
+        return save_checkpoint_file(ckpt, Path(d) / "model.safetensors").read_bytes()
+
+
+def download_model(ckpt, name: str) -> None:
+    file_name = f"{common.safe_filename(name)}.safetensors"
+    # Deferred: the file is only written when the button is clicked.
+    st.download_button(t("Download your model (.safetensors)"), data=lambda: model_file(ckpt), file_name=file_name,
+                       mime="application/octet-stream", key="train_download", on_click="ignore", icon="⬇️")
+    st.caption(t("Your model lives only in this session: closing the tab or a server restart loses it. The file "
+                 "(safetensors with JSON metadata, never a pickle) brings it back: upload it below, or in Python "
+                 "`load_checkpoint(\"{file}\")`.", file=file_name))
+
+
+def read_model_upload(upload):
+    """(name, Checkpoint) for an uploaded model file, else the refusal in the UI language; parsed once per
+    file and kept in this session only."""
+    from model.toy.checkpoint import CheckpointError, CheckpointFileError, load_checkpoint_file
+
+    data = upload.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    cached = st.session_state.get("train_loaded")
+    if cached and cached[0] == digest:
+        return cached[1]
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "model.safetensors"  # a fixed name: an upload's name is not a safe path
+            path.write_bytes(data)
+            ckpt = load_checkpoint_file(path, label=upload.name)
+        ckpt.model.eval()
+        result = (UPLOADED + common.safe_filename(Path(upload.name).stem)[:60], ckpt)
+    except CheckpointFileError as e:
+        result = (t(MODEL_REFUSALS[e.kind], name=upload.name) if e.kind in MODEL_REFUSALS
+                  else t("“{name}” is not a usable model file: {error}", name=upload.name, error=e))
+    except (CheckpointError, ValueError, OSError, RuntimeError) as e:
+        result = t("“{name}” could not be read as a model file: {error}", name=upload.name, error=e)
+    st.session_state["train_loaded"] = (digest, result)
+    return result
+
+
+def upload_section() -> None:
+    st.subheader(t("Bring back a model you downloaded"))
+    upload = st.file_uploader(t("Model file (.safetensors)"), type=["safetensors"], key="train_upload",
+                              help=t("A file from “Download your model” on this page."))
+    if upload is None:
+        return
+    result = read_model_upload(upload)
+    if isinstance(result, str):
+        common.show_error(result, t("Upload a .safetensors model file downloaded from this page."))
+        return
+    name, ckpt = result
+    models = st.session_state.setdefault("session_models", {})
+    if models.get(name) is not ckpt:
+        models[name] = ckpt
+        st.rerun()  # the sidebar was drawn before this page: run again so its model list has it
+    st.success(t("“{name}” is back: pick it in the sidebar's model selector, on every page, for the rest of this "
+                 "session.", name=name), icon="✅")
+
+
 # ---------------------------------------------------------------- sections
 
 
@@ -322,6 +405,7 @@ def result_view(job: Job) -> None:
     name = register(job)
     st.caption(t("Your model is now in the sidebar's model selector as “{name}”, on every page, for the rest "
                  "of this session.", name=name))
+    download_model(ckpt, name)
     common.show_figure(fd.training_curves_figure(job.log, job.warmup, title=t("Training curves of your run")),
                        key="train_curves_done", filename="training-curves")
     probe = ckpt.meta.get("probe") or {}
@@ -365,6 +449,7 @@ def main() -> None:
         st.button(t("⏹ Stop"), on_click=stop_job, key="train_stop",
                   help=t("Ends training after the current step; you keep the model trained so far."))
         st.fragment(run_every=POLL_SECONDS)(live_view)(job)
+        upload_section()
         return
     train_form(tasks, task_of_ckpt if task_of_ckpt in tasks else "dates")
     if st.session_state.get("train_busy"):
@@ -375,6 +460,8 @@ def main() -> None:
         st.rerun()  # just started: switch to the live view
     if job is not None:
         result_view(job)
+    st.divider()
+    upload_section()
 
 
 main()
