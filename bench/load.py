@@ -167,10 +167,12 @@ class Group(threading.Thread):
     Attention -> Tokens -> Attention. Every page is checked for exceptions and foreign sentences."""
 
     def __init__(self, base: str, students: list[int], clicks: int, results: list, start: threading.Barrier,
-                 via: str = "auto", drill: Drill | None = None, tour: bool = True):
+                 via: str = "auto", drill: Drill | None = None, tour: bool = True, think: float = 0.0,
+                 query: str = "", offset: float = 0.0):
         super().__init__(daemon=True)
         self.base, self.students, self.clicks, self.results, self.start_line = base, students, clicks, results, start
         self.via, self.drill, self.pages_tour = via, drill, tour
+        self.think, self.query, self.offset = think, query, offset  # pacing; extra URL query ("&checkpoint=x")
 
     @staticmethod
     def sentence(i: int) -> str:
@@ -208,13 +210,18 @@ class Group(threading.Thread):
     def tour(self, pages: list, out: dict) -> None:
         texts = [self.sentence(i) for i in self.students]
         for page, text in zip(pages, texts, strict=True):
-            page.goto(f"{self.base}/?text={text.replace(' ', '+')}", wait_until="commit")
+            page.goto(f"{self.base}/?text={text.replace(' ', '+')}{self.query}", wait_until="commit")
         sessions = out["sessions"]
         for page, text, me in zip(pages, texts, sessions, strict=True):
             settled(page)
             me["replica"] = replica_of(page)
             self.check(page, text, out)
+        time.sleep(self.offset if self.think else 0)  # paced groups start apart, not all at once
+        last_round = time.perf_counter()
         for k in range(self.clicks):
+            if k and self.think:  # a student clicks once every `think` s (if the round left time)
+                time.sleep(max(0.0, self.think - (time.perf_counter() - last_round)))
+            last_round = time.perf_counter()
             for page, text, me in zip(pages, texts, sessions, strict=True):
                 took = self.guarded(out, bench.pick_head, page, (k + 1) % 4, self.via)
                 if took is not None:
@@ -355,7 +362,8 @@ def kill_replica(port: int, name: str) -> float:
 
 
 def run_class(base: str, sessions: int, clicks: int, browsers: int, via: str = "auto",
-              drill: bool = False, port: int | None = None, on_kill_line=None, tour: bool = True) -> dict:
+              drill: bool = False, port: int | None = None, on_kill_line=None, tour: bool = True,
+              think: float = 0.0, query: str = "") -> dict:
     """The class through `base`; with drill (a hall on `port`), the replica holding the most sessions is
     killed once every session has toured. on_kill_line(): called just before the kill (e.g. stop training).
     Returns the groups' results, per-replica CPU during the class, the class wall time and the drill."""
@@ -364,7 +372,8 @@ def run_class(base: str, sessions: int, clicks: int, browsers: int, via: str = "
     d = Drill(n_groups) if drill else None
     pids = replica_pids(port) if port is not None else {}
     line = threading.Barrier(n_groups)
-    groups = [Group(base, list(range(g, sessions, n_groups)), clicks, results, line, via, d, tour)
+    groups = [Group(base, list(range(g, sessions, n_groups)), clicks, results, line, via, d, tour, think, query,
+                    offset=think * g / n_groups)
               for g in range(n_groups)]
     c0 = {r: cpu_seconds(pid) for r, pid in pids.items()}
     t0 = time.perf_counter()
@@ -412,8 +421,10 @@ def start_training(browser, base: str):
 
 def stop_training(page) -> None:
     """Stop the run (its thread ends and frees the optimizer), then close the session."""
-    page.get_by_role("button", name="⏹ Stop").click()
-    page.get_by_role("button", name="⏹ Stop").wait_for(state="detached", timeout=120_000)
+    stop = page.get_by_role("button", name="⏹ Stop")
+    if stop.count():  # else the run already ended (a slow class outlasts its 500 steps)
+        stop.click()
+        stop.wait_for(state="detached", timeout=120_000)
     page.context.close()
 
 
@@ -437,6 +448,9 @@ def main() -> None:
     ap.add_argument("--via", choices=["auto", "button", "select"], default="auto",
                     help="head switch: the heatmap's buttons (browser), the Head select (server round trip)")
     ap.add_argument("--no-drill", action="store_true", help="hall: do not kill a replica after the class")
+    ap.add_argument("--think", type=float, default=0.0,
+                    help="hall: each student clicks once every THINK s (0: back to back, taking turns)")
+    ap.add_argument("--checkpoint", default="", help="hall: the model every session opens (?checkpoint=)")
     args = ap.parse_args()
     if args.hall:
         hall_main(args)
@@ -567,8 +581,9 @@ def hall_main(args) -> None:
                     if trainer is not None:
                         stop_training(trainer)
 
+                query = f"&checkpoint={args.checkpoint}" if args.checkpoint else ""
                 out = run_class(base, args.sessions, args.clicks, args.browsers, args.via,
-                                drill=not args.no_drill, port=port, on_kill_line=stop)
+                                drill=not args.no_drill, port=port, on_kill_line=stop, think=args.think, query=query)
                 if args.no_drill:
                     stop()
             finally:
@@ -582,8 +597,11 @@ def report_hall(args, out: dict, replicas: list[str]) -> None:
     results, d = out["results"], out["drill"]
     sessions = results_sessions(results)
     training = "" if args.no_training else " + 1 training run"
+    pace = f", one click per student every {args.think:g} s" if args.think else ""
+    model = f", model {args.checkpoint}" if args.checkpoint else ""
     print(f"hall: {args.hall} replica(s) behind HAProxy (cookie affinity), {args.sessions} sessions{training}, "
-          f"head switch via {args.via}; class took {out['wall']:.1f} s")
+          f"head switch via {args.via}{pace}{model}; class took {out['wall']:.1f} s; load average "
+          f"{os.getloadavg()[0]:.1f} at the end (2 cores)")
     for r in replicas:
         mine = [s for s in sessions if s["replica"] == r]
         clicks = sum(s["clicks"] for s in mine)
