@@ -1,0 +1,185 @@
+"""Who gave the drink? Indirect-object identification (Wang et al. 2022) on a decoder LM.
+
+"When Mary and John went to the store, John gave a drink to" -> " Mary": the indirect object (IO,
+Mary) is the name that is NOT repeated; the subject (S, John) appears twice. The model's preference
+is the logit difference LD = logit(IO) - logit(S) at the last position.
+
+- `ioi_prompts`: a dozen templates, each with its own pair of names (single tokens in the model's
+  tokenizer, with their leading space), alternating the ABBA / BABA orders; each has a corrupted twin
+  with the names swapped at the second mention (S2 := IO), the same length, for activation patching.
+- `direct_logit_attribution`: each head's output at the last position, through its W^O slice, the
+  final norm's scale and the unembedding, onto u_IO - u_S. The final norm's scale (1/rms, or 1/std
+  after centring for LayerNorm) is FROZEN at its value on the clean run: the standard DLA
+  approximation that makes the logit a linear sum of the residual stream's pieces. With it frozen the
+  pieces (embeddings, every head, W^O's bias, every FFN, the norm's bias) add up exactly to LD.
+- `ablate_heads_ld`: knock out the top heads (and, as a control, as many random heads) and watch LD fall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model.analysis.patching import logit_diff
+from model.analysis.phenomena import as_decoder, as_ids, heads_hooks, random_heads
+
+# {A} and {B} are introduced in this order, {S} is the repeated one (the subject).
+TEMPLATES = (
+    "When {A} and {B} went to the store, {S} gave a drink to",
+    "When {A} and {B} went to the park, {S} gave a ball to",
+    "After {A} and {B} went to the market, {S} handed a bag to",
+    "While {A} and {B} were working at the office, {S} gave a report to",
+    "Then, {A} and {B} had a long argument, and afterwards {S} said to",
+    "When {A} and {B} got a snack at the cafe, {S} decided to give it to",
+    "The friends {A} and {B} found a necklace at the beach. {S} gave it to",
+    "Afterwards, {A} and {B} went to the garden. {S} gave a flower to",
+    "At the school, {A} and {B} were playing. {S} threw the ball to",
+    "When {A} and {B} arrived at the house, {S} sent a letter to",
+    "Yesterday {A} and {B} visited the museum, and {S} showed a painting to",
+    "After the meeting, {A} and {B} went home. {S} passed a note to",
+)
+NAMES = ("Mary", "John", "Tom", "Sarah", "James", "Anna", "David", "Emma", "Paul", "Lisa", "Mark", "Kate",
+         "Peter", "Alice", "Michael", "Laura", "Daniel", "Rachel", "Robert", "Susan", "Chris", "Jessica",
+         "Steven", "Linda")
+
+
+@dataclass
+class IOIPrompt:
+    text: str
+    corrupted: str  # the same with S2 := IO, so the answer flips
+    io: str
+    s: str
+    io_id: int  # the token id of " IO"
+    s_id: int
+
+
+def single_token_names(lm, names=NAMES) -> list[str]:
+    """The names that are one token with a leading space (" Mary") in the model's tokenizer."""
+    tok = lm.tokenizer
+    return [n for n in names if len(tok.encode(" " + n, add_special_tokens=False).ids) == 1]
+
+
+def ioi_prompts(lm, n: int = 12, templates=TEMPLATES, names=None) -> list[IOIPrompt]:
+    """n prompts: template i with its own name pair, ABBA for even i and BABA for odd i."""
+    pool = single_token_names(lm, names or NAMES)
+    if len(pool) < 2:
+        raise ValueError("the tokenizer has fewer than 2 single-token names for the IOI prompts")
+    out = []
+    for i in range(n):
+        io, s = pool[(2 * i) % len(pool)], pool[(2 * i + 1) % len(pool)]
+        a, b = (io, s) if i % 2 == 0 else (s, io)
+        t = templates[i % len(templates)]
+        tid = lambda name: lm.tokenizer.encode(" " + name, add_special_tokens=False).ids[0]  # noqa: E731
+        out.append(IOIPrompt(t.format(A=a, B=b, S=s), t.format(A=a, B=b, S=io), io, s, tid(io), tid(s)))
+    return out
+
+
+# ---------------------------------------------------------------------- direct logit attribution
+
+
+@dataclass
+class DLA:
+    heads: np.ndarray  # [L, H]: each head's direct contribution to LD
+    attn_bias: np.ndarray  # [L]: W^O's bias (0 without one)
+    ffn: np.ndarray  # [L]: each FFN's output
+    embed: float  # the embeddings (token + learned positions)
+    norm_bias: float  # the final LayerNorm's bias (0 for RMSNorm)
+    logit_diff: float  # the model's own LD
+    approximation: str = ("the final norm's scale is frozen at its value on this run (standard DLA); "
+                          "with it frozen, the pieces add up to the logit difference")
+
+    def total(self) -> float:
+        return float(self.heads.sum() + self.attn_bias.sum() + self.ffn.sum() + self.embed + self.norm_bias)
+
+
+@torch.no_grad()
+def direct_logit_attribution(lm, text_or_ids, good: int, bad: int) -> DLA:
+    """Each piece of the final residual stream at the last position, projected through the final
+    norm (scale frozen from this run) and the unembedding onto u_good - u_bad."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    L = m.cfg.n_layers
+    names = (["decoder.embed.out", "decoder.norm.in"] + [f"decoder.layers.{i}.self_attn.z" for i in range(L)]
+             + [f"decoder.layers.{i}.ffn.out" for i in range(L)])
+    logits, tr = m.run_with_trace(ids, names=names)
+    norm = m.decoder.norm
+    x = tr["decoder.norm.in"][0, -1].double()
+    direction = (m.generator.weight[good] - m.generator.weight[bad]).double()
+    weight = norm.weight.double()
+    if m.cfg.norm == "rmsnorm":
+        scale = torch.rsqrt(x.pow(2).mean() + norm.eps)  # frozen: 1 / rms of the final residual
+        project = lambda v: float((v.double() * scale * weight) @ direction)  # noqa: E731
+        norm_bias = 0.0
+    else:
+        scale = torch.rsqrt(x.var(unbiased=False) + norm.eps)
+        project = lambda v: float(((v.double() - v.double().mean()) * scale * weight) @ direction)  # noqa: E731
+        norm_bias = float(norm.bias.double() @ direction)
+    heads = np.zeros((L, m.cfg.n_heads))
+    attn_bias, ffn = np.zeros(L), np.zeros(L)
+    for i, layer in enumerate(m.decoder.layers):
+        attn = layer.self_attn
+        z = tr[f"decoder.layers.{i}.self_attn.z"][0, :, -1]  # [H, hs]
+        w_o = attn.w_o.weight.view(-1, attn.n_heads, attn.d_head)  # [D, H, hs]
+        for h in range(attn.n_heads):
+            heads[i, h] = project(w_o[:, h] @ z[h])
+        if attn.w_o.bias is not None:
+            attn_bias[i] = project(attn.w_o.bias)
+        ffn[i] = project(tr[f"decoder.layers.{i}.ffn.out"][0, -1])
+    return DLA(heads, attn_bias, ffn, project(tr["decoder.embed.out"][0, -1]), norm_bias,
+               float(logit_diff(logits, good, bad)[0]))
+
+
+# ---------------------------------------------------------------------- the experiment
+
+
+@dataclass
+class IOIResult:
+    prompts: list[IOIPrompt]
+    logit_diffs: list[float]  # per prompt
+    mean_logit_diff: float
+    dla: np.ndarray  # [L, H]: mean over the prompts
+    top_heads: list[tuple[int, int, float]]  # (layer, head, mean DLA), largest first
+
+    def accuracy(self) -> float:
+        """Share of prompts where IO beats S."""
+        return float(np.mean([d > 0 for d in self.logit_diffs]))
+
+
+def ioi(lm, prompts: list[IOIPrompt] | None = None, top: int = 10) -> IOIResult:
+    """LD on each prompt and the mean per-head DLA over them."""
+    prompts = prompts or ioi_prompts(lm)
+    dlas = [direct_logit_attribution(lm, p.text, p.io_id, p.s_id) for p in prompts]
+    mean = np.mean([d.heads for d in dlas], axis=0)
+    order = np.argsort(-mean, axis=None)[:top]
+    H = mean.shape[1]
+    return IOIResult(prompts, [d.logit_diff for d in dlas], float(np.mean([d.logit_diff for d in dlas])), mean,
+                     [(int(i // H), int(i % H), float(mean.flat[i])) for i in order])
+
+
+@dataclass
+class LDAblation:
+    heads: list[tuple[int, int]]
+    base: float  # mean LD intact
+    ablated: float  # mean LD with `heads` knocked out
+    controls: list[list[tuple[int, int]]]
+    control: list[float]  # mean LD with each random set knocked out
+    mode: str
+
+
+@torch.no_grad()
+def mean_logit_diff(lm, prompts: list[IOIPrompt], hooks=None) -> float:
+    m = as_decoder(lm)
+    return float(np.mean([float(logit_diff(m.run_with_hooks(as_ids(lm, p.text), hooks=hooks), p.io_id, p.s_id)[0])
+                          for p in prompts]))
+
+
+def ablate_heads_ld(lm, result: IOIResult, k: int = 5, mode: str = "mean", n_controls: int = 3,
+                    seed: int = 0) -> LDAblation:
+    """Knock out the k heads with the largest mean DLA (mode "mean": z's mean over each prompt's
+    positions; or "zero") and as many random other heads (the control)."""
+    top = [(layer, h) for layer, h, _ in result.top_heads[:k]]
+    controls = [random_heads(lm, len(top), exclude=top, seed=seed + i) for i in range(n_controls)]
+    run = lambda heads: mean_logit_diff(lm, result.prompts, heads_hooks(lm, heads, mode))  # noqa: E731
+    return LDAblation(top, result.mean_logit_diff, run(top), controls, [run(c) for c in controls], mode)

@@ -1,0 +1,64 @@
+"""The logit lens (nostalgebraist 2020): read each layer's residual stream as if it were the last.
+
+Row "embed" reads the embeddings, row i the output of layer i. Each row goes through the model's own
+final norm, with that row's OWN statistics (the norm is simply applied to that residual: its rms, or
+mean and std, are recomputed per layer and position, not borrowed from the last layer), then through
+the unembedding. The last row is therefore exactly the model's logits. It shows at which depth the
+answer appears.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model.analysis.phenomena import as_decoder, as_ids
+
+
+@dataclass
+class LogitLens:
+    layers: list[str]  # "embed", "0", ..., str(L - 1)
+    tokens: list[str] | None  # the input pieces (positions)
+    top_ids: np.ndarray  # [L + 1, T]: the most likely next token read at each layer and position
+    top_probs: np.ndarray  # [L + 1, T]: its probability
+    top_tokens: list[list[str]] | None  # the pieces of top_ids
+    target_probs: np.ndarray | None  # [L + 1, T]: probability of `target` (if given)
+    target_ranks: np.ndarray | None  # [L + 1, T]: its rank (0 = top)
+
+
+@torch.no_grad()
+def layer_logits(lm, text_or_ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(model logits [1, T, V], [residual of each row [1, T, D]]) for the lens: embeddings + each layer's output."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    names = ["decoder.embed.out"] + [f"decoder.layers.{i}.out" for i in range(m.cfg.n_layers)]
+    logits, tr = m.run_with_trace(ids, names=names)
+    return logits, [tr[n] for n in names]
+
+
+@torch.no_grad()
+def logit_lens(lm, text_or_ids, target: int | None = None) -> LogitLens:
+    """Layer x position table of the top next token and its probability (and of `target`'s, if given).
+    One layer's [T, V] logits at a time, so memory stays at one row of the table."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    _, resid = layer_logits(lm, ids)
+    top_ids, top_p, tgt_p, tgt_r = [], [], [], []
+    for x in resid:
+        logits = m.generator(m.decoder.norm(x))[0]  # the final norm's own statistics for THIS residual
+        p = logits.float().softmax(-1)
+        best = p.max(-1)
+        top_ids.append(best.indices)
+        top_p.append(best.values)
+        if target is not None:
+            tgt_p.append(p[:, target])
+            tgt_r.append((logits > logits[:, target:target + 1]).sum(-1))
+    has_tok = getattr(lm, "tokenizer", None) is not None
+    top = torch.stack(top_ids).numpy()
+    return LogitLens(["embed"] + [str(i) for i in range(m.cfg.n_layers)],
+                     lm.tokens(ids[0]) if has_tok else None, top, torch.stack(top_p).double().numpy(),
+                     [lm.tokens(row) for row in top] if has_tok else None,
+                     torch.stack(tgt_p).double().numpy() if target is not None else None,
+                     torch.stack(tgt_r).numpy() if target is not None else None)

@@ -1,0 +1,369 @@
+"""Attention phenomena of decoder-only LMs, each found by its published recipe (issue 19 §2-§3).
+
+Per-head scores over a trace, each [L, H] (layers x query heads), with the threshold used and the
+heads over it (`HeadScores`):
+
+- sink: share of a head's attention on token 0 ("Efficient Streaming Language Models with Attention
+  Sinks", Xiao et al. 2023): mean over the query rows 1..T-1 of w[i, 0] (row 0 can only see token 0,
+  so it is left out);
+- previous_token / duplicate_token: TransformerLens's head detector (`detect_head`, error_measure
+  "mul"): the attention on the pattern's cells (i -> i-1; i -> earlier copies of token i) over the
+  attention of the rows. TransformerLens divides by every row; we divide by the rows that have a
+  pattern cell, so a perfect head scores 1 on any input (= TL's score x T / rows with a cell);
+- induction: Olsson et al. 2022 ("In-context Learning and Induction Heads"), on [BOS] + n random
+  tokens repeated twice: mean attention from each position i of the second copy to i - (n - 1), the
+  token after the previous occurrence of token i;
+- entropy (nats) and mean attention distance (positions), means over the query rows.
+
+Then the interventions that test them: per-token loss on the first vs second copy of the repeated
+sequence, ablation of the top induction heads vs as many random heads (seeded control), and the
+output change when token 0's key is blocked in one head or everywhere.
+
+Everything runs through the recorder's per-call hooks; `lm` is a LanguageModel or a DecoderLM.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import interventions as iv
+
+THRESHOLDS = {"sink": 0.3, "previous_token": 0.5, "duplicate_token": 0.5, "induction": 0.5}
+RECIPES = {
+    "sink": "mean attention on token 0 over query rows 1..T-1 (Xiao et al. 2023, attention sinks)",
+    "previous_token": "attention on i -> i-1 over the rows that have it (TransformerLens detect_head, 'mul')",
+    "duplicate_token": "attention on earlier copies of the same token over the rows that have one "
+                       "(TransformerLens detect_head, 'mul')",
+    "induction": "mean attention from i to i-(n-1) over the second copy of [BOS] + n random tokens x 2 "
+                 "(Olsson et al. 2022)",
+    "entropy": "mean over query rows of -sum w log w (nats)",
+    "distance": "mean over query rows of sum w |i - j| (positions)",
+}
+
+
+# ---------------------------------------------------------------------- inputs
+
+
+def as_decoder(lm):
+    """The DecoderLM of a LanguageModel (or the DecoderLM itself)."""
+    return getattr(lm, "model", lm)
+
+
+def as_ids(lm, text_or_ids) -> torch.Tensor:
+    """LongTensor [B, T] from text (the LanguageModel's tokenizer, no chat template) or ids."""
+    if isinstance(text_or_ids, str):
+        if not hasattr(lm, "encode"):
+            raise ValueError("text needs a LanguageModel (with a tokenizer); pass token ids to a bare DecoderLM")
+        return lm.encode(text_or_ids)
+    ids = torch.as_tensor(text_or_ids, dtype=torch.long)
+    return ids[None] if ids.dim() == 1 else ids
+
+
+def attention_names(lm) -> list[str]:
+    """The attention modules, in layer order, from the model's own description."""
+    return list(as_decoder(lm).describe()["attention"])
+
+
+@dataclass
+class HeadScores:
+    """One detector's [L, H] scores, its threshold, and the heads over it (best first)."""
+
+    name: str
+    scores: np.ndarray  # [L, H]
+    threshold: float | None
+    recipe: str
+    heads: list[tuple[int, int, float]] = field(default_factory=list)  # (layer, head, score) >= threshold
+
+    def top(self, n: int = 5) -> list[tuple[int, int, float]]:
+        order = np.argsort(-self.scores, axis=None)[:n]
+        H = self.scores.shape[1]
+        return [(int(i // H), int(i % H), float(self.scores.flat[i])) for i in order]
+
+
+def _scored(name: str, scores: np.ndarray, threshold: float | None) -> HeadScores:
+    heads = []
+    if threshold is not None:
+        L, H = np.nonzero(scores >= threshold)
+        heads = sorted(((int(layer), int(h), float(scores[layer, h])) for layer, h in zip(L, H, strict=True)),
+                       key=lambda x: -x[2])
+    return HeadScores(name, scores, threshold, RECIPES[name], heads)
+
+
+# ---------------------------------------------------------------------- patterns (TransformerLens's)
+
+
+def previous_token_pattern(T: int) -> torch.Tensor:
+    """[T, T]: 1 at (i, i-1)."""
+    p = torch.zeros(T, T)
+    p[1:, :-1] = torch.eye(T - 1)
+    return p
+
+
+def duplicate_token_pattern(ids: torch.Tensor) -> torch.Tensor:
+    """[T, T] for one sequence: 1 at (i, j) for j < i with ids[j] == ids[i]."""
+    eq = (ids[:, None] == ids[None, :]).float()
+    return torch.tril(eq, diagonal=-1)
+
+
+def induction_pattern(ids: torch.Tensor) -> torch.Tensor:
+    """[T, T]: 1 at (i, j + 1) for every earlier copy j of token i (the token after it)."""
+    dup = duplicate_token_pattern(ids)
+    out = torch.zeros_like(dup)
+    out[:, 1:] = dup[:, :-1]
+    return torch.tril(out, diagonal=-1)
+
+
+def pattern_score(weights: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """Per head: attention on the pattern's cells / attention of the rows that have a cell.
+    weights [B, H, T, T], pattern [B, T, T] or [T, T]. Returns [H] (NaN if no row has a cell)."""
+    w = weights.double()
+    p = pattern.double().expand(w.shape[0], *pattern.shape[-2:])
+    rows = (p.sum(-1) > 0).double()  # [B, T]
+    hit = (w * p[:, None]).sum((0, 2, 3))
+    total = (w.sum(-1) * rows[:, None]).sum((0, 2))
+    return hit / total
+
+
+# ---------------------------------------------------------------------- per-head statistics
+
+
+def _weights(trace, names: list[str]) -> list[torch.Tensor]:
+    missing = [n for n in names if f"{n}.weights" not in trace]
+    if missing:
+        raise ValueError(f"the trace lacks {missing[0]}.weights: capture names='*.self_attn.weights'")
+    return [trace[f"{n}.weights"].double() for n in names]
+
+
+def head_statistics(trace, thresholds: dict | None = None, period: int | None = None) -> dict[str, HeadScores]:
+    """Every per-head score of a decoder LM's trace (captured with at least '*.self_attn.weights';
+    meta['tgt_ids'] gives the tokens). `period`: the length n of the repeated block, for the induction
+    score (an `induction_sequence` trace); without it, the induction score uses TransformerLens's
+    pattern (the token after every earlier copy), which needs repeated tokens in the input."""
+    th = THRESHOLDS | (thresholds or {})
+    desc = trace.meta["model"]
+    names = [m for m, info in desc["attention"].items() if info["kind"] == "decoder_self"]
+    ws = _weights(trace, names)
+    B, H, T, _ = ws[0].shape
+    ids = torch.as_tensor(trace.meta["tgt_ids"])
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("sink", "previous_token", "duplicate_token",
+                                                          "induction", "entropy", "distance")}
+    dup = torch.stack([duplicate_token_pattern(r) for r in ids])
+    ind = torch.stack([induction_pattern(r) for r in ids])
+    prev = previous_token_pattern(T)
+    gap = (torch.arange(T)[:, None] - torch.arange(T)[None]).abs().double()
+    for w in ws:
+        out["sink"].append(w[:, :, 1:, 0].mean((0, 2)) if T > 1 else torch.full((H,), float("nan")))
+        out["previous_token"].append(pattern_score(w, prev))
+        out["duplicate_token"].append(pattern_score(w, dup))
+        out["induction"].append(induction_score(w, period) if period else pattern_score(w, ind))
+        out["entropy"].append((-(w * w.clamp_min(1e-30).log()).sum(-1)).mean((0, 2)))
+        out["distance"].append((w * gap).sum(-1).mean((0, 2)))
+    return {k: _scored(k, torch.stack(v).numpy(), th.get(k)) for k, v in out.items()}
+
+
+def induction_score(weights: torch.Tensor, period: int) -> torch.Tensor:
+    """Olsson et al.: on [BOS] + n random tokens + the same n again (period n), the mean over the
+    second copy's positions i (n+1 .. 2n) of the attention from i to i - (n - 1). Returns [H]."""
+    B, H, T, _ = weights.shape
+    if T < 2 * period + 1:
+        raise ValueError(f"the induction score needs [BOS] + 2 x {period} tokens, the trace has {T}")
+    i = torch.arange(period + 1, 2 * period + 1)
+    return weights.double()[:, :, i, i - (period - 1)].mean((0, 2))
+
+
+# ---------------------------------------------------------------------- the repeated random sequence
+
+
+def induction_sequence(lm, n: int = 50, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    """[batch, 1 + 2n]: [BOS] + n random tokens + the same n tokens again. Tokens are drawn (seeded)
+    from ids 1000..9999 like TransformerLens's demos (ordinary words, no special or byte tokens), or
+    from every non-special id of a smaller vocabulary."""
+    cfg = as_decoder(lm).cfg
+    bos = cfg.bos_id if cfg.bos_id is not None else 0
+    special = {i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id) if i is not None}
+    lo, hi = (1000, 10000) if cfg.vocab_size > 10000 else (0, cfg.vocab_size)
+    pool = torch.tensor([i for i in range(lo, hi) if i not in special])
+    g = torch.Generator().manual_seed(int(seed))
+    body = pool[torch.randint(0, len(pool), (batch, n), generator=g)]
+    return torch.cat([torch.full((batch, 1), bos), body, body], dim=1)
+
+
+def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[B, T-1]: -log p(ids[:, t+1] | ids[:, :t+1]); column t is the loss on token t + 1."""
+    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+@dataclass
+class RepeatLoss:
+    first: float  # mean loss on the tokens of the first copy (positions 1..n)
+    second: float  # ... and of the second copy (positions n+1..2n)
+    per_token: np.ndarray  # [2n]: mean over the batch, the loss on token 1..2n
+
+
+def repeat_loss(logits: torch.Tensor, ids: torch.Tensor, n: int) -> RepeatLoss:
+    per = token_losses(logits, ids).mean(0).double().numpy()  # token t+1 at index t
+    return RepeatLoss(float(per[:n].mean()), float(per[n:2 * n].mean()), per)
+
+
+@dataclass
+class InductionResult:
+    ids: torch.Tensor  # [B, 1 + 2n]
+    n: int
+    scores: dict[str, HeadScores]  # every per-head statistic on this input (induction: Olsson's)
+    loss: RepeatLoss
+
+
+@torch.no_grad()
+def induction(lm, n: int = 50, batch: int = 1, seed: int = 0, thresholds: dict | None = None) -> InductionResult:
+    """The induction experiment: the repeated random sequence, its per-head scores and its loss."""
+    ids = induction_sequence(lm, n, batch, seed)
+    logits, trace = as_decoder(lm).run_with_trace(ids, names="*.self_attn.weights")
+    return InductionResult(ids, n, head_statistics(trace, thresholds, period=n), repeat_loss(logits, ids, n))
+
+
+# ---------------------------------------------------------------------- ablation with a control
+
+
+def heads_hooks(lm, heads: Sequence[tuple[int, int]], mode: str = "zero") -> dict:
+    """One hooks dict knocking out every (layer, query head) in `heads` (model.interventions.ablate_head;
+    mode "zero" or "mean": z over this pass's positions)."""
+    names = attention_names(lm)
+    return iv.combine(*(iv.ablate_head(names[layer], head, mode) for layer, head in heads))
+
+
+def random_heads(lm, k: int, exclude: Sequence[tuple[int, int]] = (), seed: int = 0) -> list[tuple[int, int]]:
+    """k distinct (layer, head) pairs drawn (seeded) from the heads not in `exclude`: the control."""
+    cfg = as_decoder(lm).cfg
+    pool = [(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)
+            if (layer, h) not in set(exclude)]
+    if k > len(pool):
+        raise ValueError(f"cannot draw {k} control heads from {len(pool)}")
+    return random.Random(seed).sample(pool, k)
+
+
+@dataclass
+class AblationResult:
+    heads: list[tuple[int, int]]
+    controls: list[list[tuple[int, int]]]  # one random set per control draw
+    base: float  # the metric, intact
+    ablated: float  # with `heads` knocked out
+    control: list[float]  # with each random set knocked out
+    metric: str
+    mode: str
+
+
+@torch.no_grad()
+def ablate_top_induction(lm, result: InductionResult, k: int = 5, mode: str = "zero", n_controls: int = 3,
+                         seed: int = 0) -> AblationResult:
+    """Knock out the k heads with the highest induction score and watch the second copy's loss rise;
+    knock out k random other heads (seeded, `n_controls` draws) as the control."""
+    top = [(layer, h) for layer, h, _ in result.scores["induction"].top(k)]
+    controls = [random_heads(lm, k, exclude=top, seed=seed + i) for i in range(n_controls)]
+    m = as_decoder(lm)
+
+    def second(heads):
+        logits = m.run_with_hooks(result.ids, hooks=heads_hooks(lm, heads, mode) if heads else None)
+        return repeat_loss(logits, result.ids, result.n).second
+
+    return AblationResult(top, controls, result.loss.second, second(top), [second(c) for c in controls],
+                          "mean loss on the second copy (nats)", mode)
+
+
+# ---------------------------------------------------------------------- attention sinks
+
+
+def block_first_key(layer_heads: dict[str, Sequence[int]] | None = None, names: Sequence[str] = ()) -> dict:
+    """Hooks that hide token 0's key from every query row that can still see another key (rows 1..):
+    - for whole modules (`names`): on `<attn>.mask` (True = blocked), shared by the module's heads;
+    - for single heads (`layer_heads` {module: [heads]}): the mask has no head axis, so their scores
+      at key 0 become -inf (softmax gives it exactly 0, the same as a blocked cell)."""
+
+    def mask_hook(mask: torch.Tensor, name: str) -> torch.Tensor:  # [B, 1, Tq, Tk]
+        mask = mask.clone()
+        free = (~mask[..., 1:]).any(-1)  # rows that see some other key
+        mask[..., 0] |= free
+        return mask
+
+    hooks = {f"{n}.mask": mask_hook for n in names}
+    for module, heads in (layer_heads or {}).items():
+        hs = list(heads)
+
+        def score_hook(s: torch.Tensor, name: str, hs=hs) -> torch.Tensor:  # [B, H, Tq, Tk]
+            s = s.clone()
+            s[:, hs, 1:, 0] = float("-inf")  # with a causal mask, rows 1.. see key 1 too
+            return s
+
+        hooks[f"{module}.scores"] = score_hook
+    return hooks
+
+
+@dataclass
+class SinkEffect:
+    share: HeadScores  # the sink score per head
+    mean_share: float  # attention on token 0, averaged over every head and query row 1..T-1
+    kl_everywhere: float  # mean over positions of KL(intact || token 0 blocked in every head), nats
+    top_before: list[int]  # the argmax token at each position, intact
+    top_after: list[int]  # ... with token 0 blocked everywhere
+    loss_before: float  # mean next-token loss on the input itself
+    loss_after: float
+    kl_per_head: np.ndarray | None  # [L, H]: the same KL with token 0 blocked in that head alone
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p || q), per batch row: [B]."""
+    lp, lq = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
+    return (lp.exp() * (lp - lq)).sum(-1).mean(-1)
+
+
+@torch.no_grad()
+def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
+                thresholds: dict | None = None) -> SinkEffect:
+    """Attention sinks on one input: each head's share on token 0, and what happens to the output when
+    token 0's key is blocked everywhere (and, with per_head, in one head at a time: L x H passes,
+    `batch` per forward)."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    if ids.shape[1] < 2:
+        raise ValueError("blocking token 0 needs at least 2 tokens")
+    logits, trace = m.run_with_trace(ids, names="*.self_attn.weights")
+    stats = head_statistics(trace, thresholds)
+    names = attention_names(lm)
+    blocked = m.run_with_hooks(ids, hooks=block_first_key(names=names))
+    per = None
+    if per_head:
+        L, H = m.cfg.n_layers, m.cfg.n_heads
+        pairs = [(layer, h) for layer in range(L) for h in range(H)]
+        kls = []
+        for s in range(0, len(pairs), batch):
+            chunk = pairs[s:s + batch]
+            kls.append(_kl(logits.expand(len(chunk), -1, -1),
+                           m.run_with_hooks(ids.expand(len(chunk), -1), hooks=_rowwise_sink_hooks(names, chunk))))
+        per = torch.cat(kls).reshape(L, H).numpy()
+    share = stats["sink"]
+    return SinkEffect(share, float(np.mean(share.scores)), float(_kl(logits, blocked)[0]),
+                      logits[0].argmax(-1).tolist(), blocked[0].argmax(-1).tolist(),
+                      float(token_losses(logits, ids).mean()), float(token_losses(blocked, ids).mean()), per)
+
+
+def _rowwise_sink_hooks(names: list[str], pairs: list[tuple[int, int]]) -> dict:
+    """Batch row r blocks token 0 in head pairs[r] = (layer, head) only."""
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for r, (layer, h) in enumerate(pairs):
+        by_layer.setdefault(layer, []).append((r, h))
+    hooks = {}
+    for layer, rh in by_layer.items():
+        rows, heads = torch.tensor([r for r, _ in rh]), torch.tensor([h for _, h in rh])
+
+        def hook(s: torch.Tensor, name: str, rows=rows, heads=heads) -> torch.Tensor:
+            s = s.clone()
+            s[rows, heads, 1:, 0] = float("-inf")
+            return s
+
+        hooks[f"{names[layer]}.scores"] = hook
+    return hooks
