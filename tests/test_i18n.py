@@ -285,8 +285,11 @@ def table_texts(at: AppTest) -> list[tuple[str, str]]:
 def english_in_zh(at: AppTest) -> list[str]:
     """Everything English a zh page shows: sentences anywhere, UI words in figures and tables."""
     found = [f"{kind}: {hit!r} in {text[:120]!r}" for kind, text in shown_texts(at) for hit in english_sentences(text)]
+    typed = {w.lower() for kind in ("text_input", "text_area") for el in at.get(kind)
+             for w in WORD.findall(str(el.value or ""))}  # the inputs' words (tokens in a table) are data
     for kind, text in figure_texts(at) + table_texts(at):
-        found += [f"{kind}: {hit!r} in {text[:120]!r}" for hit in english_sentences(text) + english_words(text)]
+        words = [w for w in english_words(text) if w.lower() not in typed]
+        found += [f"{kind}: {hit!r} in {text[:120]!r}" for hit in english_sentences(text) + words]
     return found
 
 
@@ -334,3 +337,34 @@ def test_zh_page_has_no_english_sentence(page):
     at = app_run(page, "zh")
     found = english_in_zh(at)
     assert not found, f"{page} in zh shows {len(found)} English sentence(s):\n" + "\n".join(found)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="viz/pages/snapshots.py's name selectbox formats options with t() lazily, so AppTest "
+                          "(which calls format_func outside the session, in English) cannot rerun it in zh; "
+                          "i18n.option_labels fixes that (the Snapshots owner's file, being edited now)",
+                   raises=ValueError, strict=False)
+def test_zh_snapshots_compare_has_no_english():
+    """The compare view (notes, tables, difference figures) and a text-file refusal, in zh."""
+    from model import Trace
+    from model.toy.checkpoint import load_checkpoint
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)  # not app_run's shared run: this one uploads
+    at.query_params["lang"] = "zh"
+    at.run()
+    at.switch_page("viz/pages/snapshots.py").run()
+    ckpt = load_checkpoint("zh-en")
+    trace = ckpt.trace("我爱机器学习")[1]
+    tensors, meta = dict(trace), dict(trace.meta)
+    name = "encoder.layers.0.self_attn.weights"
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 1, 0, 0] += 0.25
+    meta["config"] = {**meta["config"], "dropout": 0.3}  # a metadata note too
+    at.file_uploader(key="snap_upload").upload("edited.safetensors", Trace(tensors, meta).to_bytes()).run()
+    assert not at.exception and at.dataframe, [e.value for e in at.exception]
+    found = english_in_zh(at)
+    at.file_uploader(key="snap_upload").clear().upload("notes.safetensors", b"hello, this is a text file\n" * 50)
+    at.run()
+    assert not at.exception and at.error
+    found += english_in_zh(at)
+    assert not found, "Snapshots compare in zh shows English:\n" + "\n".join(found)
