@@ -340,10 +340,6 @@ def test_zh_page_has_no_english_sentence(page):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="viz/pages/snapshots.py's name selectbox formats options with t() lazily, so AppTest "
-                          "(which calls format_func outside the session, in English) cannot rerun it in zh; "
-                          "i18n.option_labels fixes that (the Snapshots owner's file, being edited now)",
-                   raises=ValueError, strict=False)
 def test_zh_snapshots_compare_has_no_english():
     """The compare view (notes, tables, difference figures) and a text-file refusal, in zh."""
     from model import Trace

@@ -9,7 +9,7 @@ from model import Trace, TraceFileError, compare_traces
 from model.core.trace import MAX_HEADER_BYTES, META_KEYS
 from viz import common
 from viz import figures as F
-from viz.i18n import N_, t
+from viz.i18n import N_, option_labels, t
 
 MAX_SHOWN_TEXT = 200  # characters of an uploaded trace's text shown inline (its length is always said)
 # What a refused file is, in the user's words (TraceFileError.kind); other kinds show the reader's detail.
@@ -182,7 +182,7 @@ def _where(w: dict) -> str:
 st.markdown(t("**{n} tensor(s) differ**, worst first:", n=len(diff.diffs)))
 if len(diff.diffs) > 200:
     st.caption(t("The table lists the worst 200 of {n}.", n=len(diff.diffs)))
-st.dataframe([{t("name"): d.name, "max |diff|": d.max_abs, t("problem"): t(PROBLEMS.get(d.problem, d.problem)),
+st.dataframe([{t("name"): d.name, t("max |diff|"): d.max_abs, t("problem"): t(PROBLEMS.get(d.problem, d.problem)),
                t("where (worst cell)"): _where(d.where)} for d in diff.diffs[:200]], hide_index=True)
 comparable = [d for d in diff.diffs if not d.problem]
 if not comparable:
@@ -190,8 +190,8 @@ if not comparable:
               "(different input lengths give different shapes: compare traces of the same text)."))
     st.stop()
 pick = st.selectbox(t("Draw the difference of"), range(len(comparable)), key="snap_pick",
-                    format_func=lambda i: t("{name} (max |diff| {value})", name=comparable[i].name,
-                                            value=f"{comparable[i].max_abs:.3g}"))
+                    format_func=option_labels(range(len(comparable)), lambda i: t(
+                        "{name} (max |diff| {value})", name=comparable[i].name, value=f"{comparable[i].max_abs:.3g}")))
 d = comparable[pick]
 ref, cur = other[d.name], trace[d.name]
 head = 0
