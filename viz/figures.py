@@ -859,4 +859,5 @@ def diff_figure(reference, other, name: str, head: int = 0,
     fig.update_yaxes(autorange="reversed")
     where = " · " + t("head {h}", h=head) if arr(reference).ndim == 4 else ""
     worst = float(np.nanmax(np.abs(d))) if d.size else 0.0
-    return _layout(fig, name + where + t(": max |diff| = {value}", value=f"{worst:.3g}"), _size(a.shape[0], 320, 4, 640))
+    title = name + where + t(": max |diff| = {value}", value=f"{worst:.3g}")
+    return _layout(fig, title, _size(a.shape[0], 320, 4, 640))
