@@ -100,14 +100,33 @@ def _scores(trace, stat: str):
     return FL.head_scores(trace, stat)
 
 
+# Streamlit's on_select reports box/lasso selections, not a click on a heatmap cell: this listens to plotly's
+# own click event on the overview (key `figure`) and reports the cell's customdata [layer, head]. Draws nothing.
+_CELL_CLICKS_JS = """
+export default function ({ data, setTriggerValue }) {
+  let gd = null;
+  const onClick = (ev) => {
+    const cd = ev && ev.points && ev.points[0] && ev.points[0].customdata;
+    if (cd && cd.length === 2) setTriggerValue("cell", [Number(cd[0]), Number(cd[1])]);
+  };
+  const attach = () => {
+    const el = document.querySelector(".st-key-" + data.figure + " .js-plotly-plot");
+    if (el && el !== gd && el.on) { gd = el; gd.on("plotly_click", onClick); }
+  };
+  attach();
+  const timer = setInterval(attach, 250);  // the chart is redrawn (a new element) on reruns
+  return () => clearInterval(timer);
+}
+"""
+_cell_clicks = st.components.v2.component("attention_lab.llm_cell_clicks", js=_CELL_CLICKS_JS)
+
+
 def _on_overview_click() -> None:
     """A click on a cell of the overview opens that head (before the rerun, so the selects may change)."""
-    state = st.session_state.get("llm_overview") or {}
-    for p in (state.get("selection") or {}).get("points") or []:
-        cd = p.get("customdata") if isinstance(p, dict) else None
-        if cd and len(cd) == 2:
-            st.session_state["llm_layer"], st.session_state["llm_head"] = int(cd[0]), int(cd[1])
-            return
+    cell = getattr(st.session_state.get("llm_cell_clicks"), "cell", None)
+    if isinstance(cell, list) and len(cell) == 2 and all(isinstance(v, int) for v in cell):
+        if 0 <= cell[0] < n_layers and 0 <= cell[1] < n_heads:
+            st.session_state["llm_layer"], st.session_state["llm_head"] = cell
 
 
 def _use_repeated() -> None:
@@ -126,8 +145,9 @@ def heads_view() -> None:
         st.button(t("Use a prompt that repeats itself"), on_click=_use_repeated)
     else:
         fig = FL.head_overview(scores, stat, layer, head)
-        common.show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}", selection_mode="points",
-                           on_select=_on_overview_click)
+        common.show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}")
+        _cell_clicks(key="llm_cell_clicks", data={"figure": "llm_overview"}, height=0,
+                     on_cell_change=_on_overview_click)
         best = divmod(int(np.nanargmax(scores)), n_heads)
         st.caption(t("{n_layers} layers × {n_heads} heads on this prompt; highest: layer {l} head {h} ({v}). Hover "
                      "a cell for its number, click it to open that head below.", n_layers=n_layers,

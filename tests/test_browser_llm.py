@@ -1,0 +1,82 @@
+"""The Language model page in Chromium: a link opens SmolLM2 on a chosen head, a click on the layer × head
+overview opens that head, the head buttons switch in the browser, a copied link reopens the picture in a
+fresh context, and Generate streams tokens. Screenshots go to artifacts/screenshots/llm-*.png."""
+
+from __future__ import annotations
+
+import re
+import time
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+from browser_support import SHOTS, wait_drawn
+
+pytestmark = pytest.mark.browser
+IOI = "When Mary and John went to the store, John gave a drink to"
+TITLES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(
+  gd => (gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '')"""
+
+
+def query(page) -> dict:
+    return {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
+
+
+def wait_param(page, param: str, value: str) -> None:
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get({param!r}) === {value!r}",
+                           timeout=120_000)
+    wait_drawn(page)
+
+
+def titles(page) -> list[str]:
+    return [re.sub(r"</?b>", "", str(t).split("<br>")[0]) for t in page.evaluate(TITLES)]
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"llm-{name}.png"), full_page=False)
+
+
+def test_llm_page_link_click_heads_and_copied_link(server, browser, page):
+    page.goto(f"{server}/llm?checkpoint=smollm2&prompt={quote(IOI)}&layer=17&head=3&stat=prev")
+    wait_drawn(page)
+    assert "decoder.layers.17.self_attn · head 3 · softmax weights" in titles(page), titles(page)
+    shot(page, "overview")
+    # A click on the overview's cell (layer 11, head 1) opens that head.
+    xy = page.evaluate("""() => {
+      const gd = [...document.querySelectorAll('.js-plotly-plot')].find(g => g.data[0].customdata);
+      const fl = gd._fullLayout, r = gd.querySelector('.nsewdrag').getBoundingClientRect();
+      return [r.left + fl.xaxis.l2p(1), r.top + fl.yaxis.l2p(11)];
+    }""")
+    page.mouse.click(*xy)
+    wait_param(page, "layer", "11")
+    assert query(page)["head"] == "1"
+    assert "decoder.layers.11.self_attn · head 1 · softmax weights" in titles(page), titles(page)
+    # The head buttons switch heads in the browser; the server (select, URL) follows.
+    page.locator(".st-key-llm_head_fig .updatemenu-button").nth(5).click()
+    wait_param(page, "head", "5")
+    assert "decoder.layers.11.self_attn · head 5 · softmax weights" in titles(page)
+    shot(page, "head")
+    # A copied link, in a fresh context (another user): the same picture.
+    before = (titles(page), query(page))
+    fresh = browser.new_context(viewport=page.viewport_size)
+    try:
+        other = fresh.new_page()
+        other.goto(page.url)
+        wait_drawn(other)
+        assert (titles(other), query(other)) == before
+    finally:
+        fresh.close()
+
+
+def test_generate_streams_tokens(server, page):
+    page.goto(f"{server}/llm?checkpoint=smollm2&prompt={quote('The capital of France is')}&view=generate&max_new=12")
+    wait_drawn(page, need_chart=False)
+    start = time.monotonic()
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.get_by_text("Output so far", exact=False).first.wait_for(timeout=120_000)
+    first = time.monotonic() - start
+    wait_drawn(page)
+    shot(page, "generate")
+    assert any(t.startswith("Step 0: top 10 next tokens") for t in titles(page)), titles(page)
+    assert any("where position" in t for t in titles(page))
+    print(f"first streamed token shown {first:.2f} s after the click")
