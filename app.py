@@ -38,6 +38,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
         ("viz/pages/decoder.py", N_("Step-by-step decoder"), ":material/step:"),
         ("viz/pages/pretrained.py", N_("Pretrained encoder"), ":material/psychology:"),
         ("viz/pages/llm.py", N_("Language model"), ":material/chat:"),
+        ("viz/pages/phenomena.py", N_("Attention phenomena"), ":material/insights:"),
     ],
     N_("Experiment"): [
         ("viz/pages/experiments.py", N_("Experiments"), ":material/science:"),

@@ -1,0 +1,418 @@
+"""Attention phenomena: what an LLM's heads do, each found live by its published recipe (issue 19 §3).
+
+Four views (`?phen=`): attention sinks, previous- and duplicate-token heads, induction heads, and IOI ("who
+gave the drink?"). Each says what the phenomenon is in 2–3 sentences, states its number and the threshold
+used, outlines the heads it found and links each one to the Language model page at that layer and head,
+and has a "try it". The numbers come from model/analysis (phenomena.py, ioi.py, patching.py,
+lessons_llm.py); this page only draws them. Heavy results are cached per (model, input), bounded.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from model.analysis import ioi as IOI
+from model.analysis import lessons_llm as LL
+from model.analysis import patching as PT
+from model.analysis import phenomena as PH
+from viz import common
+from viz import figures as F
+from viz import figures_phenomena as FPH
+from viz.i18n import N_, current_lang, option_labels, t
+
+VIEWS = {"sinks": N_("Attention sinks"), "patterns": N_("Previous- and duplicate-token heads"),
+         "induction": N_("Induction heads"), "ioi": N_("Who gave the drink? (IOI)")}
+LLM_PAGE = "viz/pages/llm.py"
+MAX_LINKS = 8  # found heads linked per detector (the map outlines them all)
+SOURCES = {"random": N_("[BOS] + 50 random tokens, repeated"), "prompt": N_("the sidebar's prompt")}
+MODES = {"zero": N_("zero"), "mean": N_("mean over positions")}
+
+st.title(t("Attention phenomena"))
+st.caption(t("What the heads of a real language model do, found live by the recipes of the papers that "
+             "named them. Each result gives its number and the threshold it used, outlines the heads it found, "
+             "and links every one of them to the Language model page."))
+sel = common.require("lm", lm_view="tokens")
+rm = sel.ckpt
+lm = rm.obj
+lang = current_lang()
+
+
+# ---------------------------------------------------------------- cached computations (read-only results)
+
+
+def _lm(name: str):
+    return common.load_ckpt(name).obj
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _sinks(name: str, text: str):
+    return PH.sink_effect(_lm(name), text)
+
+
+@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
+def _sinks_per_head(name: str, text: str):
+    return PH.sink_effect(_lm(name), text, per_head=True).kl_per_head
+
+
+@st.cache_resource(max_entries=16, ttl=3600, show_spinner=False)
+def _block(name: str, text: str, heads: tuple | None):
+    return LL.block_sink(_lm(name), text, None if heads is None else list(heads))
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _prompt_stats(name: str, text: str):
+    return PH.head_statistics(common.get_trace(name, text))
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _induction(name: str, n: int, seed: int):
+    return PH.induction(_lm(name), n=n, seed=seed)
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _induction_ablation(name: str, n: int, seed: int, k: int, mode: str):
+    return PH.ablate_top_induction(_lm(name), _induction(name, n, seed), k=k, mode=mode)
+
+
+@st.cache_resource(max_entries=2, ttl=3600, show_spinner=False)
+def _ioi(name: str):
+    return IOI.ioi(_lm(name))
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _ioi_ablation(name: str, k: int, mode: str):
+    return IOI.ablate_heads_ld(_lm(name), _ioi(name), k=k, mode=mode, n_controls=2)
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _patching(name: str, i: int):
+    p = _ioi(name).prompts[i]
+    return PT.activation_patching(_lm(name), p.text, p.corrupted, p.io_id, p.s_id, heads=False)
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+def piece(i: int) -> str:
+    """A token id as readable text (␣ for a space)."""
+    from viz import lm_models
+
+    return lm_models.readable(lm.tokens([int(i)])[0])
+
+
+def head_list(heads, limit: int = MAX_LINKS) -> str:
+    shown = ", ".join(t("L{l} H{h} ({v})", l=layer, h=head, v=F.num(v)) for layer, head, v in heads[:limit])
+    return shown + (t(" and {n} more", n=len(heads) - limit) if len(heads) > limit else "")
+
+
+def head_links(heads, prompt: str, stat: str | None = None) -> None:
+    """Each head one click away: the Language model page at that layer and head, on the input that found it."""
+    if not heads:
+        return
+    cols = st.columns(4)
+    for i, (layer, head, v) in enumerate(heads[:MAX_LINKS]):
+        query = {"checkpoint": sel.name, "view": "heads", "layer": layer, "head": head, "lang": lang}
+        if stat:
+            query["stat"] = stat
+        if len(prompt) <= common.MAX_URL_TEXT:
+            query["prompt"] = prompt
+        cols[i % 4].page_link(LLM_PAGE, label=t("layer {l} · head {h}: {v}", l=layer, h=head, v=F.num(v)),
+                              icon=":material/grid_view:", query_params={k: str(x) for k, x in query.items()})
+
+
+def found_pairs(heads) -> list[tuple[int, int]]:
+    return [(layer, head) for layer, head, _ in heads]
+
+
+def recipe(scores, what: str) -> None:
+    st.caption(t("Recipe: {recipe}. Threshold: {th}.", recipe=t(what), th=F.num(scores.threshold)))
+
+
+def try_it(text: str) -> None:
+    st.info(t("**Try it:** {task}", task=text), icon="🧪")
+
+
+def guarded(fn, *args):
+    """Run an analysis; a bad input (too short, no names in the vocabulary...) is a message, not a traceback."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        common.show_error(e)
+        return None
+
+
+def prompt_or_stop() -> str:
+    text = sel.text
+    problem = common.text_problems(text)
+    if problem:
+        common.show_error(problem)
+        st.stop()
+    return text
+
+
+# ---------------------------------------------------------------- attention sinks
+
+SINK_RECIPE = N_("mean attention on token 0 over query rows 1…T−1 (row 0 can see only token 0)")
+PREV_RECIPE = N_("share of a head's attention on the cell just before the query, over the rows that have one "
+                 "(TransformerLens's head detector)")
+DUP_RECIPE = N_("share of a head's attention on earlier copies of the query's token, over the rows that have one "
+                "(TransformerLens's head detector)")
+IND_RECIPE = N_("mean attention from each position i of the second copy to i − (n − 1), the token that followed "
+                "i's first occurrence (Olsson et al. 2022)")
+
+
+def sinks_view() -> None:
+    text = prompt_or_stop()
+    st.markdown(t("Many heads put most of their attention on the very first token, whatever it is. Softmax must "
+                  "give every row weights that sum to 1, so a head with nothing to read parks its attention on a "
+                  "token every query can see, and token 0 is the only one. Xiao et al. found these *attention "
+                  "sinks* and showed that a streaming model must keep token 0 in its cache (“Efficient Streaming "
+                  "Language Models with Attention Sinks”, 2023)."))
+    with st.spinner(t("Running the model…")):
+        eff = guarded(_sinks, sel.name, text)
+    if eff is None:
+        return
+    share = eff.share
+    recipe(share, SINK_RECIPE)
+    st.markdown(t("On this prompt **{p} of all attention** (every head, every query row 1…T−1) lands on token 0 "
+                  "(“{tok}”); **{k} of {n} heads** put at least {th} there.", p=f"{eff.mean_share:.0%}",
+                  tok=piece(PH.as_ids(lm, text)[0, 0]), k=len(share.heads), n=share.scores.size,
+                  th=F.num(share.threshold)))
+    common.show_figure(FPH.head_map(share.scores, t("share on token 0"), found_pairs(share.heads), zmax=1.0,
+                                    title=t("Share of each head's attention on token 0 · outlined: ≥ {th}",
+                                            th=F.num(share.threshold))), key="phen_sink_map")
+    st.markdown(t("**The strongest sinks** (open one on the Language model page):"))
+    head_links(share.top(MAX_LINKS), text, "sink")
+
+    st.subheader(t("Block token 0"))
+    st.caption(t("Hide token 0's key from every query that can see another token (softmax then gives it exactly "
+                 "0), in one head or in every head, and compare the next token at the last position."))
+    L, H = share.scores.shape
+    common.seed_from_query("phen_sink_where", "sink_where", "all", valid=lambda v: v in ("all", "one"))
+    where = st.segmented_control(t("Where"), ["all", "one"], key="phen_sink_where", required=True,
+                                 format_func=option_labels(["all", "one"], lambda v: {
+                                     "all": t("every head"), "one": t("one head")}[v])) or "all"
+    common.write_query(sink_where=where)
+    heads = None
+    if where == "one":
+        best = share.top(1)[0]
+        common.seed_from_query("phen_sink_layer", "sink_layer", best[0], int, common.int_in(0, L - 1))
+        common.seed_from_query("phen_sink_head", "sink_head", best[1], int, common.int_in(0, H - 1))
+        common.clamp_state("phen_sink_layer", 0, L - 1)
+        common.clamp_state("phen_sink_head", 0, H - 1)
+        c1, c2 = st.columns(2)
+        layer = c1.selectbox(t("Layer"), range(L), key="phen_sink_layer")
+        head = c2.selectbox(t("Head"), range(H), key="phen_sink_head")
+        common.write_query(sink_layer=layer, sink_head=head)
+        heads = ((int(layer), int(head)),)
+    else:
+        common.write_query(sink_layer=None, sink_head=None)
+    b = guarded(_block, sel.name, text, heads)
+    if b is None:
+        return
+    c1, c2, c3 = st.columns(3)
+    c1.metric(t("Next token, intact"), f"“{piece(b.top_before)}”", t("p = {p}", p=F.num(b.p_before)),
+              delta_color="off")
+    c2.metric(t("Next token, token 0 blocked"), f"“{piece(b.top_after)}”", t("p = {p}", p=F.num(b.p_after)),
+              delta_color="off")
+    c3.metric(t("Logit of “{tok}”", tok=piece(b.top_before)), F.num(b.answer_logit_after),
+              F.num(b.answer_logit_after - b.answer_logit_before))
+    if heads is None:
+        st.markdown(t("Blocked everywhere, the answer {verdict}; the next-token distribution moves by KL = {kl} "
+                      "nats, and the mean next-token loss on the prompt goes from {a} to {b}.",
+                      verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl),
+                      a=F.num(eff.loss_before), b=F.num(eff.loss_after)))
+    else:
+        st.markdown(t("Blocked in layer {l} head {h} alone: KL = {kl} nats at the last position. A single sink "
+                      "head barely matters; all of them together do.", l=heads[0][0], h=heads[0][1],
+                      kl=F.num(b.kl)))
+    if st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
+                 help=t("Token 0 blocked in one head at a time, batched: about half a minute on a laptop CPU for "
+                        "SmolLM2.")):
+        with st.spinner(t("Blocking token 0 in each head in turn…")):
+            kl = _sinks_per_head(sel.name, text)
+        common.show_figure(FPH.head_map(kl, t("KL (nats)"), title=t(
+            "Output change (KL, mean over positions) when token 0 is blocked in that head alone")),
+            key="phen_sink_kl")
+    try_it(t("type another prompt in the sidebar, even one that starts with a different word: the sink stays on "
+             "token 0, whatever token it is."))
+
+
+# ---------------------------------------------------------------- previous- and duplicate-token heads
+
+
+def patterns_view() -> None:
+    st.markdown(t("Some heads always look one token back (previous-token heads); others look at earlier copies of "
+                  "the current token (duplicate-token heads). A head's pattern score is the share of its "
+                  "attention on the pattern's cells, over the query rows that have such a cell: 1 = all of it."))
+    common.seed_from_query("phen_pat_src", "pat_src", "random", valid=lambda v: v in SOURCES)
+    src = st.segmented_control(t("Input"), list(SOURCES), key="phen_pat_src", required=True,
+                               format_func=option_labels(list(SOURCES), lambda s: t(SOURCES[s]))) or "random"
+    common.write_query(pat_src=src)
+    if src == "random":
+        res = guarded(_induction, sel.name, 50, 0)
+        if res is None:
+            return
+        stats, prompt = res.scores, lm.decode(res.ids[0, 1:])
+    else:
+        text = prompt_or_stop()
+        with st.spinner(t("Running the model…")):
+            stats = guarded(_prompt_stats, sel.name, text)
+        if stats is None:
+            return
+        prompt = text
+    for key, heading, label, what, stat in (
+            ("previous_token", N_("Previous-token heads"), N_("previous-token score"), PREV_RECIPE, "prev"),
+            ("duplicate_token", N_("Duplicate-token heads"), N_("duplicate-token score"), DUP_RECIPE, "dup")):
+        s = stats[key]
+        st.subheader(t(heading))
+        recipe(s, what)
+        if not (s.scores == s.scores).any():
+            st.info(t("This input repeats no token, so no head can show a duplicate-token score: choose the "
+                      "repeated random tokens above."), icon="🔁")
+            continue
+        st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
+                      heads=head_list(s.heads) if s.heads else t("none")))
+        common.show_figure(FPH.head_map(s.scores, t(label), found_pairs(s.heads), zmax=1.0,
+                                        title=t("{what} per head · outlined: ≥ {th}", what=t(label),
+                                                th=F.num(s.threshold))), key=f"phen_{key}_map")
+        head_links(s.heads or s.top(3), prompt, stat)
+    try_it(t("switch the input to the sidebar's prompt and type a sentence that repeats a word: the duplicate-"
+             "token heads light up on the second copy."))
+
+
+# ---------------------------------------------------------------- induction heads
+
+
+def induction_view() -> None:
+    st.markdown(t("An induction head completes patterns: having seen “A B” before, at the next “A” it looks at "
+                  "what followed A last time (B) and copies it. On random tokens repeated twice, nothing but "
+                  "copying can predict the second copy, so its loss falls only if the model has such heads "
+                  "(Olsson et al., “In-context Learning and Induction Heads”, 2022)."))
+    c1, c2, c3, c4 = st.columns(4)
+    common.seed_from_query("phen_ind_n", "ind_n", 50, int, common.int_in(10, 100))
+    common.seed_from_query("phen_ind_seed", "ind_seed", 0, int, common.int_in(0, 10_000))
+    common.seed_from_query("phen_ind_k", "ind_k", 5, int, common.int_in(1, 10))
+    common.seed_from_query("phen_ind_mode", "ind_mode", "zero", valid=lambda v: v in MODES)
+    n = int(c1.slider(t("Random tokens n"), 10, 100, key="phen_ind_n"))
+    seed = int(c2.number_input(t("Seed"), 0, 10_000, key="phen_ind_seed"))
+    k = int(c3.slider(t("Heads to ablate"), 1, 10, key="phen_ind_k"))
+    mode = c4.segmented_control(t("Ablation"), list(MODES), key="phen_ind_mode", required=True,
+                                format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "zero"
+    common.write_query(ind_n=n, ind_seed=seed, ind_k=k, ind_mode=mode)
+    with st.spinner(t("Running the model…")):
+        res = guarded(_induction, sel.name, n, seed)
+    if res is None:
+        return
+    loss, s = res.loss, res.scores["induction"]
+    st.markdown(t("Input: [BOS] + {n} random tokens + the same {n} again. Mean loss on the first copy **{a}** "
+                  "nats, on the second **{b}**: the model copies.", n=n, a=F.num(loss.first), b=F.num(loss.second)))
+    common.show_figure(FPH.repeat_loss_figure(loss.per_token, n), key="phen_ind_loss")
+    recipe(s, IND_RECIPE)
+    st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
+                  heads=head_list(s.heads) if s.heads else t("none")))
+    common.show_figure(FPH.head_map(s.scores, t("induction score"), found_pairs(s.heads), zmax=1.0,
+                                    title=t("Induction score per head · outlined: ≥ {th}", th=F.num(s.threshold))),
+                       key="phen_ind_map")
+    head_links(s.heads or s.top(3), lm.decode(res.ids[0, 1:]), "induction")
+    st.subheader(t("Knock them out"))
+    with st.spinner(t("Running the ablations…")):
+        ab = guarded(_induction_ablation, sel.name, n, seed, k, mode)
+    if ab is None:
+        return
+    top = ", ".join(t("L{l} H{h}", l=layer, h=head) for layer, head in ab.heads)
+    st.markdown(t("With the top {k} induction heads ({heads}) knocked out ({mode}), the second copy's loss goes "
+                  "from {a} to **{b}**; knocking out {k} random other heads instead gives {c}.", k=k, heads=top,
+                  mode=t(MODES[mode]), a=F.num(ab.base), b=F.num(ab.ablated),
+                  c=" / ".join(F.num(c) for c in ab.control)))
+    common.show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("second copy's loss (nats)"),
+                                         t("top {k} induction heads", k=k)), key="phen_ind_ablation")
+    try_it(t("change the seed (other random tokens) or n: the same heads stay on top. Ablate just 1 head, then 3: "
+             "how many does it take?"))
+
+
+# ---------------------------------------------------------------- IOI
+
+
+def ioi_view() -> None:
+    st.markdown(t("“When Mary and John went to the store, John gave a drink to” → “Mary”. The answer is the name "
+                  "that is not repeated (the indirect object, IO), not the subject S. The logit difference "
+                  "logit(IO) − logit(S) measures the preference; Wang et al. traced the heads that produce it "
+                  "(“Interpretability in the Wild”, 2022)."))
+    with st.spinner(t("Running the {n} prompts…", n=12)):
+        res = guarded(_ioi, sel.name)
+    if res is None:
+        return
+    st.markdown(t("Mean logit difference over {n} prompts: **{ld}**; IO beats S in {acc} of them.",
+                  n=len(res.prompts), ld=F.num(res.mean_logit_diff), acc=f"{res.accuracy():.0%}"))
+    labels = [f"{i}. {p.text} → {p.io}" for i, p in enumerate(res.prompts)]
+    common.show_figure(FPH.logit_diff_bars(labels, res.logit_diffs), key="phen_ioi_ld")
+    st.subheader(t("Direct logit attribution"))
+    st.caption(t("Each head's output at the last position, through the final norm's scale (frozen at its value on "
+                 "the run) and the unembedding, onto u(IO) − u(S): how much that head alone writes the answer. "
+                 "Mean over the prompts; outlined: the top {k}.", k=5))
+    top5 = res.top_heads[:5]
+    common.show_figure(FPH.head_map(res.dla, t("DLA (logits)"), found_pairs(top5), diverging=True,
+                                    title=t("Direct logit attribution to IO − S per head")), key="phen_ioi_dla")
+    head_links(top5, res.prompts[0].text)
+    st.subheader(t("Knock them out"))
+    c1, c2 = st.columns(2)
+    common.seed_from_query("phen_ioi_k", "ioi_k", 5, int, common.int_in(1, 10))
+    common.seed_from_query("phen_ioi_mode", "ioi_mode", "mean", valid=lambda v: v in MODES)
+    k = int(c1.slider(t("Heads to ablate"), 1, 10, key="phen_ioi_k"))
+    mode = c2.segmented_control(t("Ablation"), list(MODES), key="phen_ioi_mode", required=True,
+                                format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "mean"
+    common.write_query(ioi_k=k, ioi_mode=mode)
+    if st.toggle(t("Run the ablation ({n} passes)", n=12 * 3), key="phen_ioi_ablate"):
+        with st.spinner(t("Running the ablations…")):
+            ab = guarded(_ioi_ablation, sel.name, k, mode)
+        if ab is not None:
+            st.markdown(t("With the top {k} heads by DLA knocked out ({mode}), the mean logit difference goes from "
+                          "{a} to **{b}**; {k} random other heads: {c}.", k=k, mode=t(MODES[mode]),
+                          a=F.num(ab.base), b=F.num(ab.ablated), c=" / ".join(F.num(c) for c in ab.control)))
+            common.show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("mean logit difference"),
+                                                 t("top {k} heads by DLA", k=k)), key="phen_ioi_ablation")
+    st.subheader(t("Activation patching"))
+    st.caption(t("Run the prompt with the names swapped at their second mention (the answer flips), and copy one "
+                 "piece of the clean run into it: the residual stream entering one layer at one position. The map "
+                 "shows the share of the clean logit difference each copy restores: where, layer by layer, the "
+                 "answer is carried."))
+    n = len(res.prompts)
+    common.seed_from_query("phen_ioi_prompt", "ioi_prompt", 0, int, common.int_in(0, n - 1))
+    common.clamp_state("phen_ioi_prompt", 0, n - 1)
+    i = st.selectbox(t("Prompt"), range(n), key="phen_ioi_prompt",
+                     format_func=option_labels(range(n), labels.__getitem__))
+    common.write_query(ioi_prompt=i)
+    p = res.prompts[i]
+    st.caption(t("Corrupted: {text}", text=p.corrupted))
+    if not st.toggle(t("Compute the patching map ({n} patched runs, about half a minute)",
+                       n=len(pt_positions(p)) * len(res.dla)), key="phen_ioi_patch_on"):
+        return
+    with st.spinner(t("Patching every layer and position…")):
+        pt = guarded(_patching, sel.name, int(i))
+    if pt is None:
+        return
+    common.show_figure(FPH.patching_map(pt.resid, [_readable(x) for x in pt.clean_tokens or []]),
+                       key="phen_ioi_patch")
+    st.caption(t("Clean logit difference {a}, corrupted {b}.", a=F.num(pt.clean), b=F.num(pt.corrupted)))
+    try_it(t("pick another prompt: the answer moves from the second name's position (early layers) to the last "
+             "token (late layers), wherever the names stand."))
+
+
+def pt_positions(p) -> list[int]:
+    return list(range(PH.as_ids(lm, p.text).shape[1]))
+
+
+def _readable(piece_: str) -> str:
+    from viz import lm_models
+
+    return lm_models.readable(piece_)
+
+
+# ---------------------------------------------------------------- page
+
+common.seed_from_query("phen_view", "phen", "sinks", valid=lambda v: v in VIEWS)
+view = st.segmented_control(t("Phenomenon"), list(VIEWS), key="phen_view", required=True,
+                            format_func=option_labels(list(VIEWS), lambda v: t(VIEWS[v]))) or "sinks"
+common.write_query(phen=view)
+{"sinks": sinks_view, "patterns": patterns_view, "induction": induction_view, "ioi": ioi_view}[view]()
