@@ -1,0 +1,235 @@
+"""What changed since 2017: the 2017 Transformer's blocks beside a modern LM's, each with live tensors.
+
+The modern side is the sidebar's language model (SmolLM2 when the sidebar shows another kind of model); the 2017
+side is the sidebar's toy model (the default toy model otherwise). Sections: RoPE vs sinusoidal PE, grouped-query
+attention, RMSNorm vs LayerNorm, SwiGLU, pre-LN. URL parameters: layer, head (the LM's), pos (the token shown).
+"""
+
+import numpy as np
+import streamlit as st
+import torch
+
+from viz import common, lm_models
+from viz import figures as F
+from viz import figures_modern as FM
+from viz.i18n import t
+
+KV_TOKENS = 8192  # the context length the KV-cache bytes are given at
+
+st.title(t("What changed since 2017"))
+st.caption(t("Today's language models are still the decoder of “Attention Is All You Need”, with five blocks "
+             "replaced. Each section below shows one, with the live tensors of a modern model beside the lab's "
+             "2017-style toy model."))
+sel = common.selection()
+if sel is None:
+    st.stop()
+names = common.checkpoint_names()
+sel_is_lm = common.is_real_model(sel) and sel.ckpt.family == "decoder_lm"
+lm_name = sel.name if sel_is_lm else next((n for n in ("smollm2", *lm_models.names()) if n in names
+                                           and lm_models.is_real(n)
+                                           and common.load_ckpt(n).family == "decoder_lm"), None)
+toys = [n for n in names if not lm_models.is_real(n) or n in common.session_models()]
+toy_name = sel.name if sel.name in toys else (common.default_checkpoint(toys) if toys else None)
+if lm_name is None or toy_name is None:
+    common.show_error(t("This page needs a language model (such as SmolLM2) and a toy model, and this server "
+                        "offers {what}.", what=t("no language model") if lm_name is None else t("no toy model")))
+    st.stop()
+rm = common.load_ckpt(lm_name)
+toy = common.load_ckpt(toy_name)
+lm_text = sel.text if sel_is_lm else rm.example
+toy_text = sel.text if sel.name == toy_name else toy.example
+problem = common.text_problems(lm_text)
+if problem:
+    common.show_error(problem)
+    st.stop()
+try:
+    with st.spinner(t("Running the model…")):
+        trace = common.get_trace(lm_name, lm_text)
+        toy_trace = common.get_trace(toy_name, toy_text)
+except ValueError as e:
+    common.show_error(e, t("Shorten or change the text in the sidebar."))
+    st.stop()
+
+lm = rm.obj.model
+cfg = lm.cfg
+desc = trace.meta["model"]
+blocks = desc.get("blocks", {})
+lm_label, toy_label = common.model_label(lm_name), common.model_label(toy_name)
+tokens = common.tokens_of(trace, "tgt")
+T = len(tokens)
+st.info(t("Modern: {lm} on “{text}” ({n} tokens). 2017: the toy model {toy} on “{toy_text}”.", lm=lm_label,
+          text=common.md_escape(lm_text[:120]), n=T, toy=toy_label, toy_text=common.md_escape(toy_text[:120])),
+        icon="🧭")
+
+n_layers, n_heads = cfg.n_layers, cfg.n_heads
+common.seed_from_query("s17_layer", "layer", 0, int, common.int_in(0, n_layers - 1))
+common.seed_from_query("s17_head", "head", 0, int, common.int_in(0, n_heads - 1))
+common.seed_from_query("s17_pos", "pos", T - 1, int, common.int_in(0, T - 1))
+common.clamp_state("s17_layer", 0, n_layers - 1)
+common.clamp_state("s17_head", 0, n_heads - 1)
+common.clamp_state("s17_pos", 0, T - 1)
+c1, c2, c3 = st.columns(3)
+layer = c1.selectbox(t("Layer"), range(n_layers), key="s17_layer")
+head = c2.selectbox(t("Head"), range(n_heads), key="s17_head")
+pos = c3.selectbox(t("Token"), range(T), key="s17_pos",
+                   format_func=dict(enumerate(f"{i}: {F.show_token(tok)}" for i, tok in enumerate(tokens))).get)
+common.write_query(layer=layer, head=head, pos=pos)
+L = f"decoder.layers.{layer}"
+
+
+def arr(name: str) -> np.ndarray:
+    return trace[name][0].double().numpy() if trace[name].dim() > 2 else trace[name].double().numpy()
+
+
+# ---------------------------------------------------------------- 1. RoPE
+
+st.header(t("1. Positions: rotated, not added"))
+st.markdown(t("2017 adds a fixed pattern to each token's embedding, $x_p = e + PE(p)$ with $PE(p, 2i) = "
+              "\\sin(p / 10000^{2i/d})$, so every score mixes content with absolute position. RoPE instead turns "
+              "each pair of q's and k's dimensions by the angle $p\\,\\theta_i$, $\\theta_i = b^{-2i/d}$: then "
+              "$\\mathrm{rot}(q, m) \\cdot \\mathrm{rot}(k, n)$ depends only on $m - n$, the distance."))
+if blocks.get("positional") != "rotary":
+    st.info(t("{model} does not rotate: its positions are {kind}, added to the embeddings as in 2017.",
+              model=lm_label, kind=blocks.get("positional")), icon="🧩")
+else:
+    base = float(blocks.get("rope_base", cfg.rope_base))
+    angles = arr("decoder.rope.angles")
+    kv = head // (n_heads // cfg.kv_heads)
+    key_pos = 1 if pos > 1 else 0
+    q = arr(f"{L}.self_attn.q_unrot")[head, pos]
+    k = arr(f"{L}.self_attn.k_unrot")[kv, key_pos]
+    max_delta = 256
+    rope = FM.rope_scores(q, k, base, [key_pos, key_pos + 200], max_delta)
+    toy_cfg = toy.cfg
+    added = None
+    if toy_cfg.positional == "sinusoidal" and not toy_cfg.norm_first:
+        from model.core.layers import sinusoidal_encoding
+
+        tm = toy.model
+        att = tm.encoder.layers[0].self_attn
+        tok = toy_trace["encoder.embed.tok"][0].double().numpy()
+        n_src = tok.shape[0]
+        starts = [0, min(10, toy_cfg.max_len // 4)]
+        toy_delta = min(max_delta, toy_cfg.max_len - 1 - starts[-1])
+        pe = sinusoidal_encoding(toy_cfg.max_len, toy_cfg.d_model).double().numpy()
+        added = FM.added_scores(tok[min(1, n_src - 1)], tok[0], pe, att.w_q.weight.detach().double().numpy(),
+                                att.w_q.bias.detach().double().numpy(), att.w_k.weight.detach().double().numpy(),
+                                att.w_k.bias.detach().double().numpy(), min(head, toy_cfg.n_heads - 1),
+                                toy_cfg.n_heads, starts, toy_delta)
+    fig = FM.rope_figure(angles, rope, added, pair_label=t("(“{q}” → “{k}”)", q=F.show_token(tokens[pos]),
+                                                          k=F.show_token(tokens[key_pos])))
+    common.show_figure(fig, key="s17_rope")
+    spread = float(np.abs(rope[key_pos] - rope[key_pos + 200]).max())
+    d = q.shape[-1]
+    msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
+            "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a position, "
+            "the last pair {slow} rad (one turn every {turn} positions); base b = {base}.",
+            l=layer, h=head, q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]), diff=f"{spread:.1e}",
+            fast=F.num(float(angles[1, 0]) if len(angles) > 1 else 1.0),
+            slow=f"{base ** (-(d - 2) / d):.2e}", turn=f"{2 * np.pi * base ** ((d - 2) / d):,.0f}", base=f"{base:,.0f}")
+    if added is not None:
+        a0, a1 = list(added.values())
+        n = min(len(a0), len(a1))
+        msg += " " + t("The toy model's layer-0 head, with PE added: the same two tokens' score changes by up to "
+                       "{diff} when both move by {shift} positions.", diff=F.num(float(np.abs(a0[:n] - a1[:n]).max())),
+                       shift=list(added)[1])
+    st.markdown(msg)
+
+# ---------------------------------------------------------------- 2. GQA
+
+st.header(t("2. Grouped-query attention: fewer keys and values"))
+info = desc["attention"][f"{L}.self_attn"]
+H, H_kv, d_head = info["n_heads"], info["n_kv_heads"], info["d_head"]
+bytes_per = next(lm.parameters()).element_size()
+st.markdown(t("In 2017 every head had its own $W^K$, $W^V$. With grouped-query attention, $H$ query heads share "
+              "$H_{kv}$ key/value heads (query head $h$ reads K/V head $\\lfloor h / (H/H_{kv}) \\rfloor$). "
+              "Generation keeps every layer's K and V of every past token (the KV cache), "
+              "$2 \\cdot L \\cdot H_{kv} \\cdot d_{head} \\cdot n$ numbers, so sharing shrinks it by $H / H_{kv}$."))
+full = FM.kv_cache_bytes(n_layers, H, d_head, KV_TOKENS, bytes_per)
+shared = FM.kv_cache_bytes(n_layers, H_kv, d_head, KV_TOKENS, bytes_per)
+common.show_figure(FM.gqa_figure(n_layers, H, H_kv, d_head, bytes_per, KV_TOKENS), key="s17_gqa")
+if H_kv == H:
+    st.markdown(t("{model} gives every query head its own K/V head ({h} of each): no sharing, as in 2017.",
+                  model=lm_label, h=H))
+else:
+    st.markdown(t("{model}: {h} query heads, {kv} K/V heads, {l} layers, d_head = {d}, {b}-byte numbers. At {n} "
+                  "tokens its KV cache takes {shared} MiB instead of {full} MiB: {saved} MiB saved ({x}× smaller).",
+                  model=lm_label, h=H, kv=H_kv, l=n_layers, d=d_head, b=bytes_per, n=f"{KV_TOKENS:,}",
+                  shared=f"{shared / FM.MIB:,.0f}", full=f"{full / FM.MIB:,.0f}",
+                  saved=f"{(full - shared) / FM.MIB:,.0f}", x=F.num(full / shared)))
+
+# ---------------------------------------------------------------- 3. RMSNorm
+
+st.header(t("3. RMSNorm: no mean, no bias"))
+st.markdown(t("LayerNorm centres and scales: $\\mathrm{LN}(x) = \\frac{x - \\mu}{\\sigma}\\, g + b$. RMSNorm "
+              "drops the mean-centring and the bias: $\\mathrm{RMS}(x) = \\frac{x}{\\sqrt{\\mathrm{mean}(x^2) "
+              "+ \\epsilon}}\\, g$. Cheaper, and the model learns to do without them."))
+if blocks.get("norm") != "rmsnorm":
+    st.info(t("{model} uses LayerNorm, as in 2017.", model=lm_label), icon="🧩")
+else:
+    x = arr(f"{L}.norm1.in")[pos]
+    rms_out = arr(f"{L}.norm1.out")[pos]
+    g = lm.decoder.layers[layer].norm1.weight.detach().double().numpy()
+    ln_out = FM.layer_norm(x, g, None, cfg.norm_eps)
+    common.show_figure(FM.norm_figure(x, rms_out, ln_out, tokens[pos]), key="s17_norm")
+    rms, mu, sd = float(np.sqrt((x ** 2).mean())), float(x.mean()), float(x.std())
+    cos = float(rms_out @ ln_out / (np.linalg.norm(rms_out) * np.linalg.norm(ln_out)))
+    toy_bias = toy.model.encoder.layers[0].norm1.bias.detach().double().numpy()
+    nums = dict(l=layer, tok=F.show_token(tokens[pos]), mu=F.num(mu), rms=F.num(rms), sd=F.num(sd),
+                cos=F.num(cos, 4), diff=F.num(float(np.abs(rms_out - ln_out).max())))
+    if abs(mu) < 0.1 * rms:  # what mean-centring would remove is small here
+        st.markdown(t("The input of layer {l}'s first norm at “{tok}”: mean {mu}, RMS {rms}, standard deviation {sd}. "
+                      "The mean is small beside the RMS, so the two norms nearly agree: cosine {cos}, largest "
+                      "difference {diff}.", **nums))
+    else:
+        st.markdown(t("The input of layer {l}'s first norm at “{tok}”: mean {mu}, RMS {rms}, standard deviation {sd}. "
+                      "Here the mean is not small, so the norms differ: cosine {cos}, largest difference {diff}.",
+                      **nums))
+    st.markdown(t("The bias RMSNorm drops: the toy model's first LayerNorm learned one of norm {b} (its gain's "
+                  "mean is {g}).", b=F.num(float(np.linalg.norm(toy_bias))),
+                  g=F.num(float(toy.model.encoder.layers[0].norm1.weight.detach().mean()))))
+
+# ---------------------------------------------------------------- 4. SwiGLU
+
+st.header(t("4. SwiGLU: a gated feed-forward network"))
+st.markdown(t("2017: $\\mathrm{FFN}(x) = W_2\\, \\mathrm{ReLU}(W_1 x)$. SwiGLU multiplies the up projection by a "
+              "learned gate: $\\mathrm{FFN}(x) = W_2\\,(\\mathrm{SiLU}(W_g x) \\odot W_1 x)$, "
+              "$\\mathrm{SiLU}(z) = z\\,\\sigma(z)$. Each hidden unit's gate decides, token by token, how much of "
+              "its up projection passes."))
+if blocks.get("ffn") != "gated":
+    st.info(t("{model} has a plain feed-forward network, as in 2017.", model=lm_label), icon="🧩")
+else:
+    gate = arr(f"{L}.ffn.gate")
+    hidden = arr(f"{L}.ffn.hidden")
+    ffn = lm.decoder.layers[layer].ffn
+    with torch.no_grad():
+        up = ffn.linear1(trace[f"{L}.norm2.out"][0]).double().numpy()
+    units = sorted(np.argsort(-np.abs(hidden).mean(0), kind="stable")[:32].tolist())
+    common.show_figure(FM.swiglu_figure(gate, up, tokens, units), key="s17_swiglu")
+    shut = float((np.abs(gate) < 0.05).mean())
+    neg = float((gate < 0).mean())
+    st.markdown(t("Layer {l}, the {n} hidden units (of {d_ff}) with the largest mean |gate · up| on this text. Over "
+                  "all units and tokens, {shut} of the gates are nearly shut (|gate| < 0.05) and {neg} are negative "
+                  "(SiLU dips to −0.28): the gate does more than switch a unit on and off.",
+                  l=layer, n=len(units), d_ff=gate.shape[1], shut=f"{shut:.0%}", neg=f"{neg:.0%}"))
+
+# ---------------------------------------------------------------- 5. Pre-LN
+
+st.header(t("5. Pre-LN: normalise the input, not the sum"))
+st.markdown(t("2017 (post-LN): $x \\leftarrow \\mathrm{LN}(x + \\mathrm{sublayer}(x))$, so the residual stream "
+              "is normalised after every sublayer. Today (pre-LN): $x \\leftarrow x + \\mathrm{sublayer}"
+              "(\\mathrm{LN}(x))$: the stream itself is never normalised (one final norm before the output), "
+              "which keeps a clean path for gradients and trains without a warmup's care."))
+lm_outs = [arr("decoder.embed.out")] + [arr(f"decoder.layers.{i}.out") for i in range(n_layers)]
+toy_n = toy.cfg.n_encoder_layers
+toy_outs = [toy_trace["encoder.embed.out"][0].double().numpy()] + [
+    toy_trace[f"encoder.layers.{i}.out"][0].double().numpy() for i in range(toy_n)]
+lm_norms, toy_norms = FM.residual_norms(lm_outs), FM.residual_norms(toy_outs)
+common.show_figure(FM.preln_figure(lm_norms, toy_norms, lm_label, toy_label), key="s17_preln")
+st.markdown(t("In {lm} the stream's median norm grows from {a} after the embedding to {b} after the last layer "
+              "({x}×); in the post-LN toy model every layer's output is normalised, so it stays near {c}.",
+              lm=lm_label, a=F.num(float(lm_norms[0])), b=F.num(float(lm_norms[-1])),
+              x=F.num(float(lm_norms[-1] / lm_norms[0])), c=F.num(float(np.median(toy_norms[1:])))))
+st.page_link("viz/pages/layer.py", label=t("Inside a layer: post-LN vs pre-LN wiring, and both trained with and "
+                                           "without warmup"), icon=":material/layers:",
+             query_params={"checkpoint": toy_name})

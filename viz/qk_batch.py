@@ -1,0 +1,108 @@
+"""The Q/K map's batch: one model's q, k and weights of every attention module over a batch of inputs
+(viz/figures_qk.QKBatch). This runs the model (figure builders never do); the page caches the result per
+model, so switching layer, head or colour only re-projects.
+
+- a toy checkpoint: 40 held-out pairs of its task, teacher-forced (source → reference target);
+- a decoder-only LM: the 40 sentences of figures_qk.SENTENCES in one batched pass (right-padded: in causal
+  attention a position never sees the padding after it, so each sentence's rows are its own pass's), or
+  [BOS] + 50 random tokens repeated twice (model/analysis/phenomena.induction_sequence), 4 seeds;
+- an encoder (MiniLM): the same 40 sentences, one pass each (bidirectional: padding would be seen).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model.core.describe import described
+from viz.figures_qk import SENTENCES, QKBatch
+
+N_PAIRS = 40
+REPEAT_N, REPEAT_SEEDS = 50, 4
+BATCHES = ("sentences", "repeat")
+
+
+def _arrays(trace, modules: list[str], row: int = 0, n_q: int | None = None, n_k: int | None = None) -> dict:
+    out = {}
+    for m in modules:
+        q, k, w = trace[f"{m}.q"][row], trace[f"{m}.k"][row], trace[f"{m}.weights"][row]
+        nq, nk = n_q or q.shape[1], n_k or k.shape[1]
+        out[f"{m}.q"] = q[:, :nq].float().numpy().copy()
+        out[f"{m}.k"] = k[:, :nk].float().numpy().copy()
+        out[f"{m}.weights"] = w[:, :nq, :nk].float().numpy().copy()
+    return out
+
+
+NAMES = ["*attn.q", "*attn.k", "*attn.weights"]
+
+
+def toy_batch(ckpt, n: int = N_PAIRS) -> QKBatch:
+    from model.analysis.runs import held_out
+
+    pairs = held_out(ckpt, n)
+    labels, tokens, arrays, desc = [], [], [], {}
+    for src, tgt in pairs:
+        _, tr = ckpt.trace(src, target=tgt, names=NAMES)
+        desc = described(tr.meta)
+        arrays.append(_arrays(tr, list(desc["attention"])))
+        tokens.append({"src_tokens": list(tr.meta["src_tokens"]), "tgt_tokens": list(tr.meta["tgt_tokens"])})
+        labels.append(f"{src} → {tgt}")
+    return QKBatch(desc, labels, tokens, arrays)
+
+
+def lm_batch(lm, kind: str = "sentences", readable=None) -> QKBatch:
+    """`lm`: a model.loaders.lm.LanguageModel. `readable`: piece -> display text (byte-level BPE symbols)."""
+    from model.analysis.phenomena import induction_sequence
+
+    readable = readable or (lambda p: p)
+    if kind == "repeat":
+        ids = induction_sequence(lm, n=REPEAT_N, batch=REPEAT_SEEDS, seed=0)
+        rows = [r.tolist() for r in ids]
+        labels = [f"[BOS] + {REPEAT_N} random tokens × 2 (sequence {i + 1})" for i in range(len(rows))]
+        period = REPEAT_N
+    else:
+        rows = [lm.encode(s)[0].tolist() for s in SENTENCES]
+        labels, period = list(SENTENCES), None
+    T = max(map(len, rows))
+    pad = lm.model.cfg.pad_id if lm.model.cfg.pad_id is not None else 0
+    batch = torch.tensor([r + [pad] * (T - len(r)) for r in rows], dtype=torch.long)
+    desc = lm.model.describe()
+    modules = [m for m, a in desc["attention"].items() if a["kind"] == "decoder_self"]
+    with torch.no_grad():
+        _, tr = lm.model.run_with_trace(batch, names=[f"{m}.{r}" for m in modules for r in ("q", "k", "weights")])
+    arrays = [_arrays(tr, modules, b, len(r), len(r)) for b, r in enumerate(rows)]
+    tokens = [{"tgt_tokens": [readable(p) for p in lm.tokens(r)]} for r in rows]
+    return QKBatch(desc, labels, tokens, arrays, period)
+
+
+def encoder_batch(enc) -> QKBatch:
+    """`enc`: a model.loaders.minilm.PretrainedEncoder."""
+    labels, tokens, arrays, desc = [], [], [], {}
+    for s in SENTENCES:
+        _, tr = enc.run_with_trace(s, names=NAMES)
+        desc = described(tr.meta)
+        arrays.append(_arrays(tr, list(desc["attention"])))
+        tokens.append({"src_tokens": list(tr.meta["src_tokens"])})
+        labels.append(s)
+    return QKBatch(desc, labels, tokens, arrays)
+
+
+def previous_token_scores(batch: QKBatch, modules: list[str]) -> np.ndarray:
+    """[L, H]: mean over queries i >= 1 of the weight on key i - 1 (the pattern score of a previous-token head)."""
+    out = []
+    for m in modules:
+        rows = []
+        for a in batch.arrays:
+            n = a[f"{m}.weights"].shape[1]
+            rows.append(a[f"{m}.weights"][:, np.arange(1, n), np.arange(n - 1)])
+        out.append(np.concatenate(rows, axis=1).mean(1))
+    return np.array(out)
+
+
+def induction_scores(batch: QKBatch, modules: list[str]) -> np.ndarray:
+    """[L, H] on the repeat batch: mean over the second copy's positions i of the weight on i - (n - 1)
+    (Olsson et al. 2022; model/analysis/phenomena.induction_score)."""
+    n = batch.period
+    i = np.arange(n + 1, 2 * n + 1)
+    return np.array([np.concatenate([a[f"{m}.weights"][:, i, i - (n - 1)] for a in batch.arrays], 1).mean(1)
+                     for m in modules])
