@@ -341,7 +341,8 @@ class Drill:
 
 def hall(cmd: str, port: int, *args: str, extra: str = "") -> None:
     """deploy/hall.sh <cmd> [args] with HALL_PORT=port (HALL_ARGS=extra: more `streamlit run` options)."""
-    env = {**os.environ, "HALL_PORT": str(port), "HALL_RUN": str(hall_run_dir(port)), "HALL_ARGS": extra}
+    env = {**os.environ, "HALL_PORT": str(port), "HALL_RUN": str(hall_run_dir(port)), "HALL_ARGS": extra,
+           "HALL_PYTHON": os.environ.get("HALL_PYTHON", sys.executable)}  # replicas run this interpreter
     subprocess.run(["bash", str(HALL), cmd, *args], env=env, check=True, timeout=400)
 
 
@@ -633,9 +634,15 @@ def report_hall(args, out: dict, replicas: list[str]) -> None:
     spread = f" (p50 {statistics.median(times):.1f} s, max {times[-1]:.1f} s)" if times else ""
     print(f"failover: killed {d.victim} with {len(hit)} session(s) open: {len(back)}/{len(hit)} back on a live "
           f"replica with the same view within {RECOVER_S:.0f} s{spread}   [{verdict(len(back) == len(hit))}]")
-    for s in hit:
-        if s not in back:
-            print(f"    not recovered: after {s['recovered']} s, {s.get('problem') or 'no new script run'}")
+    late = [s for s in hit if s not in back]
+    for s in late[:10]:
+        if s["recovered"] is None:
+            print(f"    not back: no new script run within {d.wait:.0f} s of the kill")
+        else:
+            print(f"    not back in time: ran again after {s['recovered']:.1f} s"
+                  + (f", but {s['problem']}" if s.get("problem") else ""))
+    if len(late) > 10:
+        print(f"    ... and {len(late) - 10} more")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,18 @@ def test_a_killed_replica_sessions_come_back_with_their_view(hall):
     assert not port_open(PORT + 10 + int(drill.victim[1:]))  # the kill was real
 
 
+def test_warm_up_imports_pandas_before_sessions_draw():
+    """A fresh replica under a class: a session importing pandas (st.dataframe) while another drew a heatmap
+    failed ("partially initialized module 'pandas'": plotly looks pandas up in sys.modules without the import
+    lock). The warm-up imports it first, so no session imports it concurrently."""
+    import subprocess
+
+    code = ("import sys; from viz import warmup; warmup.warm(); p = sys.modules.get('pandas'); "
+            "print('pandas ready' if p is not None and hasattr(p, 'Series') else 'pandas missing')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("pandas ready"), out.stdout + out.stderr[-2000:]
+
+
 def test_down_stops_everything(hall):
     pids = load.replica_pids(PORT)
     load.hall("down", PORT)

@@ -40,6 +40,11 @@ def warm() -> None:
     """Load what the first page of each language opens on. Never raises: a failure here only means the
     first visitor waits (and sees the real error message on the page, where it belongs)."""
     try:
+        # First, before any session can draw: plotly checks every array against pandas *if imported*
+        # (sys.modules, no import lock), so a session importing pandas (st.dataframe) while another draws
+        # a heatmap made the latter fail with "partially initialized module 'pandas'" (bench/load.py --hall).
+        import pandas  # noqa: F401
+
         from viz import common
         from viz import figures as F
         from viz.attention_views import attention_modules
