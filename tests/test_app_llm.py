@@ -16,7 +16,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from viz import figures_llm as FL
+from model.analysis import logit_lens as LL
+from model.analysis import phenomena as PH
 from viz import lm_models
 
 pytestmark = pytest.mark.slow
@@ -116,17 +117,18 @@ def test_tiny_model_opens_from_a_link_with_its_view(tiny):
     assert "decoder.layers.2.self_attn · head 3 · softmax weights" in figs
     head_fig = figs["decoder.layers.2.self_attn · head 3 · softmax weights"]
     assert len(head_fig["layout"]["updatemenus"][0]["buttons"]) == 4  # the in-browser head buttons
-    # The overview draws the trace's numbers: previous-token score of every (layer, head).
+    # The overview draws model.analysis.phenomena's previous-token score of every (layer, head).
     trace = lm.trace(IOI)[1]
     z = decode(next(f for k, f in figs.items() if "per head" in k)["data"][0]["z"])
     assert z.shape == (n_layers, 4)
+    assert np.allclose(z, PH.head_statistics(trace)["previous_token"].scores, atol=1e-6)
     w = trace["decoder.layers.1.self_attn.weights"][0].double().numpy()
     want = np.mean([w[2, i, i - 1] for i in range(1, w.shape[1])])
     assert z[1, 2] == pytest.approx(want, abs=1e-6)
-    # the link carries the view
+    # the link carries the view (an old link's short id "prev" is rewritten to the statistic's own id)
     assert {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
             for k in ("checkpoint", "prompt", "layer", "head", "view", "stat")} == {
-        "checkpoint": tiny, "prompt": IOI, "layer": "2", "head": "3", "view": "heads", "stat": "prev"}
+        "checkpoint": tiny, "prompt": IOI, "layer": "2", "head": "3", "view": "heads", "stat": "previous_token"}
 
 
 def test_chat_shows_the_template_tokens(tiny, tmp_path):
@@ -173,9 +175,14 @@ def test_logit_lens_is_the_final_norm_on_each_layer(tiny):
     spec = next(f for k, f in figures(at).items() if k.startswith("Logit lens"))
     p = decode(spec["data"][0]["z"])
     logits, trace = lm.trace(IOI)
+    T = logits.shape[1]
+    lens = LL.logit_lens(lm.obj, IOI, positions=range(max(0, T - 24), T))  # what the page draws
+    assert np.allclose(p, lens.top_probs, atol=1e-6) and spec["data"][0]["y"] == lens.layers
+    assert [list(r) for r in spec["data"][0]["text"]] == [lm.readable(r) for r in lens.top_tokens]
     m = lm.obj.model
-    for layer in range(p.shape[0]):  # independent: RMSNorm written out with the model's weight and eps
-        x = trace[f"decoder.layers.{layer}.out"][0].double()
+    rows = ["decoder.embed.out"] + [f"decoder.layers.{i}.out" for i in range(m.cfg.n_layers)]
+    for layer, name in enumerate(rows):  # independent: RMSNorm written out with the model's weight and eps
+        x = trace[name][0].double()
         normed = x / torch.sqrt((x * x).mean(-1, keepdim=True) + m.cfg.norm_eps) * m.decoder.norm.weight.double()
         want = torch.softmax(normed @ m.generator.weight.double().T, -1).max(-1).values.detach()
         assert np.allclose(p[layer], want[-p.shape[1]:].numpy(), atol=1e-5)
@@ -219,7 +226,7 @@ def test_smollm2_llm_page_en_and_zh():
         z = decode(next(f for k, f in figs.items() if f["data"][0].get("customdata") is not None)["data"][0]["z"])
         assert z.shape == (30, 9)
         trace = lm_models.load("smollm2").trace(IOI)[1]
-        assert np.allclose(z, FL.head_scores(trace, "sink"), equal_nan=True)
+        assert np.allclose(z, PH.head_statistics(trace)["sink"].scores, equal_nan=True)
         w = trace["decoder.layers.17.self_attn.weights"][0, 3].double().numpy()
         assert z[17, 3] == pytest.approx(w[1:, 0].mean(), abs=1e-6)
     assert at.title[0].value == "语言模型"

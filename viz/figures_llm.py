@@ -1,8 +1,8 @@
 """Figures of the Language model page (viz/pages/llm.py): pure builders, arrays or a Trace in, plotly out.
 
-- `head_scores(trace, stat)`: one number per (layer, head) of a decoder LM's self-attention, [L, H];
-- `head_overview(scores, ...)`: that layer × head grid; hover gives the number, customdata the (layer, head)
-  a click opens;
+- `head_overview(scores, ...)`: a layer × head grid of one per-head statistic ([L, H], computed by
+  model.analysis.phenomena.head_statistics: the published recipes live there, not here); hover gives the
+  number, customdata the (layer, head) a click opens;
 - `top_tokens_figure(top)`: a step's top-10 next tokens with probabilities;
 - `step_attention_figure(attn, ...)`: where the new position looked, in every layer, for one head;
 - `logit_lens_figure(top_tokens, probs, ...)`: layer × position, the lens's top token and its probability.
@@ -18,12 +18,16 @@ import plotly.graph_objects as go
 from viz.figures import WEIGHTS_SCALE, arr, every_tick, num, show_token, token_labels
 from viz.i18n import N_, t
 
-STATS = {  # id (URL value) -> (label, what one cell means, colour scale upper bound: None = the data's max)
+# id (= phenomena.head_statistics's key, the URL value) -> (label, what one cell means, colour scale upper
+# bound: None = the data's max)
+STATS = {
     "sink": (N_("Share on the first token (sink)"),
              N_("mean over queries 1…T−1 of the weight on token 0"), 1.0),
-    "prev": (N_("Previous-token score"), N_("mean over queries 1…T−1 of the weight on the token just before"), 1.0),
-    "dup": (N_("Duplicate-token score"),
-            N_("mean, over queries whose token occurred earlier, of the weight on those earlier copies"), 1.0),
+    "previous_token": (N_("Previous-token score"),
+                       N_("mean over queries 1…T−1 of the weight on the token just before"), 1.0),
+    "duplicate_token": (N_("Duplicate-token score"),
+                        N_("mean, over queries whose token occurred earlier, of the weight on those earlier copies"),
+                        1.0),
     "induction": (N_("Induction score"),
                   N_("mean, over queries whose token occurred earlier, of the weight on the token that followed "
                      "each earlier copy"), 1.0),
@@ -31,6 +35,7 @@ STATS = {  # id (URL value) -> (label, what one cell means, colour scale upper b
                 None),
     "distance": (N_("Mean attention distance"), N_("mean over queries of Σ w·(i − j), in tokens"), None),
 }
+STAT_ALIASES = {"prev": "previous_token", "dup": "duplicate_token"}  # the short ids older links carry
 
 
 def lm_modules(trace: Mapping) -> list[str]:
@@ -38,42 +43,6 @@ def lm_modules(trace: Mapping) -> list[str]:
     desc = (getattr(trace, "meta", None) or {}).get("model", {})
     mods = [m for m, a in desc.get("attention", {}).items() if a.get("kind") == "decoder_self"]
     return sorted((m for m in mods if f"{m}.weights" in trace), key=lambda m: desc["attention"][m]["layer"])
-
-
-def _stat(w: np.ndarray, ids: np.ndarray, stat: str) -> np.ndarray:
-    """w: [H, T, T] one layer's weights (row = query); ids: [T]. Returns [H]."""
-    H, T, _ = w.shape
-    i = np.arange(T)
-    if stat == "sink":
-        return w[:, 1:, 0].mean(-1) if T > 1 else np.full(H, np.nan)
-    if stat == "prev":
-        return w[:, i[1:], i[1:] - 1].mean(-1) if T > 1 else np.full(H, np.nan)
-    if stat == "entropy":
-        return -(w * np.log(np.clip(w, 1e-30, None))).sum(-1).mean(-1)
-    if stat == "distance":
-        return (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)
-    same = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])  # [q, k]: an earlier copy of q's token
-    if stat == "dup":
-        rows = same.any(1)
-        return (w * same).sum(-1)[:, rows].mean(-1) if rows.any() else np.full(H, np.nan)
-    if stat == "induction":
-        nxt = np.zeros_like(same)  # [q, k]: k follows an earlier copy of q's token (and k < q)
-        nxt[:, 1:] = same[:, :-1]
-        nxt &= i[None, :] < i[:, None]
-        rows = nxt.any(1)
-        return (w * nxt).sum(-1)[:, rows].mean(-1) if rows.any() else np.full(H, np.nan)
-    raise ValueError(f"unknown statistic {stat!r}; one of {', '.join(STATS)}")
-
-
-def head_scores(trace: Mapping, stat: str) -> np.ndarray:
-    """[L, H] statistic `stat` (a STATS id) of every decoder self-attention head, first batch row.
-    NaN where the prompt cannot show it (dup/induction need a repeated token)."""
-    ids = np.asarray(trace.meta.get("tgt_ids") or [], dtype=np.int64).reshape(-1)
-    out = []
-    for m in lm_modules(trace):
-        w = arr(trace[f"{m}.weights"])[0].astype(np.float64)
-        out.append(_stat(w, ids[: w.shape[-1]] if ids.size else np.arange(w.shape[-1]), stat))
-    return np.stack(out) if out else np.zeros((0, 0))
 
 
 def head_overview(scores: np.ndarray, stat: str, layer: int | None = None, head: int | None = None,
@@ -140,15 +109,18 @@ def step_attention_figure(attn, tokens: Sequence[str], head: int, title: str | N
 
 
 def logit_lens_figure(top_tokens: Sequence[Sequence[str]], probs, positions: Sequence[int],
-                      inputs: Sequence[str], title: str | None = None) -> go.Figure:
+                      inputs: Sequence[str], title: str | None = None,
+                      rows: Sequence[str] | None = None) -> go.Figure:
     """Layer (rows) × position (columns): the colour is the lens's top-token probability, the cell text that
-    token. `positions` are the prompt positions shown (columns); `inputs` the prompt's tokens (readable)."""
+    token. `positions` are the prompt positions shown (columns); `inputs` the prompt's tokens (readable);
+    `rows` the row labels (model.analysis.logit_lens's "embed", "0", …; default 0 … L−1)."""
     p = arr(probs)
     L, P = p.shape
+    y = list(rows) if rows is not None else list(range(L))
     x = [f"{i}: {show_token(inputs[i])}" if i < len(inputs) else str(i) for i in positions]
     text = [[show_token(tok) for tok in row] for row in top_tokens]
     fig = go.Figure(go.Heatmap(
-        z=p, x=x, y=list(range(L)), text=text, texttemplate="%{text}", textfont={"size": 10},
+        z=p, x=x, y=y, text=text, texttemplate="%{text}", textfont={"size": 10},
         colorscale="Blues", zmin=0, zmax=1, colorbar={"title": {"text": t("probability")}, "thickness": 12},
         hovertemplate=t("layer %{y} · position %{x}") + "<br>" + t("top token") + ": %{text}<br>"
         + t("probability") + ": %{z:.3f}<extra></extra>"))
@@ -156,5 +128,6 @@ def logit_lens_figure(top_tokens: Sequence[Sequence[str]], probs, positions: Seq
                       height=max(360, 22 * L + 160), width=min(1400, max(480, 70 * P + 140)),
                       margin={"l": 60, "r": 20, "t": 60, "b": 90},
                       xaxis={"title": {"text": t("position: input token")}, "side": "bottom", **every_tick(x)},
-                      yaxis={"title": {"text": t("layer (output of)")}, "autorange": "reversed", "dtick": 1})
+                      yaxis={"title": {"text": t("layer (output of)")}, "autorange": "reversed", "dtick": 1,
+                             "type": "category"})  # "embed" beside "0" … : not a numeric axis
     return fig

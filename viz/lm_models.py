@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import numpy as np
-
 BUILTIN = ("smollm2", "minilm")
 EXAMPLES = {  # the sentence a model opens on
     "decoder_lm": "When Mary and John went to the store, John gave a drink to",
@@ -178,14 +176,16 @@ class RealModel:
             meta["chat"] = True
         return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
 
+    def readable(self, pieces: list[str]) -> list[str]:
+        """This model's raw token pieces as shown (byte symbols as text, ␣/↵ visible)."""
+        return readable_tokens(list(pieces), _byte_level(self.obj))
+
 
 def _byte_level(lm) -> bool:
     """Whether the tokenizer spells bytes with GPT-2's stand-in letters (its pre-tokenizer or decoder is ByteLevel)."""
     tok = getattr(lm, "tokenizer", None)
     parts = [getattr(tok, "pre_tokenizer", None), getattr(tok, "decoder", None)]
     return tok is None or any("ByteLevel" in repr(p) for p in parts if p is not None)
-
-
 
 
 def load(name: str) -> RealModel:
@@ -205,32 +205,3 @@ def load(name: str) -> RealModel:
         raise ValueError(f"{name}: {e}") from None
     family = obj.model.describe().get("family", "decoder_lm")
     return RealModel(name, obj, family)
-
-
-LENS_POSITIONS = 24  # the logit lens reads the last this-many positions (30 layers × 49k logits each)
-
-
-def logit_lens(rm: RealModel, trace, positions: list[int] | None = None) -> tuple[list[list[str]], np.ndarray]:
-    """The logit lens (nostalgebraist 2020): every layer's residual stream `decoder.layers.{i}.out`, through
-    the model's final norm (its statistics recomputed for that layer's vector) and the unembedding.
-    Returns (top token per [layer][position], readable; probabilities [L, P] as a numpy array).
-    The last row (the last layer) equals the model's own logits' top token and probability."""
-    import torch
-
-    m = rm.obj.model
-    meta = trace.meta
-    n_layers = meta["model"]["stacks"]["decoder"]["layers"]
-    T = trace["decoder.layers.0.out"].shape[1]
-    pos = positions if positions is not None else list(range(max(0, T - LENS_POSITIONS), T))
-    tok = getattr(rm.obj, "tokenizer", None)
-    byte_level = _byte_level(rm.obj)
-    tops, probs = [], []
-    with torch.no_grad():
-        for i in range(n_layers):
-            x = trace[f"decoder.layers.{i}.out"][0, pos].float()
-            p = torch.softmax(m.generator(m.decoder.norm(x)).float(), dim=-1)
-            val, idx = p.max(-1)
-            probs.append(val.numpy())
-            pieces_i = [(tok.id_to_token(int(j)) if tok is not None else None) or f"<{int(j)}>" for j in idx]
-            tops.append(readable_tokens(pieces_i, byte_level))
-    return tops, np.stack(probs)

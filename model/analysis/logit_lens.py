@@ -9,6 +9,7 @@ answer appears.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,15 +40,17 @@ def layer_logits(lm, text_or_ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def logit_lens(lm, text_or_ids, target: int | None = None) -> LogitLens:
+def logit_lens(lm, text_or_ids, target: int | None = None, positions: Sequence[int] | None = None) -> LogitLens:
     """Layer x position table of the top next token and its probability (and of `target`'s, if given).
-    One layer's [T, V] logits at a time, so memory stays at one row of the table."""
+    One layer's [T, V] logits at a time, so memory stays at one row of the table. `positions`: read only
+    these (a page shows a long prompt's last few: 31 layers x T x 49k logits would cost seconds)."""
     m = as_decoder(lm)
     ids = as_ids(lm, text_or_ids)[:1]
     _, resid = layer_logits(lm, ids)
+    pos = list(range(ids.shape[1])) if positions is None else list(positions)
     top_ids, top_p, tgt_p, tgt_r = [], [], [], []
     for x in resid:
-        logits = m.generator(m.decoder.norm(x))[0]  # the final norm's own statistics for THIS residual
+        logits = m.generator(m.decoder.norm(x[:, pos]))[0]  # the final norm's own statistics for THIS residual
         p = logits.float().softmax(-1)
         best = p.max(-1)
         top_ids.append(best.indices)
@@ -58,7 +61,7 @@ def logit_lens(lm, text_or_ids, target: int | None = None) -> LogitLens:
     has_tok = getattr(lm, "tokenizer", None) is not None
     top = torch.stack(top_ids).numpy()
     return LogitLens(["embed"] + [str(i) for i in range(m.cfg.n_layers)],
-                     lm.tokens(ids[0]) if has_tok else None, top, torch.stack(top_p).double().numpy(),
+                     lm.tokens(ids[0, pos]) if has_tok else None, top, torch.stack(top_p).double().numpy(),
                      [lm.tokens(row) for row in top] if has_tok else None,
                      torch.stack(tgt_p).double().numpy() if target is not None else None,
                      torch.stack(tgt_r).numpy() if target is not None else None)

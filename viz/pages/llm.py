@@ -14,6 +14,8 @@ import functools
 import numpy as np
 import streamlit as st
 
+from model.analysis import logit_lens as LL
+from model.analysis import phenomena as PH
 from viz import common, lm_models
 from viz import figures as F
 from viz import figures_llm as FL
@@ -23,6 +25,7 @@ from viz.i18n import N_, current_lang, t
 VIEWS = {"heads": N_("Heads"), "generate": N_("Generate"), "lens": N_("Logit lens")}
 REPEATED = ("The cat sat on the mat. The dog ran in the park. The cat sat on the mat. The dog ran in the park.")
 MAX_NEW = 128
+LENS_POSITIONS = 24  # the logit lens reads the last this-many positions (31 rows × 49k logits each)
 
 st.title(t("Language model"))
 st.caption(t("A real language model, read by the same instruments as the lab's small Transformer: a decoder-only "
@@ -96,8 +99,9 @@ common.write_query(view=view, layer=layer, head=head)
 # ---------------------------------------------------------------- heads
 
 
-def _scores(trace, stat: str):
-    return FL.head_scores(trace, stat)
+def _statistics(trace):
+    """Every per-head statistic of this trace, by model.analysis.phenomena's recipes (one pass, shared)."""
+    return PH.head_statistics(trace)
 
 
 # Streamlit's on_select reports box/lasso selections, not a click on a heatmap cell: this listens to plotly's
@@ -134,11 +138,12 @@ def _use_repeated() -> None:
 
 
 def heads_view() -> None:
-    common.seed_from_query("llm_stat", "stat", "sink", valid=lambda v: v in FL.STATS)
+    common.seed_from_query("llm_stat", "stat", "sink", cast=lambda v: FL.STAT_ALIASES.get(v, v),
+                           valid=lambda v: v in FL.STATS)
     stat = st.selectbox(t("Per-head statistic"), list(FL.STATS), key="llm_stat",
                         format_func=lambda s: t(FL.STATS[s][0], lang=lang))
     common.write_query(stat=stat)
-    scores = cached_figure(trace, _scores, stat, shared=True)
+    scores = cached_figure(trace, _statistics, shared=True)[stat].scores
     if not (scores == scores).any():  # all NaN: nothing to draw
         st.info(t("This prompt repeats no token, so no head can show this score here: the duplicate-token and "
                   "induction scores look at a token's earlier copies."), icon="🔁")
@@ -241,7 +246,9 @@ def generate_view() -> None:
 
 
 def _lens(trace, name: str, model=None):
-    return lm_models.logit_lens(model, trace)
+    """model.analysis.logit_lens over this trace's own ids (chat-wrapped when it was), last positions only."""
+    T = len(trace.meta["tgt_ids"][0])
+    return LL.logit_lens(model.obj, trace.meta["tgt_ids"], positions=range(max(0, T - LENS_POSITIONS), T))
 
 
 def lens_view() -> None:
@@ -251,15 +258,16 @@ def lens_view() -> None:
                  "where in depth the answer appears."))
     T = len(tokens)
     with st.spinner(t("Reading every layer…")):
-        tops, probs = cached_figure(trace, _lens, sel.name, shared=True, model=rm)
-    positions = list(range(max(0, T - lm_models.LENS_POSITIONS), T))
+        lens = cached_figure(trace, _lens, sel.name, shared=True, model=rm)
+    positions = list(range(max(0, T - LENS_POSITIONS), T))
     if len(positions) < T:
         st.caption(t("A long prompt: the table shows its last {n} positions (of {T}).", n=len(positions), T=T))
-    common.show_figure(FL.logit_lens_figure(tops, probs, positions, tokens), key="llm_lens_fig")
-    final = tops[-1][-1]
-    first = next((i for i in range(len(tops)) if all(row[-1] == final for row in tops[i:])), len(tops) - 1)
+    tops, probs = [rm.readable(row) for row in lens.top_tokens], lens.top_probs
+    common.show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=lens.layers), key="llm_lens_fig")
+    final = lens.top_ids[-1, -1]
+    first = next(i for i in range(len(tops)) if (lens.top_ids[i:, -1] == final).all())
     st.markdown(t("At the last position the model's answer is “{tok}” ({p}); it is the lens's top token from "
-                  "layer {l} on.", tok=final, p=F.num(float(probs[-1, -1])), l=first))
+                  "layer {l} on.", tok=tops[-1][-1], p=F.num(float(probs[-1, -1])), l=lens.layers[first]))
 
 
 {"heads": heads_view, "generate": generate_view, "lens": lens_view}[view]()
