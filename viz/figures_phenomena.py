@@ -132,3 +132,16 @@ def patching_map(resid, tokens: Sequence[str], title: str | None = None) -> go.F
                       xaxis={"title": {"text": t("position: clean token")}, **every_tick(x)},
                       yaxis={"title": {"text": t("layer (its input)")}, "autorange": "reversed", "dtick": 2})
     return fig
+
+
+def comparison_table(rows: Sequence[tuple[str, str, str]], header: Sequence[str], title: str | None = None
+                     ) -> go.Figure:
+    """A three-column table (piece, then, now) as a figure, so a lesson's live view can be one figure."""
+    cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[], [], []]
+    fig = go.Figure(go.Table(
+        columnwidth=[1, 2, 3],
+        header={"values": [f"<b>{h}</b>" for h in header], "align": "left", "fill_color": "#e8eef7"},
+        cells={"values": cols, "align": "left", "height": 30}))
+    fig.update_layout(title={"text": title or ""}, height=90 + 36 * len(rows), margin={"l": 10, "r": 10, "t": 50,
+                                                                                       "b": 10})
+    return fig

@@ -1,4 +1,5 @@
-"""Ten short lessons that follow the paper and the seeds: text, one live view, a task, a question.
+"""Fifteen short lessons: ten that follow the paper and the seeds, five on a real language model (SmolLM2).
+Each has text, one live view, a task, a question.
 
 Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a
 decode, a schedule) into a `Live` — the figure drawn by the app's figure builders, the answer
@@ -46,7 +47,7 @@ class Lesson:
     question: str  # may hold {placeholders}: `Live.args` fills them
     page: str  # the full page for more
     page_query: dict = field(default_factory=dict)  # URL params that page reads (its widgets' state ids)
-    source: str = "trace"  # what the page loads: trace | decode | bert | none
+    source: str = "trace"  # what the page loads: trace | decode | bert | lm (lm_compute on LM_NAME) | none
     checkpoint: str | None = None
     text: str = ""  # the default input
     param: tuple | None = None  # (kind, label, options, default): a second control (slider)
@@ -299,6 +300,156 @@ def live_bert(data, param=None) -> Live:
                 args={"layer": int(layer), "head": int(head)})
 
 
+# ---------------------------------------------------------------- 11–15: a real language model (SmolLM2)
+
+LM_NAME = "smollm2"  # the model lessons 11–15 open (the page says how to install it when it is missing)
+IOI_TEXT = "When Mary and John went to the store, John gave a drink to"
+LENS_TEXT = "The capital of France is"
+LENS_COLUMNS = 12  # the lens lesson draws the last this-many positions
+
+
+def lm_compute(slug: str, lm, text: str):
+    """The numbers a language-model lesson draws, from model/analysis (the page caches them per input):
+    `lm` is a model.loaders.lm.LanguageModel."""
+    from model.analysis import ioi, logit_lens, phenomena
+
+    if slug == "llm-2017":
+        return lm.model.describe()
+    if slug == "sinks":
+        return phenomena.sink_effect(lm, text)
+    if slug == "induction":
+        return phenomena.induction(lm, n=50, seed=0)
+    if slug == "ioi":
+        return ioi.ioi(lm)
+    if slug == "lens":
+        return logit_lens.logit_lens(lm, text)
+    raise ValueError(f"no language-model lesson {slug!r}")
+
+
+def _heads_ids(pairs) -> tuple[list[str], dict[str, str]]:
+    ids = [f"{layer}-{head}" for layer, head in sorted(dict.fromkeys(pairs))]
+    return ids, {i: t("layer {l} · head {h}", l=i.split("-")[0], h=i.split("-")[1]) for i in ids}
+
+
+def live_llm_2017(desc, param=None) -> Live:
+    from viz import figures_phenomena as FPH
+
+    blocks = desc["blocks"]
+    attn = next(iter(desc["attention"].values()))
+    H, H_kv = attn["n_heads"], attn["n_kv_heads"]
+    r = H // H_kv
+    base = f"{blocks.get('rope_base', 0):g}"
+    pos = {"rotary": t("rotary (RoPE, base {b}): q and k rotated by their position", b=base),
+           "learned": t("learned, added to the embeddings"),
+           "sinusoidal": t("sinusoidal, added to the embeddings")}.get(blocks["positional"], blocks["positional"])
+    norm = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}.get(blocks["norm"], blocks["norm"])
+    norm += ", " + (t("before each sublayer (pre-LN)") if blocks.get("norm_first") else t("after each sublayer "
+                                                                                           "(post-LN)"))
+    ffn = (t("gated ({act}): W₂(act(W_g x) ⊙ W₁x)", act=blocks["activation"]) if blocks["ffn"] == "gated"
+           else t("{act}, two layers", act=blocks["activation"]))
+    stacks = " + ".join(desc["stacks"])
+    rows = [
+        (t("stacks"), t("encoder + decoder, with cross-attention"), stacks),
+        (t("layers × d_model"), "6 × 512", f"{desc['stacks']['decoder']['layers']} × {blocks['d_model']}"),
+        (t("positions"), t("sinusoidal, added to the embeddings"), pos),
+        (t("attention heads"), t("8 heads, each with its own K and V"),
+         t("{h} query heads sharing {kv} K/V heads (grouped-query attention)", h=H, kv=H_kv)),
+        (t("norm"), t("LayerNorm, after each sublayer (post-LN)"), norm),
+        (t("feed-forward"), t("ReLU, two layers, d_ff = 2048"), ffn + f", d_ff = {blocks['d_ff']}"),
+        (t("output"), t("shared with the target embedding"),
+         t("tied to the token embedding") if blocks.get("tied_embeddings") else t("its own matrix")),
+    ]
+    fig = FPH.comparison_table(rows, (t("piece"), t("2017 (base model)"), t("this model")),
+                               title=t("From the 2017 Transformer to this language model"))
+    values = sorted({1, r, 2 * r, H})
+    ids = [str(v) for v in values]
+    fb = t("Each layer has {h} query heads and {kv} K/V heads: query head h reads K/V head h // {r}, so {r} query "
+           "heads share each one, and the KV cache is {r} times smaller.", h=H, kv=H_kv, r=r)
+    return Live(fig, ids, {i: i for i in ids}, (str(r),), fb)
+
+
+SINK_BINS = {"lt10": 0.10, "10-30": 0.30, "30-60": 0.60, "gt60": 1.01}  # upper bounds of the mean share
+
+
+def live_sinks(eff, param=None) -> Live:
+    from viz import figures_phenomena as FPH
+
+    share = eff.share
+    fig = FPH.head_map(share.scores, t("share on token 0"), [(a, b) for a, b, _ in share.heads], zmax=1.0,
+                       title=t("Share of each head's attention on token 0 · outlined: ≥ {th}",
+                               th=F.num(share.threshold)))
+    labels = {"lt10": t("under 10%"), "10-30": t("10% to 30%"), "30-60": t("30% to 60%"), "gt60": t("over 60%")}
+    correct = next(k for k, hi in SINK_BINS.items() if eff.mean_share < hi)
+    fb = t("{p} of all attention (every head, query rows 1…T−1) lands on token 0; {k} of {n} heads put at least "
+           "{th} there. Blocking token 0 everywhere moves the next-token distribution by KL = {kl} nats.",
+           p=f"{eff.mean_share:.1%}", k=len(share.heads), n=share.scores.size, th=F.num(share.threshold),
+           kl=F.num(eff.kl_everywhere))
+    return Live(fig, list(SINK_BINS), labels, (correct,), fb)
+
+
+REPEAT_RATIOS = {"same": 1.0, "half": 0.5, "fifth": 0.2, "fiftieth": 0.02}  # second copy's loss / first's
+
+
+def live_induction(res, param=None) -> Live:
+    from viz import figures_phenomena as FPH
+
+    loss = res.loss
+    fig = FPH.repeat_loss_figure(loss.per_token, res.n)
+    ratio = loss.second / loss.first
+    labels = {"same": t("about the same"), "half": t("about half"), "fifth": t("about a fifth"),
+              "fiftieth": t("about a fiftieth")}
+    top = res.scores["induction"].top(3)
+    fb = t("First copy {a} nats, second copy {b} nats (ratio {r}). The heads that copy: {heads}.",
+           a=F.num(loss.first), b=F.num(loss.second), r=F.num(ratio),
+           heads=", ".join(t("layer {l} · head {h} ({v})", l=la, h=h, v=F.num(v)) for la, h, v in top))
+    return Live(fig, list(REPEAT_RATIOS), labels, (closest(ratio, REPEAT_RATIOS, log=True),), fb)
+
+
+DLA_TIE = 0.05  # heads within this many logits of the largest DLA are right answers too
+
+
+def live_ioi(res, param=None) -> Live:
+    from viz import figures_phenomena as FPH
+
+    top = res.top_heads[:4]
+    fig = FPH.head_map(res.dla, t("DLA (logits)"), [(a, b) for a, b, _ in res.top_heads[:5]], diverging=True,
+                       title=t("Direct logit attribution to IO − S per head"))
+    ids, labels = _heads_ids([(a, b) for a, b, _ in top])
+    best = top[0][2]
+    accepted = tuple(f"{a}-{b}" for a, b, v in top if v >= best - DLA_TIE)
+    fb = t("Mean logit difference over {n} prompts: {ld}. Layer {l} head {h} alone writes {v} of it directly.",
+           n=len(res.prompts), ld=F.num(res.mean_logit_diff), l=top[0][0], h=top[0][1], v=F.num(best))
+    return Live(fig, ids, labels, accepted, fb)
+
+
+def lens_first_layer(top_ids) -> int:
+    """The first layer (row of the lens without the embeddings) from which every later layer's top token at
+    the last position is the model's own answer (the last row's)."""
+    last = [int(row[-1]) for row in top_ids]
+    final = last[-1]
+    return next(i for i in range(len(last)) if all(v == final for v in last[i:]))
+
+
+def live_lens(lens, param=None) -> Live:
+    from viz import figures_llm as FL
+    from viz import lm_models
+
+    rows = lens.top_ids[1:]  # the layers' outputs (row 0 of the lens reads the embeddings)
+    T = rows.shape[1]
+    cols = list(range(max(0, T - LENS_COLUMNS), T))
+    readable = [[lm_models.readable(tok) for tok in row] for row in lens.top_tokens[1:]]
+    inputs = [lm_models.readable(tok) for tok in lens.tokens]
+    fig = FL.logit_lens_figure([[row[c] for c in cols] for row in readable], lens.top_probs[1:][:, cols], cols, inputs)
+    first = lens_first_layer(rows)
+    L = rows.shape[0]
+    ids = [str(v) for v in sorted({0, first // 2, max(0, first - 4), first, min(L - 1, first + 3), L - 1})]
+    answer = readable[-1][-1]
+    fb = t("The answer “{tok}” ({p}) is the top token at the last position from layer {l} on; before that, the "
+           "lens reads “{before}”.", tok=answer, p=F.num(float(lens.top_probs[-1, -1])), l=first,
+           before=readable[first - 1][-1] if first > 0 else "—")
+    return Live(fig, ids, {i: t("layer {l}", l=i) for i in ids}, (str(first),), fb, args={"token": answer})
+
+
 # ---------------------------------------------------------------- the syllabus
 
 # What "seed 001" means wherever a page names a seed post (st.caption(t(SEEDS_NOTE)) or help=t(SEEDS_NOTE)).
@@ -398,5 +549,48 @@ LESSONS: list[Lesson] = [
         N_("Take the head with the largest weight it → animal in the tired sentence (layer {layer}, head {head}). "
            "In the wide sentence, does it look more at “street” than at “animal”?"),
         "viz/pages/pretrained.py", source="bert", live=live_bert),
+    Lesson(
+        "llm-2017", N_("From the 2017 Transformer to today's LLM"),
+        N_("A language model such as SmolLM2 keeps only the decoder stack: no encoder and no cross-attention, just "
+           "masked self-attention that lets each token read the ones before it. Its pieces changed since 2017: "
+           "positions are rotations of q and k (RoPE) instead of vectors added to the input, the norm comes "
+           "before each sublayer (RMSNorm), the FFN is gated, and several query heads share one key/value head."),
+        N_("Open the Language model page and compare a head's pattern with the 2017 model's decoder heads."),
+        N_("In this model, how many query heads share one key/value head?"),
+        "viz/pages/llm.py", {"view": "heads"}, source="lm", checkpoint=LM_NAME, live=live_llm_2017),
+    Lesson(
+        "sinks", N_("Attention sinks"),
+        N_("Softmax gives every query row weights that sum to 1, even when the head has nothing to read. Many "
+           "heads then park their attention on the first token, the one every query can see: an attention sink "
+           "(Xiao et al., 2023). Blocking it changes the output, although the token itself means nothing."),
+        N_("Start the prompt with another word: does the sink move with it, or stay on position 0?"),
+        N_("What share of all attention lands on token 0?"),
+        "viz/pages/phenomena.py", {"phen": "sinks"}, source="lm", checkpoint=LM_NAME, text=IOI_TEXT,
+        live=live_sinks),
+    Lesson(
+        "induction", N_("Induction heads: how a model copies"),
+        N_("Feed [BOS] + 50 random tokens, then the same 50 again. The first copy is unpredictable; in the "
+           "second, a head that looks at the token after the previous occurrence of the current one (an "
+           "induction head) can copy the answer. The loss per token shows whether the model does."),
+        N_("On the full page, knock out the top induction heads and watch the second copy's loss climb back."),
+        N_("How does the loss on the second copy compare with the loss on the first?"),
+        "viz/pages/phenomena.py", {"phen": "induction"}, source="lm", checkpoint=LM_NAME, live=live_induction),
+    Lesson(
+        "ioi", N_("Who gave the drink? (IOI)"),
+        N_("“When Mary and John went to the store, John gave a drink to” → “Mary”: the answer is the name that "
+           "is not repeated. The logit difference logit(Mary) − logit(John) measures the preference; direct logit "
+           "attribution splits it into what each head writes straight to the output."),
+        N_("On the full page, patch the clean run into the one with the names swapped and find where the answer "
+           "travels."),
+        N_("Which head writes the most of IO − S directly (the largest direct logit attribution)?"),
+        "viz/pages/phenomena.py", {"phen": "ioi"}, source="lm", checkpoint=LM_NAME, live=live_ioi),
+    Lesson(
+        "lens", N_("The logit lens"),
+        N_("Read every layer's residual stream as if it were the last: apply the final norm (with that layer's "
+           "own statistics) and the unembedding. Early layers mostly predict something generic; at some depth "
+           "the answer appears and stays. Each cell is the top token, coloured by its probability."),
+        N_("Type another fact (The capital of Japan is): does the answer appear at the same depth?"),
+        N_("From which layer on is “{token}” the top token at the last position?"),
+        "viz/pages/llm.py", {"view": "lens"}, source="lm", checkpoint=LM_NAME, text=LENS_TEXT, live=live_lens),
 ]
 

