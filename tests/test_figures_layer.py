@@ -232,7 +232,8 @@ def test_architecture_shapes_come_from_the_config_and_match_the_trace(run):
 
 def test_block_params_open_the_right_view():
     assert FA.block_params("cross", 1, 3) == {"attn_kind": "cross", "layer": "1", "head": "3"}
-    assert FA.block_params("dec_norm2", 1, 0) == {"stack": "decoder", "layer": "1", "sub": "cross_attn"}
+    # Inside a layer's W^O and one-query views show the chosen head too (the map passes it since issue 17).
+    assert FA.block_params("dec_norm2", 1, 0) == {"stack": "decoder", "layer": "1", "sub": "cross_attn", "head": "0"}
     assert FA.block_params("masks", 0, 0) == {}
 
 

@@ -75,8 +75,9 @@ def _width(block_id: str) -> float:
 
 
 def block_params(block_id: str, layer: int, head: int) -> dict[str, str]:
-    """The URL parameters of the page a block opens, for the chosen layer and head."""
-    return {k: str(v).format(layer=layer, head=head) for k, v in BY_ID[block_id].params.items()}
+    """The URL parameters of the page a block opens, for the chosen layer and head (2017 or LM blocks)."""
+    block = BY_ID.get(block_id) or LM_BY_ID[block_id]
+    return {k: str(v).format(layer=layer, head=head) for k, v in block.params.items()}
 
 
 def shapes(cfg: Mapping, B: int, S: int, T: int) -> dict[str, str]:
@@ -185,5 +186,202 @@ def architecture_figure(cfg: Mapping, B: int, S: int, T: int, selected: str | No
     D, H = cfg["d_model"], cfg["n_heads"]
     title = t("the live model: D = {D}, H = {H}, d_k = {dk}, d_ff = {f}, {ln}", D=D, H=H, dk=D // H,
               f=cfg["d_ff"], ln="pre-LN" if pre_ln else "post-LN")
+    fig.update_layout(hoverlabel={"font": {"size": small}})
+    return F._layout(fig, title, 900 if size <= LABEL_SIZE else 1100, plot_bgcolor="white", dragmode=False)
+
+
+# ---------------------------------------------------------------- decoder-only language models
+
+LM_X, SIDE_X = 0.40, 0.84  # the stack's column; side boxes (RoPE, learned positions) to its right
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+ACT_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU", "silu": "SiLU"}
+
+
+def _lm_sub(sub: str) -> dict:
+    return {"stack": "decoder", "layer": "{layer}", "sub": sub, "head": "{head}"}
+
+
+# Block id -> (y, colour, page, URL parameters); labels depend on the description (`lm_blocks`).
+LM_LAYOUT = {
+    "lm_embed": (0.08, EMB, "tokens", {}),
+    "lm_pos": (0.08, EMB, "tokens", {}),  # learned positions (GPT-2), beside the token embedding
+    "lm_norm1": (0.22, NORM, "layer", _lm_sub("self_attn")),
+    "lm_attn": (0.34, ATTN, "attention", _attention("dec")),
+    "lm_rope": (0.34, "#e2f0d9", "since2017", {"layer": "{layer}", "head": "{head}"}),
+    "lm_add1": (0.45, "#ffffff", "layer", _lm_sub("self_attn")),
+    "lm_norm2": (0.54, NORM, "layer", _lm_sub("ffn")),
+    "lm_ffn": (0.65, FFN, "layer", _lm_sub("ffn")),
+    "lm_add2": (0.76, "#ffffff", "layer", _lm_sub("ffn")),
+    "lm_norm": (0.86, NORM, "llm", {"view": "lens"}),
+    "lm_unembed": (0.96, OUT, "llm", {"view": "generate"}),
+}
+LM_NARROW = {"lm_add1": 0.07, "lm_add2": 0.07, "lm_rope": 0.26, "lm_pos": 0.26}
+
+
+def lm_facts(desc: Mapping) -> dict:
+    """What the map needs from a decoder-only model's description: sizes and block kinds."""
+    blocks = desc.get("blocks", {})
+    first = next(iter(desc.get("attention", {}).values()))
+    return {"L": desc["stacks"]["decoder"]["layers"], "H": first["n_heads"], "G": first["n_kv_heads"],
+            "dh": first["d_head"], "D": blocks["d_model"], "d_ff": blocks["d_ff"], "V": blocks.get("vocab_size"),
+            "rotary": blocks.get("positional") == "rotary", "norm": blocks.get("norm", "layernorm"),
+            "gated": blocks.get("ffn") == "gated", "act": blocks.get("activation", "gelu"),
+            "tied": bool(blocks.get("tied_embeddings")), "rope_base": blocks.get("rope_base")}
+
+
+def lm_shapes(desc: Mapping, B: int, T: int, layer: int = 0) -> dict[str, tuple[int, ...]]:
+    """Capture name -> the shape the model gives it for (B, T) ids, from the description alone: what the map
+    writes on its edges (the tests check it against a trace)."""
+    f = lm_facts(desc)
+    a = f"decoder.layers.{layer}"
+    out = {"decoder.embed.tok": (B, T, f["D"]), "decoder.embed.out": (B, T, f["D"]),
+           f"{a}.norm1.out": (B, T, f["D"]), f"{a}.self_attn.q": (B, f["H"], T, f["dh"]),
+           f"{a}.self_attn.k": (B, f["G"], T, f["dh"]), f"{a}.self_attn.v": (B, f["G"], T, f["dh"]),
+           f"{a}.self_attn.weights": (B, f["H"], T, T), f"{a}.self_attn.out": (B, T, f["D"]),
+           f"{a}.ffn.hidden": (B, T, f["d_ff"]), f"{a}.out": (B, T, f["D"]), "decoder.norm.out": (B, T, f["D"])}
+    if f["V"]:
+        out["logits"] = (B, T, f["V"])
+    if f["rotary"]:
+        out["decoder.rope.angles"] = (T, f["dh"] // 2)
+    else:
+        out["decoder.embed.pos"] = (T, f["D"])
+    if f["gated"]:
+        out[f"{a}.ffn.gate"] = (B, T, f["d_ff"])
+    return out
+
+
+def _shape(dims: str, shape: tuple[int, ...]) -> str:
+    return f"({dims}) = ({', '.join(str(n) for n in shape)})"
+
+
+def lm_blocks(desc: Mapping) -> list[Block]:
+    """The blocks of a decoder-only model's map, labelled from its description (RoPE or learned positions,
+    RMSNorm or LayerNorm, SwiGLU or a plain FFN, grouped-query or multi-head attention, tied or not)."""
+    f = lm_facts(desc)
+    norm = NORM_NAMES.get(f["norm"], f["norm"])
+    act = ACT_NAMES.get(f["act"], f["act"])
+    attn = (t("Masked self-attention, GQA: {H} query heads, {G} K/V heads", H=f["H"], G=f["G"]) if f["G"] < f["H"]
+            else t("Masked multi-head self-attention ({H} heads)", H=f["H"]))
+    ffn = (t("SwiGLU FFN: down({act}(gate·x) ⊙ up·x), d_ff = {f}", act=act, f=f["d_ff"]) if f["gated"]
+           else t("Feed-forward network: {act}, d_ff = {f}", act=act, f=f["d_ff"]))
+    labels = {"lm_embed": t("Token embedding (no ×√d)"), "lm_norm1": norm, "lm_attn": attn,
+              "lm_add1": "+", "lm_norm2": norm, "lm_ffn": ffn, "lm_add2": "+",
+              "lm_norm": t("Final {norm}", norm=norm),
+              "lm_unembed": (t("Unembedding, tied to the token embedding → logits") if f["tied"]
+                             else t("Unembedding → logits"))}
+    if f["rotary"]:
+        labels["lm_rope"] = t("RoPE: rotates q and k by position")
+    else:
+        labels["lm_pos"] = t("+ learned position embedding")
+    out = []
+    for bid, (y, color, page, params) in LM_LAYOUT.items():
+        if bid in labels:
+            x = SIDE_X if bid in ("lm_rope", "lm_pos") else LM_X
+            out.append(Block(bid, labels[bid], x, y, color, page, params))
+    return out
+
+
+LM_LIST_LABELS = {"lm_norm1": N_("{norm} before self-attention"), "lm_add1": N_("+ residual after self-attention"),
+                  "lm_norm2": N_("{norm} before the FFN"), "lm_add2": N_("+ residual after the FFN")}
+
+
+def lm_list_label(block: Block, desc: Mapping, layer: int) -> str:
+    """A block's name in the link list under the map: each on its own line, so the two norms and the two "+"
+    say which sublayer they belong to, and the layer's blocks say which layer a click opens."""
+    norm = NORM_NAMES.get(lm_facts(desc)["norm"], "")
+    name = t(LM_LIST_LABELS[block.id], norm=norm) if block.id in LM_LIST_LABELS else block.label
+    in_layer = block.page in ("layer", "attention") or block.id == "lm_rope"
+    return t("Layer {i}: {block}", i=layer, block=name) if in_layer else name
+
+
+LM_BY_ID = {bid: Block(bid, "", 0, y, c, page, params) for bid, (y, c, page, params) in LM_LAYOUT.items()}
+
+
+def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: int = LABEL_SIZE,
+                           title_name: str = "") -> go.Figure:
+    """A decoder-only LM as a block diagram, bottom to top (one pre-LN layer drawn, × N), with the shapes of
+    (B, T) ids on its edges from the description (`lm_shapes`); one clickable marker per block."""
+    f = lm_facts(desc)
+    sh = lm_shapes(desc, B, T, layer)
+    a = f"decoder.layers.{layer}.self_attn"
+    small = size - 2
+    blocks = lm_blocks(desc)
+    by = {b.id: b for b in blocks}
+    fig = go.Figure()
+    for b in blocks:
+        w = LM_NARROW.get(b.id, BOX_W)
+        fig.add_shape(type="rect", x0=b.x - w / 2, x1=b.x + w / 2, y0=b.y - BOX_H / 2, y1=b.y + BOX_H / 2,
+                      fillcolor=b.color, layer="below", line={"color": "#555", "width": 1})
+        fig.add_annotation(x=b.x, y=b.y, text=wrap(b.label, size, BOX_PX * w / BOX_W - 16), showarrow=False,
+                           font={"size": size + (6 if b.label == "+" else 0), "color": INK})
+    # The layer's frame, × N.
+    y0, y1 = by["lm_norm1"].y - BOX_H / 2 - 0.03, by["lm_add2"].y + BOX_H / 2 + 0.02
+    fig.add_shape(type="rect", x0=LM_X - BOX_W / 2 - 0.09, x1=LM_X + BOX_W / 2 + 0.02, y0=y0, y1=y1, layer="below",
+                  line={"color": "#888", "dash": "dot"}, fillcolor="rgba(0,0,0,0)")
+    fig.add_annotation(x=LM_X - BOX_W / 2 - 0.10, y=(y0 + y1) / 2, textangle=-90, showarrow=False, xanchor="right",
+                       text=t("{side} layer × N = {n}", side=t("decoder"), n=f["L"]),
+                       font={"size": size, "color": INK})
+    # The main path with its tensors.
+    ids = _shape("B, T", (B, T))
+    _arrow(fig, LM_X, -0.01, LM_X, by["lm_embed"].y - BOX_H / 2, ids + " " + t("token ids"), size=small)
+    chain = ["lm_embed", "lm_norm1", "lm_attn", "lm_add1", "lm_norm2", "lm_ffn", "lm_add2", "lm_norm", "lm_unembed"]
+    edge_text = {
+        ("lm_embed", "lm_norm1"): _shape("B, T, D", sh["decoder.embed.out"]),
+        ("lm_norm1", "lm_attn"): "Q " + _shape("B, H, T, d_head", sh[f"{a}.q"]) + "<br>K, V "
+        + _shape("B, H_kv, T, d_head", sh[f"{a}.k"]),
+        ("lm_norm2", "lm_ffn"): ("gate, up → hidden " if f["gated"] else "hidden ")
+        + _shape("B, T, d_ff", sh[f"decoder.layers.{layer}.ffn.hidden"]),
+        ("lm_add2", "lm_norm"): _shape("B, T, D", sh[f"decoder.layers.{layer}.out"]),
+    }
+    for lo, hi in zip(chain, chain[1:], strict=False):
+        _arrow(fig, LM_X, by[lo].y + BOX_H / 2, LM_X, by[hi].y - BOX_H / 2, edge_text.get((lo, hi), ""), size=small)
+    _arrow(fig, LM_X, by["lm_unembed"].y + BOX_H / 2, LM_X, 1.04,
+           "logits " + _shape("B, T, V", sh["logits"]) if "logits" in sh else "", size=small)
+    # Residual connections: around each sublayer, from its input to its "+".
+    for start, add in (("lm_norm1", "lm_add1"), ("lm_norm2", "lm_add2")):
+        ys, ya = by[start].y - BOX_H / 2 - 0.015, by[add].y
+        xr = LM_X - BOX_W / 2 - 0.05
+        fig.add_shape(type="path", path=f"M {LM_X} {ys} L {xr} {ys} L {xr} {ya} L {LM_X - 0.035} {ya}",
+                      line={"color": "#ff4b4b", "width": 2, "dash": "dot"}, layer="below")
+    fig.add_annotation(x=LM_X - BOX_W / 2 - 0.065, y=by["lm_attn"].y, text=t("residual"), textangle=-90,
+                       showarrow=False, font={"size": small, "color": "#ff4b4b"})
+    # RoPE rotates q and k inside attention (nothing is added to the embedding); learned positions are added.
+    side = by.get("lm_rope") or by.get("lm_pos")
+    target = by["lm_attn"] if "lm_rope" in by else by["lm_embed"]
+    w_side = LM_NARROW[side.id]
+    _arrow(fig, side.x - w_side / 2, side.y, target.x + BOX_W / 2, target.y, color="#2b7a3d")
+    if "lm_rope" in by:
+        fig.add_annotation(x=side.x, y=side.y - BOX_H / 2 - 0.012, yanchor="top", showarrow=False,
+                           font={"size": small, "color": "#2b7a3d"},
+                           text=t("angles {shape}, base {base}", shape=_shape("T, d_head/2", sh["decoder.rope.angles"]),
+                                  base=f"{f['rope_base']:g}"))
+    else:
+        fig.add_annotation(x=side.x, y=side.y - BOX_H / 2 - 0.012, yanchor="top", showarrow=False,
+                           font={"size": small, "color": "#2b7a3d"}, text=_shape("T, D", sh["decoder.embed.pos"]))
+    if f["tied"]:  # the unembedding reuses the token table (transposed)
+        xr = LM_X + BOX_W / 2 + 0.03
+        fig.add_shape(type="path", path=f"M {LM_X + BOX_W / 2} {by['lm_embed'].y} L {xr} {by['lm_embed'].y} "
+                      f"L {xr} {by['lm_unembed'].y} L {LM_X + BOX_W / 2} {by['lm_unembed'].y}",
+                      line={"color": "#7b61c4", "width": 1.5, "dash": "dash"}, layer="below")
+        fig.add_annotation(x=xr + 0.005, y=by["lm_norm"].y, xanchor="left", showarrow=False,
+                           text=t("same matrix (tied)"), font={"size": small, "color": "#7b61c4"})
+    hover = {"lm_attn": edge_text[("lm_norm1", "lm_attn")] + "<br>weights "
+             + _shape("B, H, T, T", sh[f"{a}.weights"]),
+             "lm_ffn": edge_text[("lm_norm2", "lm_ffn")],
+             "lm_unembed": "logits " + _shape("B, T, V", sh["logits"]) if "logits" in sh else "",
+             "lm_embed": "decoder.embed.tok " + _shape("B, T, D", sh["decoder.embed.tok"])}
+    fig.add_trace(go.Scatter(
+        x=[b.x + LM_NARROW.get(b.id, BOX_W) / 2 - 0.015 for b in blocks], y=[b.y for b in blocks], mode="markers",
+        customdata=[[b.id] for b in blocks], showlegend=False,
+        marker={"size": 14 if size <= LABEL_SIZE else 18, "symbol": "circle", "color": "#ff4b4b", "opacity": 0.85},
+        text=[f"{b.label}<br>{hover.get(b.id, '')}" for b in blocks],
+        hovertemplate="%{text}<br>" + t("click to open its view") + "<extra></extra>"))
+    fig.update_xaxes(visible=False, range=[0, 1])
+    fig.update_yaxes(visible=False, range=[-0.03, 1.06])
+    kinds = ", ".join(x for x in ("RoPE" if f["rotary"] else t("learned positions"), NORM_NAMES.get(f["norm"], ""),
+                                  "SwiGLU" if f["gated"] else ACT_NAMES.get(f["act"], ""), "pre-LN") if x)
+    title = t("the live model{name}: D = {D}, {L} layers, H = {H}, H_kv = {G}, d_head = {dh}, d_ff = {f}, {kinds}",
+              name=f" {title_name}" if title_name else "", D=f["D"], L=f["L"], H=f["H"], G=f["G"], dh=f["dh"],
+              f=f["d_ff"], kinds=kinds)
     fig.update_layout(hoverlabel={"font": {"size": small}})
     return F._layout(fig, title, 900 if size <= LABEL_SIZE else 1100, plot_bgcolor="white", dragmode=False)

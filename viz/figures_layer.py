@@ -7,6 +7,10 @@ The residual stream around one sublayer, in the two wirings (capture names, see 
 
     post-LN (paper):  x → sublayer(x) → x + sublayer(x) = normK.in → LayerNorm → normK.out
     pre-LN:           x = normK.in → LayerNorm → normK.out → sublayer(·) → x + sublayer(·)
+
+A layer's sublayers come from the model's own description (trace.meta["model"]): its attention modules
+under that layer, in computation order, then "ffn"; its norms (norm1, norm2, ...) pair with them in order.
+So the 2017 encoder/decoder, BERT and a decoder-only LM (pre-LN, RMSNorm, no cross-attention) share one path.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from model.core.describe import token_sides
+from model.core.describe import described, token_sides
 from viz import figures as F
 from viz.i18n import N_, t
 
-SUBLAYERS = {  # stack -> [(sublayer, its LayerNorm)], in computation order
+SUBLAYERS = {  # the 2017 layout: stack -> [(sublayer, its norm)]; a trace's own layout is `sublayers(trace, layer)`
     "encoder": [("self_attn", "norm1"), ("ffn", "norm2")],
     "decoder": [("self_attn", "norm1"), ("cross_attn", "norm2"), ("ffn", "norm3")],
 }
+NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+ACT_LABELS = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
 SUBLAYER_TITLES = {"self_attn": N_("self-attention"), "cross_attn": N_("cross-attention"),
                    "ffn": N_("feed-forward network")}
 STEP_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
@@ -44,7 +50,32 @@ class Step(NamedTuple):
 
 
 def is_pre_ln(trace) -> bool:
+    """Whether the model normalises a sublayer's input (pre-LN) rather than the residual sum (post-LN), as it
+    describes itself (an LM's config has no norm_first: every decoder-only LM here is pre-LN)."""
+    blocks = described(trace.meta).get("blocks", {})
+    if "norm_first" in blocks:
+        return bool(blocks["norm_first"])
     return bool(trace.meta.get("config", {}).get("norm_first", False))
+
+
+def norm_kind(trace) -> str:
+    """"layernorm" or "rmsnorm" (RMSNorm: no mean-centring, no bias), from the model's description."""
+    kind = described(trace.meta).get("blocks", {}).get("norm", "layernorm")
+    return kind if kind in NORM_LABELS else "layernorm"
+
+
+def sublayers(trace, layer: str) -> list[tuple[str, str]]:
+    """[(sublayer, its norm)] of one layer ("decoder.layers.0"), in computation order: the attention modules
+    the model describes under that layer, then "ffn"; the layer's norms (norm1, norm2, ...) in order. Falls
+    back to the 2017 layout for a trace without a description."""
+    mods = [m.rsplit(".", 1)[1] for m in described(trace.meta).get("attention", {})
+            if m.rsplit(".", 1)[0] == layer]
+    norms = sorted({n[len(layer) + 1:].split(".")[0] for n in trace.names()
+                    if n.startswith(layer + ".norm") and n.endswith(".in")}, key=lambda n: int(n[4:] or 0))
+    subs = mods + ["ffn"]
+    if not mods or len(norms) != len(subs):
+        return list(SUBLAYERS[layer.split(".")[0]])
+    return list(zip(subs, norms, strict=True))
 
 
 def layers_of(trace, stack: str) -> list[str]:
@@ -57,8 +88,7 @@ def sublayer_output(layer: str, sublayer: str) -> str:
     return f"{layer}.{sublayer}.out"
 
 
-def _norm_of(layer: str, sublayer: str) -> tuple[int, str]:
-    subs = SUBLAYERS[layer.split(".")[0]]
+def _norm_of(layer: str, sublayer: str, subs: Sequence[tuple[str, str]]) -> tuple[int, str]:
     j = [s for s, _ in subs].index(sublayer)
     return j, f"{layer}.{subs[j][1]}"
 
@@ -69,24 +99,28 @@ def _layer_input(layer: str) -> str:
     return f"{stack}.embed.out" if int(i) == 0 else f"{stack}.layers.{int(i) - 1}.out"
 
 
-def residual_names(layer: str, sublayer: str, pre_ln: bool) -> list[tuple[str, str]]:
-    """[(label, capture name)] of the residual stream around one sublayer, in computation order."""
-    j, norm = _norm_of(layer, sublayer)
-    subs = SUBLAYERS[layer.split(".")[0]]
+def residual_names(layer: str, sublayer: str, pre_ln: bool, subs: Sequence[tuple[str, str]] | None = None,
+                   norm_label: str = "LayerNorm") -> list[tuple[str, str]]:
+    """[(label, capture name)] of the residual stream around one sublayer, in computation order. `subs`: the
+    layer's [(sublayer, norm)] (`sublayers`; default the 2017 layout); `norm_label`: LayerNorm or RMSNorm."""
+    subs = list(subs or SUBLAYERS[layer.split(".")[0]])
+    j, norm = _norm_of(layer, sublayer, subs)
     out = sublayer_output(layer, sublayer)
+    ln = norm_label
     if not pre_ln:
         x = _layer_input(layer) if j == 0 else f"{layer}.{subs[j - 1][1]}.out"
         return [("x", x), ("sublayer(x)", out), ("x + sublayer(x)", f"{norm}.in"),
-                ("LayerNorm(x + sublayer(x))", f"{norm}.out")]
+                (f"{ln}(x + sublayer(x))", f"{norm}.out")]
     after = f"{layer}.{subs[j + 1][1]}.in" if j + 1 < len(subs) else f"{layer}.out"
-    return [("x", f"{norm}.in"), ("LayerNorm(x)", f"{norm}.out"), ("sublayer(LayerNorm(x))", out),
-            ("x + sublayer(LayerNorm(x))", after)]
+    return [("x", f"{norm}.in"), (f"{ln}(x)", f"{norm}.out"), (f"sublayer({ln}(x))", out),
+            (f"x + sublayer({ln}(x))", after)]
 
 
 def residual_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
-    """The residual stream around one sublayer as captured: x, sublayer, sum, LayerNorm (wiring order)."""
-    return [Step(label, name, F.arr(trace[name])[b])
-            for label, name in residual_names(layer, sublayer, is_pre_ln(trace))]
+    """The residual stream around one sublayer as captured: x, sublayer, sum, norm (wiring order)."""
+    names = residual_names(layer, sublayer, is_pre_ln(trace), sublayers(trace, layer),
+                           NORM_LABELS[norm_kind(trace)])
+    return [Step(label, name, F.arr(trace[name])[b]) for label, name in names]
 
 
 def side_tokens(trace, name: str, b: int = 0) -> list[str]:
@@ -140,21 +174,36 @@ def ln_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.mean(-1), x.var(-1)
 
 
-def layernorm_figure(x_in: np.ndarray, x_out: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
-    """Per-token mean μ and variance σ² over the features, before and after LayerNorm (`name`)."""
+def rms_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token mean μ (which RMSNorm leaves in) and mean square mean(x²), what RMSNorm divides by."""
+    x = x.astype(np.float64)
+    return x.mean(-1), (x * x).mean(-1)
+
+
+def layernorm_figure(x_in: np.ndarray, x_out: np.ndarray, tokens: Sequence[str], name: str,
+                     kind: str = "layernorm") -> go.Figure:
+    """Per-token mean μ and variance σ² over the features, before and after LayerNorm (`name`). For RMSNorm
+    (kind="rmsnorm") the right panel is the mean square mean(x²) it divides by, and the left panel's μ is
+    what it does *not* remove (no mean-centring)."""
     labels = F.token_labels(tokens, x_in.shape[0])
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=[t("mean μ per token"), t("variance σ² per token")])
-    for stage, m, color in ((t("LayerNorm input"), x_in, "#636efa"), (t("LayerNorm output"), x_out, "#00cc96")):
-        mu, var = ln_stats(m)
-        for c, (v, sym) in enumerate(((mu, "μ"), (var, "σ²")), start=1):
+    rms = kind == "rmsnorm"
+    ln = NORM_LABELS.get(kind, "LayerNorm")
+    titles = ([t("mean μ per token (RMSNorm does not subtract it: no mean-centring)"),
+               t("mean square mean(x²) per token")] if rms else [t("mean μ per token"), t("variance σ² per token")])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=titles)
+    stats = rms_stats if rms else ln_stats
+    syms = ("μ", "mean(x²)") if rms else ("μ", "σ²")
+    for stage, m, color in ((t("{norm} input", norm=ln), x_in, "#636efa"),
+                            (t("{norm} output", norm=ln), x_out, "#00cc96")):
+        for c, (v, sym) in enumerate(zip(stats(m), syms, strict=True), start=1):
             fig.add_trace(go.Bar(x=labels, y=v.astype(np.float32), name=stage, marker_color=color,
                                  legendgroup=stage, showlegend=c == 1,
                                  hovertemplate=f"{stage}<br>%{{x}}<br>{sym} = %{{y:.6g}}<extra></extra>"), 1, c)
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_layout(barmode="group")
-    return F._layout(fig, t("{name}: LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β, per token", name=name), 380,
-                     legend={"orientation": "h", "y": -0.3})
+    title = (t("{name}: RMSNorm(x) = γ ⊙ x / √(mean(x²) + ε), per token (no μ subtracted, no β)", name=name) if rms
+             else t("{name}: LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β, per token", name=name))
+    return F._layout(fig, title, 380, legend={"orientation": "h", "y": -0.3})
 
 
 # ---------------------------------------------------------------- wiring diagrams
@@ -168,19 +217,21 @@ def _fmt(v: float) -> str:
 
 
 def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str,
-                  title: str | None = None) -> go.Figure:
+                  title: str | None = None, norm: str = "layernorm") -> go.Figure:
     """The wiring of one sublayer as a block diagram (bottom to top, as in the paper), with the live
     tensors of token `token` on it: ‖·‖ of every edge, and μ, σ² of what the LayerNorm receives.
 
     `steps` must be in the wiring's order (residual_steps). The exact numbers are in the node
     markers' customdata: [‖value‖, μ, σ²] of each step, in step order."""
     sub = t(SUBLAYER_TITLES.get(sublayer, sublayer))
+    ln = NORM_LABELS.get(norm, "LayerNorm")
+    rms = norm == "rmsnorm"
     if pre_ln:  # x → LN → sublayer → ⊕ (the residual skips the LayerNorm)
         ys, kinds = [0.05, 0.32, 0.58, 0.86], ["in", "ln", "sub", "add"]
-        boxes = ["x", "LayerNorm", sub, "⊕"]
+        boxes = ["x", ln, sub, "⊕"]
     else:  # x → sublayer → ⊕ → LN (the LayerNorm sits on the residual path)
         ys, kinds = [0.05, 0.32, 0.58, 0.86], ["in", "sub", "add", "ln"]
-        boxes = ["x", sub, "⊕", "LayerNorm"]
+        boxes = ["x", sub, "⊕", ln]
     fig = go.Figure()
     colors = {"in": "#eef1f5", "ln": "#fde9c9", "sub": "#d7e8fb", "add": "#ffffff"}
     for y, kind, text in zip(ys, kinds, boxes, strict=True):
@@ -197,7 +248,8 @@ def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str
     fig.add_annotation(x=0.1, y=(ys[0] + add_y) / 2, text=t("residual"), textangle=-90, showarrow=False,
                        font={"color": "#ff4b4b"})
     vals = [s.value[token] for s in steps]
-    stats = [[float(token_norms(v[None])[0]), *(float(z[0]) for z in ln_stats(v[None]))] for v in vals]
+    stat = rms_stats if rms else ln_stats  # RMSNorm: [‖·‖, μ, mean(x²)]
+    stats = [[float(token_norms(v[None])[0]), *(float(z[0]) for z in stat(v[None]))] for v in vals]
     norms = [s[0] for s in stats]
     _, mu, var = stats[0] if pre_ln else stats[2]  # what the LayerNorm receives
     # Edge labels: each step's value leaves its box upward (the last one leaves the diagram).
@@ -206,13 +258,15 @@ def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str
                              textposition="middle right", marker={"size": 6, "color": STEP_COLORS},
                              customdata=stats, showlegend=False,
                              hovertemplate="‖·‖ = %{customdata[0]:.6g}<br>μ = %{customdata[1]:.6g}<br>"
-                                           "σ² = %{customdata[2]:.6g}<extra></extra>"))
+                                           + ("mean(x²)" if rms else "σ²")
+                                           + " = %{customdata[2]:.6g}<extra></extra>"))
     ln_y = ys[kinds.index("ln")]
     fig.add_annotation(x=0.5 - _BOX["w"] / 2 - 0.01, y=ln_y, xanchor="right", showarrow=False,
-                       text=t("input μ = {mu}<br>σ² = {var}", mu=_fmt(mu), var=_fmt(var)))
+                       text=t("input μ = {mu} (kept)<br>mean(x²) = {ms}", mu=_fmt(mu), ms=_fmt(var)) if rms
+                       else t("input μ = {mu}<br>σ² = {var}", mu=_fmt(mu), var=_fmt(var)))
     fig.update_xaxes(visible=False, range=[0, 1.25])
     fig.update_yaxes(visible=False, range=[-0.05, 1.02])
-    name = "pre-LN: x + Sublayer(LayerNorm(x))" if pre_ln else "post-LN: LayerNorm(x + Sublayer(x))"
+    name = f"pre-LN: x + Sublayer({ln}(x))" if pre_ln else f"post-LN: {ln}(x + Sublayer(x))"
     return F._layout(fig, title or name, 470, plot_bgcolor="white")
 
 
@@ -243,6 +297,26 @@ def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str) -> go.Figur
     fig.update_xaxes(type="category", tickangle=-60)
     return F._layout(fig, t("{name}: FFN hidden layer, {n} units × {m} tokens", name=name, n=h.shape[1],
                             m=h.shape[0]), 640)
+
+
+def gated_ffn_figure(gate: np.ndarray, hidden: np.ndarray, tokens: Sequence[str], name: str,
+                     act: str = "silu") -> go.Figure:
+    """A gated FFN (SwiGLU): the gate act(W_gate·x) beside the hidden units act(W_gate·x) ⊙ (W_up·x), d_ff units
+    (rows) × tokens (columns), each on a colour range symmetric around 0 (both can be negative)."""
+    g, h = F.arr(gate), F.arr(hidden)  # (L, d_ff)
+    labels = F.token_labels(tokens, h.shape[0])
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=[
+        t("gate: {act}(W_gate·x)", act=act), t("hidden: gate ⊙ (W_up·x), what W_down reads")])
+    for c, (m, bar_x) in enumerate(((g, 0.46), (h, 1.0)), start=1):
+        r = float(max(np.abs(m).max(initial=0), 1e-6))
+        fig.add_trace(go.Heatmap(z=m.T, x=labels, y=list(range(m.shape[1])), colorscale="RdBu", zmid=0, zmin=-r,
+                                 zmax=r, colorbar={"len": 0.9, "x": bar_x, "thickness": 12},
+                                 hovertemplate=t("unit") + " %{y}<br>%{x}<br>" + t("activation")
+                                 + " = %{z:.6g}<extra></extra>"), 1, c)
+    fig.update_yaxes(title=t("hidden unit (of {n})", n=h.shape[1]), autorange="reversed", row=1, col=1)
+    fig.update_xaxes(type="category", tickangle=-60)
+    return F._layout(fig, t("{name}: gated FFN, {n} units × {m} tokens", name=name, n=h.shape[1], m=h.shape[0]),
+                     640)
 
 
 # ---------------------------------------------------------------- W^O
@@ -284,19 +358,32 @@ def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str) 
 # ---------------------------------------------------------------- one query, step by step
 
 
+def kv_head(trace, name: str, head: int) -> int:
+    """The K/V head query head `head` reads: h // (H / H_kv) (grouped-query attention; = head otherwise)."""
+    H, H_kv = trace[f"{name}.q"].shape[1], trace[f"{name}.k"].shape[1]
+    return head // (H // H_kv)
+
+
 def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str, np.ndarray]:
     """The soft lookup of one query, from the captures: q·k_i (q and k dotted here, in float64),
-    ÷√d_k (the captured scores), + M (−∞ where blocked), softmax (the captured weights), p_i v_i and z."""
+    ÷√d_k (the captured scores), + M (−∞ where blocked), softmax (the captured weights), p_i v_i and z.
+    Grouped-query attention: the keys and values are those of K/V head `kv_head`. Rotary positions: q and k
+    are the rotated ones (what the scores use); "qk_unrot" is the same dot product before the rotation."""
+    g = kv_head(trace, name, head)
     q = F.arr(trace[f"{name}.q"])[b, head, query].astype(np.float64)  # (d_k,)
-    k = F.arr(trace[f"{name}.k"])[b, head].astype(np.float64)  # (Lk, d_k)
-    v = F.arr(trace[f"{name}.v"])[b, head]
+    k = F.arr(trace[f"{name}.k"])[b, g].astype(np.float64)  # (Lk, d_k)
+    v = F.arr(trace[f"{name}.v"])[b, g]
+    extra = {}
+    if f"{name}.q_unrot" in trace and f"{name}.k_unrot" in trace:
+        qu = F.arr(trace[f"{name}.q_unrot"])[b, head, query].astype(np.float64)
+        extra["qk_unrot"] = F.arr(trace[f"{name}.k_unrot"])[b, g].astype(np.float64) @ qu
     p = F.arr(trace[f"{name}.weights"])[b, head, query]
     scaled = F.arr(trace[f"{name}.scores"])[b, head, query]
     blocked = (F.arr(trace[f"{name}.mask"])[b, 0, query] > 0.5 if f"{name}.mask" in trace
                else np.zeros(k.shape[0], bool))
     return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, scaled), "blocked": blocked,
             "weights": p, "pv": p[:, None] * v, "z": F.arr(trace[f"{name}.z"])[b, head, query],
-            "d_k": np.array(q.shape[0])}
+            "d_k": np.array(q.shape[0]), "kv_head": np.array(g), **extra}
 
 
 def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequence[str]) -> go.Figure:

@@ -5,7 +5,7 @@ URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), 
 
 import streamlit as st
 
-from model.core.describe import attention_of
+from model.core.describe import attention_of, described
 from model.toy import prenorm
 from model.toy.tasks import TASKS
 from viz import common
@@ -31,10 +31,10 @@ def choose() -> tuple[str, str, str, int, int]:
                                   key="ly_stack")
     stack = stack or stacks[0]
     layers = FL.layers_of(trace, stack)
-    subs = [s for s, _ in FL.SUBLAYERS[stack]]
+    subs = [s for s, _ in FL.sublayers(trace, layers[0])]  # from the model's description: LMs have no cross_attn
     tokens = FL.side_tokens(trace, layers[0])
     n_tok = trace[f"{layers[0]}.out"].shape[1]
-    n_heads = trace.meta["config"]["n_heads"]
+    n_heads = attention_of(trace.meta, f"{layers[0]}.self_attn")["n_heads"]
     common.seed_from_query("ly_layer", "layer", 0, int, common.int_in(0, len(layers) - 1))
     common.seed_from_query("ly_sub", "sub", subs[0], valid=lambda v: v in subs)
     common.seed_from_query("ly_token", "token", 0, int, common.int_in(0, n_tok - 1))
@@ -56,6 +56,13 @@ def choose() -> tuple[str, str, str, int, int]:
 stack, layer, sub, token, head = choose()
 tokens = FL.side_tokens(trace, layer)
 pre_ln = FL.is_pre_ln(trace)
+norm_kind = FL.norm_kind(trace)
+norm_label = FL.NORM_LABELS[norm_kind]
+if trace.meta.get("model", {}).get("family") == "decoder_lm":  # the LM's own wiring, said once at the top
+    st.info(t("This language model is pre-LN with {norm}: x → {norm} → sublayer → x + sublayer, for its masked "
+              "self-attention and then its feed-forward network (no cross-attention, no encoder).", norm=norm_label)
+            + (" " + t("RMSNorm only rescales each token's vector by its root mean square: it does not subtract the "
+                       "mean and has no bias β.") if norm_kind == "rmsnorm" else ""), icon="🧱")
 try:
     steps = FL.residual_steps(trace, layer, sub)
 except KeyError as e:
@@ -94,8 +101,8 @@ def wiring_diagram(wiring: str) -> None:
         wlayer = wlayers[min(int(layer.rsplit(".", 1)[1]), len(wlayers) - 1)]
         wtok = min(token, wt[f"{wlayer}.out"].shape[1] - 1)
         wsteps = FL.residual_steps(wt, wlayer, sub)
-    common.show_figure(FL.wiring_figure(wsteps, wiring == "pre-LN", wtok, sub), key=f"ly_wiring_{wiring}",
-                       filename=f"wiring-{wiring}")
+    common.show_figure(FL.wiring_figure(wsteps, wiring == "pre-LN", wtok, sub, norm=FL.norm_kind(wt)),
+                       key=f"ly_wiring_{wiring}", filename=f"wiring-{wiring}")
     tok = FL.F.token_labels(FL.side_tokens(wt, wlayer), wtok + 1)[wtok]
     st.caption(t("Live tensors: {note}; {layer}, token {tok}.", note=note, layer=wlayer, tok=tok))
 
@@ -143,17 +150,30 @@ tabs = st.tabs([t("Residual stream & Add & Norm"), t("Post-LN vs pre-LN wiring")
 # ---------------------------------------------------------------- residual stream
 with tabs[0]:
     wiring = "pre-LN" if pre_ln else "post-LN"
-    st.caption(t("This model is **{wiring}**. The residual connection adds the sublayer's output to its input "
-                 "(x + sublayer(x)), so information and gradients have a direct path through the stack; LayerNorm "
-                 "then rescales each token's vector to mean 0 and variance 1 (times a learned γ, plus β). Top: the "
-                 "length ‖·‖ of every token's vector at each step; bottom: the chosen token's vectors themselves.",
-                 wiring=wiring))
+    if norm_kind == "rmsnorm":
+        st.caption(t("This model is **{wiring}**. The residual connection adds the sublayer's output to its input "
+                     "(x + sublayer(x)), so information and gradients have a direct path through the stack; RMSNorm "
+                     "rescales the sublayer's input by its root mean square (times a learned γ): no mean is "
+                     "subtracted and there is no β. Top: the length ‖·‖ of every token's vector at each step; "
+                     "bottom: the chosen token's vectors themselves.", wiring=wiring))
+    else:
+        st.caption(t("This model is **{wiring}**. The residual connection adds the sublayer's output to its input "
+                     "(x + sublayer(x)), so information and gradients have a direct path through the stack; LayerNorm "
+                     "then rescales each token's vector to mean 0 and variance 1 (times a learned γ, plus β). Top: "
+                     "the length ‖·‖ of every token's vector at each step; bottom: the chosen token's vectors "
+                     "themselves.", wiring=wiring))
     common.show_figure(FL.residual_figure(steps, tokens, token), key="ly_resid", filename=f"{layer}-{sub}-residual")
-    norm = next(s.name for s in steps if s.label.startswith("LayerNorm")).removesuffix(".out")
-    st.caption(t("LayerNorm normalises each token on its own, over its {d} features: μ and σ² below are computed "
-                 "per token (per row), never across tokens or across the batch.", d=steps[0].value.shape[1]))
+    norm = next(s.name for s in steps if s.label.startswith(norm_label)).removesuffix(".out")
+    if norm_kind == "rmsnorm":
+        st.caption(t("RMSNorm normalises each token on its own, over its {d} features, by √(mean(x²) + ε). Left: "
+                     "the mean μ, which LayerNorm would subtract and RMSNorm keeps (no mean-centring), so the "
+                     "output's μ is not 0; right: the mean square it divides by.", d=steps[0].value.shape[1]))
+    else:
+        st.caption(t("LayerNorm normalises each token on its own, over its {d} features: μ and σ² below are "
+                     "computed per token (per row), never across tokens or across the batch.",
+                     d=steps[0].value.shape[1]))
     common.show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"])[0], FL.F.arr(trace[f"{norm}.out"])[0],
-                                           tokens, norm), key="ly_ln", filename=f"{norm}-stats")
+                                           tokens, norm, kind=norm_kind), key="ly_ln", filename=f"{norm}-stats")
 
 # ---------------------------------------------------------------- wirings
 with tabs[1]:
@@ -168,9 +188,9 @@ with tabs[1]:
     experiment()
 
 # ---------------------------------------------------------------- FFN
-with tabs[2]:
-    hidden = FL.F.arr(trace[f"{layer}.ffn.hidden"])[0]
-    act = trace.meta["config"]["activation"]
+
+
+def plain_ffn(hidden, act: str) -> None:
     st.caption(t("FFN(x) = W₂·act(W₁·x + b₁) + b₂, d_model = {d} → d_ff = {f} → d_model. It is position-wise: the "
                  "same W₁ and W₂ act on every token separately (no token sees another here; mixing happens only in "
                  "attention). Each column is one token's {f} hidden units after {act}.",
@@ -180,9 +200,32 @@ with tabs[2]:
     if act == "relu":
         st.caption(t("ReLU zeroes every negative pre-activation: on average {s} of the units are exactly 0 for a "
                      "token, so each token uses its own sparse subset of the FFN.", s=f"{share:.1%}"))
-    else:
+    elif act.startswith("gelu"):
         st.caption(t("GELU is smooth: it zeroes no unit exactly ({s} exact zeros), but squashes negative inputs "
                      "towards 0.", s=f"{share:.1%}"))
+
+
+def gated_ffn(hidden, gate, act: str) -> None:
+    """SwiGLU (Llama, SmolLM2): a gate multiplies the up projection, unit by unit."""
+    st.caption(t("A gated FFN (SwiGLU): FFN(x) = W_down·({act}(W_gate·x) ⊙ W_up·x), d_model = {d} → d_ff = {f} → "
+                 "d_model. The gate and the up projection both read the token; their product, unit by unit, is "
+                 "what W_down reads, so a gate near 0 switches its unit off for that token. It is position-wise: "
+                 "no token sees another here. Left: the gate's {f} values per token; right: the hidden units.",
+                 act=act, d=steps[0].value.shape[1], f=hidden.shape[1]))
+    common.show_figure(FL.gated_ffn_figure(gate, hidden, tokens, f"{layer}.ffn", act), key="ly_ffn",
+                       filename=f"{layer}-ffn")
+    st.caption(t("{act} zeroes no unit exactly ({s} exact zeros); {c} of the gate values lie within ±0.05, "
+                 "units nearly switched off.", act=act, s=f"{float(FL.zero_share(gate).mean()):.1%}",
+                 c=f"{float((abs(gate) < 0.05).mean()):.1%}"))
+
+
+with tabs[2]:
+    hidden = FL.F.arr(trace[f"{layer}.ffn.hidden"])[0]
+    act = described(trace.meta).get("blocks", {}).get("activation") or trace.meta["config"]["activation"]
+    if f"{layer}.ffn.gate" in trace:
+        gated_ffn(hidden, FL.F.arr(trace[f"{layer}.ffn.gate"])[0], FL.ACT_LABELS.get(act, act))
+    else:
+        plain_ffn(hidden, act)
 
 # ---------------------------------------------------------------- W^O
 attn = f"{layer}.{sub if sub != 'ffn' else 'self_attn'}"
@@ -201,10 +244,23 @@ with tabs[4]:
                  "query against every key, scale, mask, turn the scores into weights that sum to 1, and return the "
                  "weighted sum of the values.", h=head, attn=attn))
     qs = FL.query_steps(trace, attn, head, token)
+    info = attention_of(trace.meta, attn)
+    notes = []
+    if info["n_kv_heads"] < info["n_heads"]:  # grouped-query attention
+        notes.append(t("Grouped-query attention: {H} query heads share {G} K/V heads, so query head {h} reads the "
+                       "keys and values of K/V head {g} (h // {r}).", H=info["n_heads"], G=info["n_kv_heads"], h=head,
+                       g=int(qs["kv_head"]), r=info["n_heads"] // info["n_kv_heads"]))
+    if "qk_unrot" in qs:
+        notes.append(t("Rotary positions (RoPE): q and k below are rotated by their positions before the dot "
+                       "product (the captures `.q`, `.k`), so q·k depends on how far apart the two tokens are; the "
+                       "table's last column is the same dot product before the rotation (`.q_unrot`, `.k_unrot`)."))
+    for note in notes:
+        st.caption(note)
     common.show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
                        key="ly_query", filename=f"{attn}-head{head}-query{token}")
     k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
     # The chart's number format (FL.F.num), so a cell reads as its bar's label: 1.58e-09, not 0.000000001.
     st.dataframe([{t("key"): k_labels[i], "q·k": FL.F.num(qs["qk"][i]), "÷√d_k": FL.F.num(qs["scaled"][i]),
-                   "+ M": "−∞" if qs["blocked"][i] else FL.F.num(qs["scaled"][i]), "p": FL.F.num(qs["weights"][i])}
+                   "+ M": "−∞" if qs["blocked"][i] else FL.F.num(qs["scaled"][i]), "p": FL.F.num(qs["weights"][i]),
+                   **({t("q·k without RoPE"): FL.F.num(qs["qk_unrot"][i])} if "qk_unrot" in qs else {})}
                   for i in range(len(k_labels))], hide_index=True)

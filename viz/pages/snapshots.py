@@ -6,6 +6,7 @@ import json
 import streamlit as st
 
 from model import Trace, TraceFileError, compare_traces
+from model.core.recorder import DEFAULT_BUDGET_BYTES, estimate_bytes, select_names
 from model.core.trace import MAX_HEADER_BYTES, META_KEYS
 from viz import common
 from viz import figures as F
@@ -43,7 +44,86 @@ st.caption(t(
     "outputs, layer outputs, logits), saved as a safetensors file with JSON metadata (never a pickle). Pin "
     "one in a test (`trace_snapshot.check(trace)`), or compare two here: differences are located by name, "
     "layer, head and the query/key tokens."))
-sel, trace = common.require_trace()
+# A language model's full trace is big (SmolLM2, 16 tokens: ~100 MiB; 1,024 tokens: gigabytes): its snapshot
+# captures the attention weights only unless the user asks for everything.
+CAPTURES = {"*.weights": N_("attention weights only (*.weights)"), "all": N_("everything (a full trace)")}
+
+
+@st.cache_resource(show_spinner=False, max_entries=4, ttl=3600)
+def _lm_weights_trace(name: str, text: str, names: str) -> Trace:
+    """An LM's trace of `names` only, shared by sessions (read-only), meta as the other pages' LM traces."""
+    from viz import lm_models
+
+    rm = common.load_ckpt(name)
+    _, tr = rm.obj.run_with_trace(text, names=names)
+    meta = dict(tr.meta, checkpoint=name, text=text, captured=names)
+    if meta.get("tgt_tokens"):  # readable pieces, as on every page (raw ones kept in tgt_pieces)
+        meta["tgt_pieces"] = list(meta["tgt_tokens"])
+        meta["tgt_tokens"] = lm_models.readable_tokens(meta["tgt_pieces"], lm_models._byte_level(rm.obj))
+    return Trace(dict(tr), meta)
+
+
+def _bytes(shapes: dict, pattern: str) -> int:
+    return estimate_bytes(shapes, select_names(list(shapes), None if pattern == "all" else pattern))
+
+
+def _tokens_that_fit(model, pattern: str, budget: int, T: int) -> int:
+    """The longest prompt (in tokens, < T) whose capture of `pattern` stays within `budget` bytes."""
+    lo, hi = 0, T
+    while lo + 1 < hi:  # bytes grow with T: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _bytes(model.capture_names(1, mid), pattern) <= budget else (lo, mid)
+    return lo
+
+
+def lm_trace(sel):
+    """(Selection, Trace) for a language model: the capture the user chose, after saying what it costs."""
+    problem = common.text_problems(sel.text)
+    if problem:
+        common.show_error(problem)
+        st.stop()
+    rm = sel.ckpt
+    try:
+        T = rm.obj.encode(sel.text).shape[1]
+    except ValueError as e:
+        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        st.stop()
+    model = rm.obj.model
+    shapes = model.capture_names(1, T)
+    sizes = {g: _bytes(shapes, g) for g in CAPTURES}
+    common.seed_from_query("snap_capture", "capture", "*.weights", valid=lambda v: v in CAPTURES)
+    choice = st.radio(t("Capture"), list(CAPTURES), key="snap_capture", horizontal=True,
+                      format_func=option_labels(list(CAPTURES), lambda g: t(CAPTURES[g])))
+    common.write_query(capture=choice)
+    n_weights = len(select_names(list(shapes), "*.weights"))
+    st.caption(t("A language model's full trace is big: {n} tensors, about {full} MiB for these {T} tokens, and it "
+                 "grows with the square of the length. Its attention weights alone ({k} tensors, one per layer) are "
+                 "{w} MiB, so that is what a snapshot captures unless you choose everything.", n=len(shapes),
+                 full=f"{sizes['all'] / 2**20:,.1f}", T=T, k=n_weights, w=f"{sizes['*.weights'] / 2**20:,.1f}"))
+    if sizes[choice] > DEFAULT_BUDGET_BYTES:
+        fit = _tokens_that_fit(model, choice, DEFAULT_BUDGET_BYTES, T)
+        common.show_error(t("Capturing {what} for these {T} tokens needs about {mib} MiB, over this server's limit "
+                            "of {limit} MiB per trace. Up to {fit} tokens fit: shorten the prompt, or capture the "
+                            "attention weights only.", what=t(CAPTURES[choice]), T=T,
+                            mib=f"{sizes[choice] / 2**20:,.0f}", limit=f"{DEFAULT_BUDGET_BYTES / 2**20:,.0f}",
+                            fit=f"{fit:,}"))
+        st.stop()
+    try:
+        with st.spinner(t("Running the model…")):
+            if choice == "all":
+                return common.require_trace(sel)
+            return sel, _lm_weights_trace(sel.name, sel.text, choice)
+    except ValueError as e:  # too long for the model's positions, ...
+        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        st.stop()
+
+
+_sel = common.selection()
+if _sel is not None and common.is_real_model(_sel) and "lm" in common.capabilities(_sel.name):
+    sel, trace = lm_trace(_sel)
+else:
+    sel, trace = common.require_trace()
+is_lm = trace.meta.get("model", {}).get("family") == "decoder_lm"
 
 
 def _shown(text) -> str:
@@ -58,9 +138,14 @@ def _shown(text) -> str:
 
 st.subheader(t("Download the current trace"))
 meta = trace.meta
-st.markdown(t("`{checkpoint}` on “{text}” → “{target}”: **{n} tensors, {mib} MiB**.",
-              checkpoint=meta.get("checkpoint", sel.name), text=_shown(meta.get("text", sel.text)),
-              target=_shown(meta.get("target", "")), n=len(trace), mib=f"{trace.nbytes() / 2**20:.2f}"))
+if is_lm:  # no target: a language model reads one text
+    st.markdown(t("`{checkpoint}` on “{text}”: **{n} tensors, {mib} MiB**.",
+                  checkpoint=meta.get("checkpoint", sel.name), text=_shown(meta.get("text", sel.text)), n=len(trace),
+                  mib=f"{trace.nbytes() / 2**20:.2f}"))
+else:
+    st.markdown(t("`{checkpoint}` on “{text}” → “{target}”: **{n} tensors, {mib} MiB**.",
+                  checkpoint=meta.get("checkpoint", sel.name), text=_shown(meta.get("text", sel.text)),
+                  target=_shown(meta.get("target", "")), n=len(trace), mib=f"{trace.nbytes() / 2**20:.2f}"))
 # A deferred download: the file is only written when the button is clicked.
 st.download_button(t("Download trace (.safetensors)"), data=trace.to_bytes,
                    file_name=f"trace-{common.safe_filename(sel.name)}.safetensors",
@@ -68,8 +153,9 @@ st.download_button(t("Download trace (.safetensors)"), data=trace.to_bytes,
 with st.expander(t("Load it in Python")):
     st.code("from model import Trace, compare_traces\n"
             "t = Trace.load('trace.safetensors')\n"
-            "t['decoder.layers.0.cross_attn.weights']   # [B, H, T, S]\n"
-            "print(compare_traces(t, other).report())", language="python")
+            + ("t['decoder.layers.0.self_attn.weights']   # [B, H, T, T]\n" if is_lm else
+               "t['decoder.layers.0.cross_attn.weights']   # [B, H, T, S]\n")
+            + "print(compare_traces(t, other).report())", language="python")
 
 # ---------------------------------------------------------------- upload
 

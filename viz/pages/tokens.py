@@ -12,7 +12,83 @@ st.title(t("Tokens & embeddings"))
 st.caption(t("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
              "(each token has an integer id); the embedding table maps each id to a d_model-dimensional "
              "vector; a positional encoding is added so the model knows the order."))
-common.require("toy", lm_view="tokens")  # the toy tokenizers; a real LM's pieces are on the Language model page
+
+
+def lm_tokens() -> None:
+    """A decoder-only language model: its (byte-level BPE) pieces, ids, token embedding and how positions enter."""
+    from pathlib import Path
+
+    from viz import lm_models
+
+    sel, trace = common.require_trace()
+    rm, meta = sel.ckpt, trace.meta
+    blocks = meta["model"]["blocks"]
+    ids = (meta.get("tgt_ids") or [[]])[0]
+    shown = common.tokens_of(trace, "tgt")  # readable: ␣ for a space, ↵ for a newline
+    pieces = meta.get("tgt_pieces") or shown
+    if isinstance(pieces[0] if pieces else None, list):
+        pieces = pieces[0]
+    st.subheader(t("Tokenization"))
+    vocab = blocks.get("vocab_size")
+    if lm_models._byte_level(rm.obj):
+        st.markdown(t("**Byte-level BPE** (GPT-2's scheme, vocabulary {n}): the text is read as UTF-8 bytes, each "
+                      "byte written as one printable letter (a space is Ġ, a newline Ċ), and merges learned from "
+                      "data join frequent byte sequences into pieces. Any text can be tokenized: there is no [UNK]. "
+                      "The token column shows each piece's text, with ␣ for a space and ↵ for a newline; the piece "
+                      "column shows it as stored in the vocabulary.", n=f"{vocab:,}"))
+    else:
+        st.markdown(t("**Subword pieces** (vocabulary {n}); ␣ marks a space.", n=f"{vocab:,}"))
+    st.dataframe([{t("position"): i, t("token"): tok, t("piece"): piece, t("id"): int(i_)}
+                  for i, (tok, piece, i_) in enumerate(zip(shown, pieces, ids, strict=False))], hide_index=True)
+
+    st.subheader(t("Token embedding"))
+    D = blocks["d_model"]
+    st.caption(t("Each token id selects one row of the embedding matrix (vocabulary × d_model = {v} × {d}). Unlike "
+                 "the 2017 Transformer, a language model like this one does not multiply the row by √d_model.",
+                 v=f"{vocab:,}", d=D)
+               + (" " + t("The same matrix, transposed, is the unembedding that turns the last layer's vectors into "
+                          "next-token logits (tied embeddings).") if blocks.get("tied_embeddings") else ""))
+    common.show_figure(F.vectors_heatmap(trace["decoder.embed.tok"][0], shown,
+                                         "decoder.embed.tok: " + t("token embedding (no ×√d)"), t("embedding")),
+                       key="tok_embed", filename="decoder-token-embedding")
+
+    st.subheader(t("Positions"))
+    if blocks.get("positional") == "rotary":
+        since = Path(__file__).resolve().parents[2] / "viz/pages/since2017.py"
+        st.info(t("This model adds no position vector to its embedding: the input of layer 0 is the token "
+                  "embedding itself. Positions enter inside every attention layer as rotations (RoPE): q and k are "
+                  "rotated by an angle that grows with the position, so q·k depends on how far apart two tokens "
+                  "are."), icon="🔄")
+        page, label = (("viz/pages/since2017.py", t("RoPE vs sinusoidal positions, live: What changed since 2017"))
+                       if since.is_file() else ("viz/pages/attention.py", t("See the rotated q and k on the "
+                                                                            "Attention page")))
+        st.page_link(page, label=label, icon=":material/open_in_new:")
+        if "decoder.rope.angles" in trace:
+            ang = trace["decoder.rope.angles"]
+            st.caption(t("The rotation angles: position p turns dimension pair i of q and k by p·θ_i, θ_i = "
+                         "base^(−2i/d_head), base = {base}. Pair 0 turns fastest; the last pairs barely move.",
+                         base=f"{blocks.get('rope_base', 10000):g}"))
+            common.show_figure(F.vectors_heatmap(ang, shown, "decoder.rope.angles: " + t("rotation angle p·θ_i "
+                                                                                         "(radians)"), "θ"),
+                               key="tok_rope", filename="rope-angles")
+        return
+    pe = F.arr(trace["decoder.embed.pos"])
+    st.caption(t("This model learns its positional embeddings; only the input's positions are shown."))
+    common.show_figure(F.vectors_heatmap(pe, None, t("positional encoding ({n} positions × {d} dims)",
+                                                     n=pe.shape[0], d=D), "PE"), key="tok_pe",
+                       filename="positional-encoding")
+    common.show_figure(F.pe_similarity(pe[:256]), key="tok_pe_sim", filename="pe-similarity")
+    st.subheader(t("Embedding + position = the input of layer 0"))
+    common.show_figure(F.embedding_sum_figure(trace["decoder.embed.tok"][0], trace["decoder.embed.pos"],
+                                              trace["decoder.embed.out"][0], shown),
+                       key="tok_sum", filename="decoder-embedding-plus-position")
+
+
+_sel = common.selection()
+if _sel is not None and common.is_real_model(_sel) and "lm" in common.capabilities(_sel.name):
+    lm_tokens()
+    st.stop()
+common.require("toy", lm_view="tokens")  # the toy tokenizers and tables; an encoder like MiniLM says what it lacks
 sel, trace = common.require_trace()
 ckpt, cfg, meta = sel.ckpt, sel.ckpt.cfg, trace.meta
 
