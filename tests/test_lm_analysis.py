@@ -414,3 +414,10 @@ def test_capture_cli_refusals_are_one_line(tmp_path, capsys):
         main(["smollm2", "hello", "--checkpoint", "dates", "--text", "x", "-o", str(tmp_path / "x.safetensors")])
     with pytest.raises(SystemExit):
         main(["-o", str(tmp_path / "x.safetensors")])
+
+
+def test_patching_rows_per_forward_keep_the_logits_under_budget():
+    assert patching.fit_batch(32, 14, 61) == 32
+    rows = patching.fit_batch(32, 100, 49152)  # SmolLM2 at 100 tokens: 32 rows would be 629 MiB of logits
+    assert 1 <= rows < 32 and rows * 100 * 49152 * 4 <= patching.LOGITS_BUDGET_BYTES
+    assert patching.fit_batch(32, 8192, 49152) == 1

@@ -1,5 +1,8 @@
 """Analyses over the model, built on its hooks: decoding and evaluation under an intervention,
 head importance and a per-head summary, attribution (four ways), comparing two inputs.
+Language models (import the modules): `phenomena` (sink, previous/duplicate-token and induction head
+detectors, repeat loss, ablation with a random control, token-0 blocking), `patching` (activation
+patching), `ioi` (IOI prompts, direct logit attribution), `logit_lens`, `qk` (the Q/K map).
 No UI imports here (pages draw what these return)."""
 
 from model.analysis.attribution import Attribution, attribute, attribution_for, rollout, rollout_seq2seq, spearman

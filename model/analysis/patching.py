@@ -35,6 +35,14 @@ def resid_names(n_layers: int) -> list[str]:
     return ["decoder.embed.out"] + [f"decoder.layers.{i}.out" for i in range(n_layers - 1)]
 
 
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+def fit_batch(batch: int, T: int, vocab: int) -> int:
+    """At most `batch` rows, fewer if a forward's float32 logits [rows, T, V] would pass LOGITS_BUDGET_BYTES."""
+    return max(1, min(batch, LOGITS_BUDGET_BYTES // (T * vocab * 4)))
+
+
 @dataclass
 class Patching:
     resid: np.ndarray  # [L, T]: share of the logit difference restored by patching layer i's input at t
@@ -75,6 +83,7 @@ def activation_patching(lm, clean, corrupted, good: int, bad: int, heads: bool =
     ld_clean = float(logit_diff(clean_logits, good, bad)[0])
     ld_corr = float(logit_diff(m(x_ids), good, bad)[0])
     span = ld_clean - ld_corr
+    batch = fit_batch(batch, T, m.cfg.vocab_size)
     if abs(span) < 1e-6:
         raise ValueError(f"the clean and corrupted prompts give the same logit difference ({ld_clean:.3g}): "
                          "nothing to restore")

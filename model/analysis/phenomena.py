@@ -337,7 +337,10 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
     blocked = m.run_with_hooks(ids, hooks=block_first_key(names=names))
     per = None
     if per_head:
+        from model.analysis.patching import fit_batch
+
         L, H = m.cfg.n_layers, m.cfg.n_heads
+        batch = fit_batch(batch, ids.shape[1], m.cfg.vocab_size)
         pairs = [(layer, h) for layer in range(L) for h in range(H)]
         kls = []
         for s in range(0, len(pairs), batch):
