@@ -1,4 +1,6 @@
 """Experiments: break one piece of the running Transformer and see, side by side, what changes.
+On a decoder-only language model (SmolLM2) the page offers what applies to it (head and shared K/V head
+ablation, scaling, no √d_k, RoPE off, no causal mask) and measures the next token and the prompt's loss.
 
 Four views (one runs at a time, `?exp_view=`): before/after under chosen interventions (kept in the
 URL as `?exp=spec;spec`, see model.interventions), head importance with a per-head summary, the
@@ -15,6 +17,8 @@ import streamlit as st
 from model import analysis as an
 from model import interventions as iv
 from model.analysis import cheating, compare, heads, runs
+from model.analysis import lessons_llm as LL
+from model.analysis import phenomena as PH
 from model.loaders import minilm
 from viz import common
 from viz import figures_experiments as FX
@@ -468,6 +472,203 @@ def compare_view() -> None:
         common.show_figure(FX.importance_maps(hi), key="exp_cmp_importance", filename="minilm-head-importance")
 
 
+# ---------------------------------------------------------------- a decoder-only language model
+
+LM_LABELS = {"ablate_kv_head": N_("Ablate a shared K/V head"), "no_positional": N_("No positions (RoPE off)")}
+LM_DOCS = {
+    "ablate_kv_head": N_("Knock out one key/value head: with grouped-query attention it is shared, so every query "
+                         "head that reads it goes silent at once."),
+    "no_positional": N_("Rotate q and k by angle 0 (or add no learned positions): attention no longer knows where "
+                        "the tokens are."),
+    "no_lookahead_mask": N_("Remove the causal mask: every position may read the later ones. The last position has "
+                            "nothing later, so its next token changes only through the earlier positions."),
+}
+LM_DEFAULT = "no_positional"
+SEQ2SEQ_ONLY = N_("Not offered for a decoder-only model: blocking or shuffling a source token, the padding mask and "
+                  "the seeds' bugs all act on an encoder–decoder model's source sentence.")
+
+
+def _lm(name: str):
+    return common.load_ckpt(name).obj
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _lm_before_after(name: str, text: str, specs: tuple[str, ...]):
+    lm = _lm(name)
+    return LL.lm_before_after(lm, text, LL.lm_hooks(list(specs), lm))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _lm_importance(name: str, text: str, mode: str):
+    return LL.lm_head_importance(_lm(name), text, mode)
+
+
+def _lm_label(ident: str) -> str:
+    return t(LM_LABELS.get(ident) or iv.REGISTRY[ident].label)
+
+
+def _lm_seed_from_url(modules: list[str], n_heads: int, n_kv: int) -> None:
+    """First render: the LM interventions from `?exp=`; a spec that does not apply says so."""
+    if "exp_lm_iv" in st.session_state:
+        return
+    chosen = []
+    for spec in filter(None, (st.query_params.get("exp") or LM_DEFAULT).split(";")):
+        ident, _, args = spec.strip().partition(":")
+        if ident not in LL.LM_INTERVENTIONS:
+            common.show_error(t("This link's intervention “{spec}” does not apply to a decoder-only model.",
+                                spec=spec[:60]))
+            continue
+        try:
+            kwargs = dict(part.split("=", 1) for part in filter(None, args.split(",")))
+            if ident in iv.REGISTRY:
+                _, kwargs = iv.parse(spec)
+            kwargs = _fit_to_widgets(ident, kwargs, modules, n_heads, 1)
+            if ident == "ablate_kv_head":
+                kwargs["kv_head"] = min(max(int(kwargs.get("kv_head", 0)), 0), n_kv - 1)
+                if kwargs.get("mode") not in ("zero", "mean"):
+                    kwargs["mode"] = "zero"
+        except (iv.SpecError, ValueError) as e:
+            common.show_error(t("This link's intervention could not be read: {e}", e=e))
+            continue
+        chosen.append(ident)
+        for k, v in kwargs.items():
+            st.session_state[f"exp_{ident}_{k}"] = v
+    st.session_state["exp_lm_iv"] = list(dict.fromkeys(chosen))
+
+
+def _lm_args(ident: str, modules: list[str], n_heads: int, n_kv: int) -> dict:
+    if ident in ("ablate_head", "scale_head"):
+        return _args(ident, modules, n_heads, [])
+    if ident != "ablate_kv_head":
+        return {}
+    key = f"exp_{ident}_{{}}".format
+    if st.session_state.get(key("module")) not in modules:
+        st.session_state[key("module")] = modules[-1]
+    common.clamp_state(key("kv_head"), 0, n_kv - 1)
+    st.session_state.setdefault(key("mode"), "zero")
+    c1, c2, c3 = st.columns([3, 1, 2])
+    out = {"module": c1.selectbox(t("Attention module"), modules, key=key("module")),
+           "kv_head": c2.selectbox(t("K/V head"), range(n_kv), key=key("kv_head")),
+           "mode": c3.segmented_control(t("Ablation"), ["zero", "mean"], key=key("mode"), required=True,
+                                        format_func=lambda m: t(MODE_LABELS[m])) or "zero"}
+    heads_ = iv.shared_query_heads(n_heads, n_kv, int(out["kv_head"]))
+    st.caption(t("K/V head {g} is read by query heads {heads}: knocking it out silences all {r} of them at once.",
+                 g=out["kv_head"], heads=", ".join(map(str, heads_)), r=len(heads_)))
+    return out
+
+
+def _piece(lm, i: int) -> str:
+    from viz import lm_models
+
+    return lm_models.readable(lm.tokens([int(i)])[0])
+
+
+def _top_md(lm, top) -> str:
+    rows = [f"| {k + 1} | `{_piece(lm, i).replace('`', 'ˋ').replace('|', '¦')}` | {p:.3f} |"
+            for k, (i, p) in enumerate(top)]
+    return "\n".join([f"| # | {t('token')} | {t('probability')} |", "|---|---|---|", *rows])
+
+
+def lm_before_after_view(sel, lm) -> None:
+    st.caption(t("Choose interventions; the language model reads the sidebar's prompt with and without them. "
+                 "Measured: the next token at the last position, the logit difference between the intact model's "
+                 "top two tokens, and the mean next-token loss over the prompt."))
+    modules = PH.attention_names(lm)
+    cfg = lm.model.cfg
+    _lm_seed_from_url(modules, cfg.n_heads, cfg.n_kv_heads)
+    ids = st.multiselect(t("Interventions"), list(LL.LM_INTERVENTIONS), key="exp_lm_iv", format_func=_lm_label,
+                         placeholder=t("Choose one or more interventions"))
+    st.caption(t(SEQ2SEQ_ONLY))
+    specs = []
+    for ident in ids:
+        with st.container(border=True):
+            st.markdown(f"**{_lm_label(ident)}**")
+            st.caption(t(LM_DOCS.get(ident) or _DOCS[ident]))
+            specs.append(iv.spec_of(ident, **_lm_args(ident, modules, cfg.n_heads, cfg.n_kv_heads)))
+    common.write_query(exp=";".join(specs) or None)
+    if not specs:
+        st.info(t("Choose an intervention above to see what changes."))
+        return
+    try:
+        with st.spinner(t("Running the model…")):
+            ba = _lm_before_after(sel.name, sel.text, tuple(specs))
+    except ValueError as e:
+        common.show_error(e)
+        return
+    c1, c2 = st.columns(2)
+    for col, title, top in ((c1, t("Before"), ba.top_before), (c2, t("After"), ba.top_after)):
+        col.markdown(f"**{title}**")
+        col.markdown(_top_md(lm, top))
+    a, b = ba.top_before[0][0], ba.top_after[0][0]
+    c1, c2, c3 = st.columns(3)
+    c1.metric(t("Next token"), f"“{_piece(lm, b)}”", t("was “{tok}”", tok=_piece(lm, a)) if a != b else t("unchanged"),
+              delta_color="off")
+    c2.metric(t("Logit difference (intact top two)"), f"{ba.logit_diff_after:.3f}",
+              f"{ba.logit_diff_after - ba.logit_diff_before:+.3f}")
+    c3.metric(t("Mean loss on the prompt"), f"{ba.loss_after:.3f}", f"{ba.loss_after - ba.loss_before:+.3f}",
+              delta_color="inverse")
+    st.caption(t("KL(intact ‖ after) of the next-token distribution: {kl} nats.", kl=f"{ba.kl:.4f}"))
+
+
+def lm_top_heads(sel, hi) -> None:
+    """The heads whose removal changes the next token's log-prob most, each a link to the Language model page."""
+    st.markdown(t("**Top heads** (open one on the Language model page):"))
+    for module, head, delta in hi.top(5):
+        layer = hi.description["attention"][module]["layer"]
+        q = {"checkpoint": sel.name, "view": "heads", "layer": layer, "head": head, "lang": current_lang()}
+        if len(sel.text) <= common.MAX_URL_TEXT:
+            q["prompt"] = sel.text
+        st.page_link("viz/pages/llm.py", label=f"{module}, {t('head {h}', h=head)}: Δ = {delta:+.4f}",
+                     icon=":material/chat:", query_params={k: str(v) for k, v in q.items()})
+
+
+def lm_heads_view(sel, lm, trace) -> None:
+    st.caption(t("Each query head of every layer is knocked out in turn, batched (one ablation per batch row); the "
+                 "map shows how much the log-prob of the model's next token at the last position changes."))
+    st.session_state.setdefault("exp_imp_mode", "zero")
+    mode = st.segmented_control(t("Ablation"), iv.MODES, key="exp_imp_mode", required=True,
+                                format_func=lambda m: t(MODE_LABELS[m])) or "zero"
+    n = len(trace.meta["model"]["attention"]) * lm.model.cfg.n_heads
+    # One batch row per head over the whole prompt: seconds to minutes on a CPU, so it runs when asked.
+    if st.toggle(t("Knock out each of the {n} heads", n=n), key="exp_lm_imp_on"):
+        with st.spinner(t("Knocking out every head…")):
+            hi = _lm_importance(sel.name, sel.text, mode)
+        common.show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
+        lm_top_heads(sel, hi)
+    st.subheader(t("What each head does"))
+    st.session_state.setdefault("exp_summary_q", "entropy")
+    q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q", required=True,
+                             format_func=lambda k: t(FX.SUMMARY_LABELS[k])) or "entropy"
+    common.show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
+
+
+def lm_view(view: str, sel) -> None:
+    lm = sel.ckpt.obj
+    if view == "attribution":
+        st.info(t("Attribution here ranks the source tokens of an encoder–decoder model; a decoder-only model has no "
+                  "source sentence. Its per-head direct logit attribution is on the Attention phenomena page."),
+                icon="🧩")
+        st.page_link("viz/pages/phenomena.py", label=t("Direct logit attribution (IOI)"), icon=":material/insights:",
+                     query_params={"checkpoint": sel.name, "phen": "ioi", "lang": current_lang()})
+        return
+    if view == "heads":
+        _, trace = common.require_trace(sel)
+        lm_heads_view(sel, lm, trace)
+    else:
+        problem = common.text_problems(sel.text)
+        if problem:
+            common.show_error(problem)
+            return
+        lm_before_after_view(sel, lm)
+
+
+def _is_lm(sel) -> bool:
+    try:
+        return common.is_real_model(sel) and "lm" in common.capabilities(sel.name)
+    except ValueError:
+        return False
+
+
 # ---------------------------------------------------------------- page
 
 
@@ -481,6 +682,8 @@ view = view or "before_after"
 common.write_query(exp_view=view)
 if view == "compare":
     compare_view()
+elif _is_lm(common.selection()):  # a decoder-only LLM: its own interventions and measures
+    lm_view(view, common.selection())
 else:
     common.require("toy")  # interventions and held-out runs of a toy task
     sel, trace = common.require_trace()
