@@ -212,6 +212,80 @@ def test_a_path_in_the_url_is_never_loaded(tiny):
     assert any("/etc/passwd" in w.value and "not possible here" in w.value for w in at.warning)
 
 
+# ---------------------------------------------------------------- the step-by-step decoder on a language model
+
+DECODER = "viz/pages/decoder.py"
+
+
+def check_decoder_step(at: AppTest, lm, want, step: int, head: int) -> None:
+    """The page's step `step` (1-based) draws generate()'s record of it: the top 10 and the new position's
+    attention in every layer (one head)."""
+    figs = figures(at)
+    rec = want.steps[step - 1]
+    top = next(f for k, f in figs.items() if k.startswith(f"Step {step}: the model's top"))["data"][0]
+    assert list(decode(top["x"])) == pytest.approx([p for _, p in rec.top])
+    assert [y.split(". ", 1)[1] for y in top["y"]] == lm.readable([tok for tok, _ in rec.top])
+    every = next(f for k, f in figs.items() if k.startswith(f"Step {step}: where the new position {rec.position}"))
+    assert np.allclose(decode(every["data"][0]["z"]), rec.attention[:, head].numpy(), atol=1e-6)
+
+
+def test_decoder_generates_with_a_language_model(tiny):
+    lm = lm_models.load(tiny)
+    at = run({"checkpoint": tiny, "text": IOI, "dec_max": "6", "dec_head": "1"}, page=DECODER)
+    clean(at)
+    want = lm.obj.generate(IOI, max_new_tokens=6)
+    assert any(m.value.startswith("**Output** (6 tokens") for m in at.markdown)
+    assert at.session_state["dec_step"] == 6  # opens on the last step
+    check_decoder_step(at, lm, want, 6, 1)
+    at.slider(key="dec_step").set_value(2).run()
+    clean(at)
+    check_decoder_step(at, lm, want, 2, 1)
+    # the seq2seq-only parts: one sentence, and a toy model that has them
+    said = [i.value for i in at.info if "has no" in i.value]
+    assert len(said) == 1 and "cross-attention" in said[0] and said[0].count(". ") == 0
+    assert not any("Beam tree" in h.value for h in at.subheader)
+    assert [s.options for s in at.get("segmented_control") if s.key == "dec_strategy"] == [["Greedy", "Sampling"]]
+    # the link carries the choice
+    assert at.query_params["dec_max"] in ("6", ["6"])
+    next(b for b in at.button if b.label.startswith("Open this page with")).click().run()
+    clean(at)
+    assert not lm_models.is_real(at.session_state["checkpoint"]) and any(
+        h.value == "Beam tree" or h.value == "Teacher forcing vs free-running" for h in at.subheader)
+
+
+def test_decoder_samples_a_language_model_with_its_seed(tiny):
+    lm = lm_models.load(tiny)
+    q = {"checkpoint": tiny, "text": IOI, "dec_max": "5", "dec_strategy": "sample", "dec_temp": "1.5",
+         "dec_topk": "20", "dec_seed": "7", "dec_head": "0"}
+    at = run(q, page=DECODER)
+    clean(at)
+    want = lm.obj.generate(IOI, max_new_tokens=5, temperature=1.5, top_k=20, top_p=1.0, seed=7)
+    assert any(m.value.startswith("**Output**") and m.value.endswith(common_md(want.text)) for m in at.markdown)
+    check_decoder_step(at, lm, want, len(want.steps), 0)
+    # a link asking for beam search (toy models only) opens on greedy, without an error
+    at = run(q | {"dec_strategy": "beam"}, page=DECODER)
+    clean(at)
+    assert at.session_state["dec_strategy"] == "greedy"
+
+
+def rows(spec: dict) -> list:
+    """A figure's first trace's y values (typed array or list)."""
+    y = spec["data"][0].get("y")
+    return [int(v) for v in decode(y)] if isinstance(y, dict) else list(y or [])
+
+
+def common_md(text: str) -> str:
+    from viz import common
+
+    return common.md_escape(text)
+
+
+def test_decoder_on_an_encoder_says_it_has_no_decoder():
+    at = run({"checkpoint": "minilm"}, page=DECODER)
+    clean(at)
+    assert [i.value for i in at.info if "has no decoder" in i.value] and not at.get("plotly_chart")
+
+
 # ---------------------------------------------------------------- SmolLM2
 
 
@@ -230,6 +304,22 @@ def test_smollm2_llm_page_en_and_zh():
         w = trace["decoder.layers.17.self_attn.weights"][0, 3].double().numpy()
         assert z[17, 3] == pytest.approx(w[1:, 0].mean(), abs=1e-6)
     assert at.title[0].value == "语言模型"
+
+
+def test_smollm2_decoder_generates_en_and_zh():
+    lm = lm_models.load("smollm2")
+    want = lm.obj.generate(IOI, max_new_tokens=16)  # the page's default
+    for lang in ("en", "zh"):
+        at = run({"checkpoint": "smollm2", "lang": lang, "dec_head": "3"}, page=DECODER)
+        clean(at)
+        figs = figures(at)
+        assert len(figs) == 4  # look-ahead mask, top 10, every layer, the chosen layer's heads
+        every = decode(next(f for f in figs.values() if rows(f) == list(range(30)))["data"][0]["z"])  # 30 layers
+        assert np.allclose(every, want.steps[-1].attention[:, 3].numpy(), atol=1e-6)
+        assert any(common_md(want.text) in m.value for m in at.markdown)
+        if lang == "en":
+            check_decoder_step(at, lm, want, 16, 3)
+    assert at.title[0].value == "逐步解码器" and any("交叉注意力" in i.value for i in at.info)
 
 
 @pytest.mark.parametrize("model", ["smollm2", "minilm"])

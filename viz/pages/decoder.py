@@ -4,6 +4,11 @@ Strategy (greedy, beam, sampling) -> one recorded decode (`ckpt.translate`) -> a
 (and play button) over its `Step` records: look-ahead mask, the new token's self- and
 cross-attention, the top-k next tokens; then the beam tree, the accumulated alignment, and a
 teacher-forced pass over the same output that must agree with the step-by-step numbers.
+
+A decoder-only language model (SmolLM2, a server model) generates from the sidebar's prompt with
+`LanguageModel.generate` (greedy, or sampling with a seed): each step shows its top-10 next tokens and
+where the new position looked in every layer (the Language model page's figure builders); the
+seq2seq-only parts say in one sentence that it has none and offer a toy model.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ import streamlit as st
 import torch
 
 from model.toy.checkpoint import sampling_distribution
-from viz import common
+from viz import common, lm_models
 from viz import figures as F
 from viz import figures_decode as fd
-from viz.i18n import N_, option_labels, t
+from viz import figures_llm as FL
+from viz.i18n import N_, current_lang, option_labels, t
 
 STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("Sampling")}
+LM_STRATEGIES = ("greedy", "sample")  # LanguageModel.generate has no beam search
+LM_MAX_NEW = (1, 64, 16)  # new tokens a language model generates here: min, max, default
 PLAY_SECONDS = 0.9  # one step per tick while playing
 AGREE_ATOL = 1e-4  # cached step-by-step vs one parallel pass: float32 reassociation only
 N_TOP = 5  # next-token bars: the model's k most likely tokens, plus the chosen one when it is not among them
@@ -49,7 +57,13 @@ def teacher_forced(ckpt, text: str, out_ids: tuple[int, ...]):
         return ckpt.model.run_with_trace(ckpt.encode_source(text), tgt, names=names)[1]
 
 
-COMPUTATIONS = {"decode": decode, "teacher_forced": teacher_forced}
+def generate_lm(rm, text: str, max_new: int, options: tuple):
+    """A language model's recorded generation (`LanguageModel.generate`: every step's top-10 and the new
+    position's attention in every layer; a private seeded generator when sampling)."""
+    return rm.obj.generate(text, max_new_tokens=max_new, **dict(options))
+
+
+COMPUTATIONS = {"decode": decode, "teacher_forced": teacher_forced, "generate": generate_lm}
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
@@ -61,7 +75,7 @@ def computed(what: str, name: str, *args):
     """COMPUTATIONS[what](checkpoint, *args). A shipped model's result is cached for every session (same
     inputs, same read-only output); a model trained in this session is computed in a one-entry memo of
     this session (another session may hold another model under the same name)."""
-    with st.spinner(t("Decoding…") if what == "decode" else t("Teacher-forced pass…")):
+    with st.spinner(t("Teacher-forced pass…") if what == "teacher_forced" else t("Decoding…")):
         if name not in (st.session_state.get("session_models") or {}):
             return _shared(what, name, *args)
         ckpt = common.load_ckpt(name)
@@ -101,9 +115,11 @@ def seed_state(n_layers: int, n_heads: int) -> list[str]:
     return heads
 
 
-def strategy_controls() -> tuple[str, tuple]:
-    """Strategy and its options, as a hashable tuple for the cache."""
-    strategy = st.segmented_control(t("Strategy"), list(STRATEGIES), key="dec_strategy", required=True,
+def strategy_controls(offered: tuple[str, ...] = tuple(STRATEGIES)) -> tuple[str, tuple]:
+    """Strategy (one of `offered`) and its options, as a hashable tuple for the cache."""
+    if st.session_state.get("dec_strategy") not in offered:  # e.g. a link's beam for a language model
+        st.session_state["dec_strategy"] = offered[0]
+    strategy = st.segmented_control(t("Strategy"), list(offered), key="dec_strategy", required=True,
                                     format_func=option_labels(STRATEGIES, lambda k: t(STRATEGIES[k])))
     opts: dict = {}
     cols = st.columns(4)
@@ -205,9 +221,8 @@ def next_token_view(ckpt, rec, step: int, strategy: str, options: dict) -> None:
     common.show_figure(fig, key="dec_topk_fig", filename="next-tokens")
 
 
-def step_view(out, layer: int, head: str, playing: bool, ckpt, strategy: str, options: dict) -> None:
-    """Everything that depends on the step (a fragment, so playing redraws only this)."""
-    n = len(out.steps)
+def step_slider(n: int, playing: bool, help: str) -> int:
+    """The step (1 … n) shown; while playing, one more every PLAY_SECONDS (the fragment's timer)."""
     if playing and time.monotonic() - st.session_state.get("dec_tick", 0.0) >= PLAY_SECONDS * 0.8:
         st.session_state["dec_tick"] = time.monotonic()
         if st.session_state["dec_step"] < n:
@@ -215,9 +230,15 @@ def step_view(out, layer: int, head: str, playing: bool, ckpt, strategy: str, op
         else:
             stop_play()
             st.rerun()  # re-register the fragment without its timer
-    step = st.slider(t("Step"), 1, n, key="dec_step", disabled=n == 1,
-                     help=t("Step t reads [BOS] y1 … y(t-1) and predicts y(t).")) if n > 1 else 1
+    step = st.slider(t("Step"), 1, n, key="dec_step", disabled=n == 1, help=help) if n > 1 else 1
     common.write_query(dec_step=step)
+    return step
+
+
+def step_view(out, layer: int, head: str, playing: bool, ckpt, strategy: str, options: dict) -> None:
+    """Everything that depends on the step (a fragment, so playing redraws only this)."""
+    n = len(out.steps)
+    step = step_slider(n, playing, t("Step t reads [BOS] y1 … y(t-1) and predicts y(t)."))
     i = step - 1
     rec = out.steps[i]
     inp = out.tgt_tokens[: i + 1]  # [BOS] + tokens generated before this step
@@ -359,11 +380,14 @@ def main() -> None:
         "and K, V from the encoder output. Greedy takes the most likely token, beam search keeps the best W "
         "prefixes, sampling draws from softmax(logits / T) after top-k / top-p filtering. A decoder position "
         "is labelled input → predicted: “[BOS] → i” reads [BOS] and predicts i."))
-    sel = common.require("toy", lm_view="generate")  # an LM generates on the Language model page
+    sel = common.require("decoder")  # an encoder-only model says it has no decoder
     problem = common.text_problems(sel.text)
     if problem:
         common.show_error(problem)
         st.stop()
+    if "lm" in common.capabilities(sel.name):
+        lm_main(sel)
+        return
     ckpt = sel.ckpt
     cfg = ckpt.cfg
     heads = seed_state(cfg.n_decoder_layers, cfg.n_heads)
@@ -427,6 +451,94 @@ def output_line(out, limit: int) -> None:
         return
     st.warning(t("The model did not stop: it produced no [EOS] and was stopped at the {limit}-token limit "
                  "(the model's max_len − 1 positions; the same limit on every page).", limit=limit), icon="✂️")
+
+
+# ---------------------------------------------------------------- a decoder-only language model
+
+
+def lm_main(sel) -> None:
+    """The step-by-step decoder on a language model: it generates from the sidebar's prompt."""
+    rm = sel.ckpt
+    cfg = rm.obj.model.cfg
+    heads = seed_state(cfg.n_layers, cfg.n_heads)
+    common.seed_from_query("dec_max", "dec_max", LM_MAX_NEW[2], int, common.int_in(*LM_MAX_NEW[:2]))
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        strategy, options = strategy_controls(LM_STRATEGIES)
+    max_new = c2.number_input(t("New tokens"), *LM_MAX_NEW[:2], key="dec_max")
+    opts = dict(options)
+    gen_opts = {"temperature": 0.0} if strategy == "greedy" else {
+        "temperature": float(opts["temperature"]), "top_k": int(opts["top_k"] or 0),
+        "top_p": float(opts["top_p"] or 1.0), "seed": int(opts["seed"])}
+    try:
+        gen = computed("generate", sel.name, sel.text, int(max_new), tuple(sorted(gen_opts.items())))
+    except ValueError as e:  # too long for the model, no room left to generate
+        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        st.stop()
+    n = len(gen.steps)
+    if not 1 <= st.session_state["dec_step"] <= n:
+        st.session_state["dec_step"] = n
+    why = t("stopped at the end token") if gen.stop_reason == "eos" else t("stopped at the token limit")
+    st.markdown(t("**Output** ({n} tokens, {why}): ", n=n, why=why) + common.md_escape(gen.text))
+    c1, c2, c3 = st.columns([1, 1.5, 3])
+    layer = c1.selectbox(t("Decoder layer"), range(cfg.n_layers), key="dec_layer")
+    head = c2.selectbox(t("Head"), heads, format_func=option_labels(heads, head_label), key="dec_head")
+    playing = bool(st.session_state.get("dec_playing")) and n > 1
+    with c3:
+        st.write("")  # align the button with the selects
+        if playing:
+            st.button(t("⏸ Pause"), on_click=stop_play, key="dec_pause")
+        else:
+            st.button(t("▶ Play"), on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
+                      help=t("Step through the decode, one step every {s} s.", s=f"{PLAY_SECONDS:g}"))
+    common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=max_new,
+                       **query_options(strategy))
+    prompt = rm.readable(rm.obj.tokens(gen.prompt_ids))
+    st.fragment(run_every=PLAY_SECONDS if playing else None)(lm_step_view)(
+        gen, prompt, rm.readable(gen.tokens), rm.readable, layer, head, playing)
+    seq2seq_note(sel)
+
+
+def lm_step_view(gen, prompt: list[str], new: list[str], readable, layer: int, head: str, playing: bool) -> None:
+    """One generated token: what the model read, its top 10, and where the new position looked."""
+    step = step_slider(len(gen.steps), playing, t("Step t reads the prompt and the t − 1 tokens generated "
+                                                  "before it, and predicts token t."))
+    rec = gen.steps[step - 1]
+    inp = prompt + new[: step - 1]  # the keys this step's query sees (cached), the new position last
+    token_chips(inp, new[step - 1], rec.prob, None)
+    left, right = st.columns([3, 2])
+    with left:
+        common.show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
+    with right:
+        top = list(zip(readable([tok for tok, _ in rec.top]), [p for _, p in rec.top], strict=True))
+        common.show_figure(FL.top_tokens_figure(top, new[step - 1], title=t(
+            "Step {step}: the model's top {k} next tokens", step=step, k=len(top))), key="dec_topk_fig",
+            filename="next-tokens")
+    attn = rec.attention.numpy()  # [L, H, T so far]
+    which = head_label(head)
+    every = attn.mean(1, keepdims=True) if head in ("all", "mean") else attn[:, int(head): int(head) + 1]
+    common.show_figure(FL.step_attention_figure(
+        every, inp, 0, title=t("Step {step}: where the new position {pos} looked, every layer · {which}", step=step,
+                               pos=rec.position, which=t("mean over heads") if head in ("all", "mean") else which)),
+        key="dec_every_layer", filename="new-position-every-layer")
+    z, labels = rows_of(attn[layer], head)
+    common.show_figure(fd.attention_rows_figure(
+        z, labels, inp, t("Masked self-attention of the new position {pos} (layer {layer}, {which}): keys ≤ now "
+                          "only", pos=rec.position, layer=layer, which=which), query_token=inp[-1]),
+        key="dec_self", filename="decoder-self-attention")
+
+
+def seq2seq_note(sel) -> None:
+    """One sentence on what a decoder-only model lacks here, and a toy model that has it."""
+    st.info(t("{model} is decoder-only and has no encoder, so it has no cross-attention, no source–target "
+              "alignment and no separate target to teacher-force; it generates from a prompt, greedily or by "
+              "sampling (beam search and its tree are on the toy models).", model=common.model_label(sel.name)),
+            icon="🧩")
+    toys = [n for n in common.checkpoint_names() if not lm_models.is_real(n)]
+    if toys:
+        toy = common.default_checkpoint(toys, current_lang())
+        st.button(t("Open this page with {model}", model=common.model_label(toy)), key="dec_toy_switch",
+                  on_click=common.switch_model, args=(toy,))
 
 
 def query_options(strategy: str) -> dict:
