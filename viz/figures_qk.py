@@ -120,6 +120,7 @@ class QKMap:
     shift: np.ndarray  # c: added to every key
     n_query: int
     _index: dict = field(default_factory=dict, repr=False)
+    _pad: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self._index = {(str(k), int(s), int(p)): i
@@ -146,45 +147,60 @@ class QKMap:
         order = vis[np.argsort(-w, kind="stable")[:k]]
         return [(self.index("key", s, int(j)), float(self.weights[s][p, j])) for j in order]
 
-    def _by_input(self):
-        """Per input: (query xy [Tq, 2], key xy [Tk, 2], visibility [Tq, Tk] bool), in position order."""
-        for s, w in enumerate(self.weights):
-            n_q, n_k = w.shape
-            qxy = self.xy[[self.index("query", s, p) for p in range(n_q)]]
-            kxy = self.xy[[self.index("key", s, j) for j in range(n_k)]]
-            vis = np.tril(np.ones((n_q, n_k), bool)) if self.causal else np.ones((n_q, n_k), bool)
-            yield s, w, qxy, kxy, vis
+    def _padded(self):
+        """All inputs at once, padded to the longest: query xy [S, Tq, 2], key xy [S, Tk, 2], weights
+        [S, Tq, Tk], visibility [S, Tq, Tk] (False on padding and, if causal, above the diagonal), real rows
+        [S, Tq]. Queries and keys are stored input by input in position order, so each input is a slice."""
+        if getattr(self, "_pad", None) is None:
+            S = len(self.weights)
+            nq = np.array([w.shape[0] for w in self.weights])
+            nk = np.array([w.shape[1] for w in self.weights])
+            tq, tk = int(nq.max()), int(nk.max())
+            qxy, kxy = np.zeros((S, tq, 2)), np.zeros((S, tk, 2))
+            w = np.zeros((S, tq, tk))
+            qo, ko = np.concatenate([[0], np.cumsum(nq)]), self.n_query + np.concatenate([[0], np.cumsum(nk)])
+            for s in range(S):
+                qxy[s, :nq[s]] = self.xy[qo[s]:qo[s + 1]]
+                kxy[s, :nk[s]] = self.xy[ko[s]:ko[s + 1]]
+                w[s, :nq[s], :nk[s]] = self.weights[s]
+            rows = np.arange(tq)[None, :] < nq[:, None]
+            vis = rows[:, :, None] & (np.arange(tk)[None, None, :] < nk[:, None, None])
+            if self.causal:
+                vis &= np.arange(tk)[None, None, :] <= np.arange(tq)[None, :, None]
+            self._pad = (qxy, kxy, w, vis, rows)
+        return self._pad
 
     def clarity(self, k: int = TOP_K) -> tuple[float, float]:
         """(clarity, chance): over the queries that see more than k keys, the mean share of their true top-k
         keys (by weight) among their k nearest keys in the picture; chance = k / visible keys. NaN if none."""
-        hits, chance = [], []
-        for _, w, qxy, kxy, vis in self._by_input():
-            rows = vis.sum(1) > k
-            if not rows.any():
-                continue
-            d = ((qxy[:, None, :] - kxy[None, :, :]) ** 2).sum(-1)
-            d = np.where(vis, d, np.inf)[rows]
-            ww = np.where(vis, w, -np.inf)[rows]
-            near = np.argsort(d, axis=1, kind="stable")[:, :k]
-            true = np.argsort(-ww, axis=1, kind="stable")[:, :k]
-            hits += [len(set(a) & set(b)) / k for a, b in zip(near.tolist(), true.tolist(), strict=True)]
-            chance += (k / vis[rows].sum(1)).tolist()
-        return (float(np.mean(hits)), float(np.mean(chance))) if hits else (math.nan, math.nan)
+        qxy, kxy, w, vis, rows = self._padded()
+        n_vis = vis.sum(-1)
+        use = rows & (n_vis > k)
+        if not use.any():
+            return math.nan, math.nan
+        d = np.where(vis, ((qxy[:, :, None, :] - kxy[:, None, :, :]) ** 2).sum(-1), np.inf)[use]
+        ww = np.where(vis, w, -np.inf)[use]
+        near, true = np.zeros(d.shape, bool), np.zeros(d.shape, bool)
+        np.put_along_axis(near, np.argsort(d, axis=1, kind="stable")[:, :k], True, 1)
+        np.put_along_axis(true, np.argsort(-ww, axis=1, kind="stable")[:, :k], True, 1)
+        return float(((near & true).sum(1) / k).mean()), float((k / n_vis[use]).mean())
 
-    def pattern_share(self, target: Callable[[int], int], first: int = 1) -> tuple[float, float, int]:
+    def pattern_share(self, target: Callable[[np.ndarray], np.ndarray], first: int = 1) -> tuple[float, float, int]:
         """(share, chance, n): over queries p >= first whose pattern key target(p) is visible, how often the
-        nearest key in the picture is that key; chance = 1 / visible keys, averaged."""
-        hits, chance = [], []
-        for _, w, qxy, kxy, vis in self._by_input():
-            for p in range(first, w.shape[0]):
-                j = target(p)
-                if not (0 <= j < w.shape[1] and vis[p, j]):
-                    continue
-                d = np.where(vis[p], ((kxy - qxy[p]) ** 2).sum(-1), np.inf)
-                hits.append(int(np.argmin(d)) == j)
-                chance.append(1 / vis[p].sum())
-        return (float(np.mean(hits)), float(np.mean(chance)), len(hits)) if hits else (math.nan, math.nan, 0)
+        nearest key in the picture is that key; chance = 1 / visible keys, averaged. `target` maps an array of
+        query positions to key positions (the previous token: p - 1)."""
+        qxy, kxy, _, vis, rows = self._padded()
+        S, tq, tk = vis.shape
+        p = np.arange(tq)
+        j = np.asarray(target(p))
+        ok = (p >= first) & (j >= 0) & (j < tk)
+        use = rows & ok[None, :] & vis[:, p, np.clip(j, 0, tk - 1)]
+        if not use.any():
+            return math.nan, math.nan, 0
+        d = np.where(vis, ((qxy[:, :, None, :] - kxy[:, None, :, :]) ** 2).sum(-1), np.inf)
+        nearest = d.argmin(-1)
+        hits = (nearest == j[None, :])[use]
+        return float(hits.mean()), float((1 / vis.sum(-1)[use]).mean()), int(use.sum())
 
 
 def qk_map(batch: QKBatch, module: str, head: int) -> QKMap:

@@ -144,8 +144,15 @@ def _valid_query(v) -> bool:
     return 0 <= s < len(m.weights) and 0 <= p < m.weights[s].shape[0]
 
 
-common.seed_from_query("qk_query", "query", None, lambda v: _parse_query(v),
-                       valid=lambda v: v is None or _valid_query(v))
+if "qk_query" not in st.session_state:  # the link's picked query, once per session (like seed_from_query)
+    raw = st.query_params.get("query")
+    try:
+        st.session_state["qk_query"] = _parse_query(raw) if raw is not None else None
+    except ValueError:
+        st.session_state["qk_query"] = None
+    if raw is not None and (st.session_state["qk_query"] is None or not _valid_query(st.session_state["qk_query"])):
+        st.session_state["qk_query"] = None
+        common.note_replaced("query", raw, t("no picked query"))
 picked = st.session_state.get("qk_query")
 if picked is not None and not _valid_query(picked):  # another head/kind/model: its queries differ
     picked = st.session_state["qk_query"] = None
