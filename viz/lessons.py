@@ -359,7 +359,7 @@ def live_llm_2017(desc, param=None) -> Live:
         (t("output"), t("shared with the target embedding"),
          t("tied to the token embedding") if blocks.get("tied_embeddings") else t("its own matrix")),
     ]
-    fig = FPH.comparison_table(rows, (t("piece"), t("2017 (base model)"), t("this model")),
+    fig = FPH.comparison_table(rows, (t("component"), t("2017 (base model)"), t("this model")),
                                title=t("From the 2017 Transformer to this language model"))
     values = sorted({1, r, 2 * r, H})
     ids = [str(v) for v in values]

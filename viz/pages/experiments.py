@@ -484,6 +484,7 @@ LM_DOCS = {
                             "nothing later, so its next token changes only through the earlier positions."),
 }
 LM_DEFAULT = "no_positional"
+N_("log-prob of the model's next token")  # LL.NEXT_TOKEN_METRIC, the LM head importance's metric (translated)
 SEQ2SEQ_ONLY = N_("Not offered for a decoder-only model: blocking or shuffling a source token, the padding mask and "
                   "the seeds' bugs all act on an encoder–decoder model's source sentence.")
 
