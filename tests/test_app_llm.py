@@ -306,6 +306,22 @@ def test_smollm2_llm_page_en_and_zh():
     assert at.title[0].value == "语言模型"
 
 
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_server_warm_up_traces_smollm2_before_its_first_visitor(monkeypatch, warm):
+    """viz/warmup.py loads SmolLM2 and traces the prompt /llm opens on, through the pages' caches: the first
+    visitor's run then computes no trace. With ATTENTION_LAB_WARM_LM=0 (the control) it does."""
+    from viz import common, warmup
+
+    common._cached_lm_trace.clear()
+    monkeypatch.setenv(warmup.WARM_LM_ENV, warm)
+    warmup.warm_lm()
+    calls = []
+    traced = lm_models.RealModel.trace
+    monkeypatch.setattr(lm_models.RealModel, "trace", lambda self, *a, **k: calls.append(a) or traced(self, *a, **k))
+    clean(run({"checkpoint": "smollm2"}))
+    assert len(calls) == (0 if warm == "1" else 1), calls
+
+
 def test_smollm2_decoder_generates_en_and_zh():
     lm = lm_models.load("smollm2")
     want = lm.obj.generate(IOI, max_new_tokens=16)  # the page's default

@@ -12,10 +12,12 @@ script run that gets there first simply waits for the same cache entry instead o
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 _LOG = logging.getLogger(__name__)
 _THREAD = "attention-lab-warm-up"
+WARM_LM_ENV = "ATTENTION_LAB_WARM_LM"  # "0": do not load SmolLM2 at start (a server that never shows it)
 _started = threading.Lock()
 
 
@@ -60,3 +62,20 @@ def warm() -> None:
         common.freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
     except Exception:  # warming is an optimisation: the page reports real errors
         _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
+    warm_lm()
+
+
+def warm_lm() -> None:
+    """After the toy models (the first page's), SmolLM2: its load (~4 s of CPU) and the trace of the prompt
+    it opens on, through the pages' caches, so the first /llm or ?checkpoint=smollm2 visitor does not pay
+    them. Skipped when its package is missing or ATTENTION_LAB_WARM_LM=0. Never raises."""
+    if os.environ.get(WARM_LM_ENV, "1") == "0":
+        return
+    try:
+        from viz import common, lm_models
+
+        if "smollm2" not in lm_models.names():
+            return
+        common.get_trace("smollm2", common.load_ckpt("smollm2").example)
+    except Exception:
+        _LOG.warning("SmolLM2 warm-up failed; its first page will load it itself", exc_info=True)
