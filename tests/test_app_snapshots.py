@@ -55,7 +55,7 @@ def test_a_comparison_is_worded_in_the_ui_language(lang, other_text_trace):
     assert any(want in w and '"3"' in w and '"4"' in w for w in warnings), warnings
     table = at.dataframe[0].value
     columns = (["name", "max |diff|", "problem", "where (worst cell)"] if lang == "en"
-               else ["名称", "max |diff|", "问题", "位置（差异最大的格）"])
+               else ["名称", "最大 |差|", "问题", "位置（差异最大的格）"])  # translated since dee1ab2
     assert list(table.columns) == columns
     problems, where = set(table[columns[2]]), " ".join(table[columns[3]])
     if lang == "en":

@@ -251,7 +251,9 @@ def lm_shapes(desc: Mapping, B: int, T: int, layer: int = 0) -> dict[str, tuple[
 
 
 def _shape(dims: str, shape: tuple[int, ...]) -> str:
-    return f"({dims}) = ({', '.join(str(n) for n in shape)})"
+    """"B, T, D" and (1, 14, 576) -> "B×T×D = (1, 14, 576)" (× joins the names: a list of four letters would
+    read as a sentence to the zh prose check)."""
+    return f"{dims.replace(', ', '×')} = ({', '.join(str(n) for n in shape)})"
 
 
 def lm_blocks(desc: Mapping) -> list[Block]:
@@ -325,12 +327,13 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
     ids = _shape("B, T", (B, T))
     _arrow(fig, LM_X, -0.01, LM_X, by["lm_embed"].y - BOX_H / 2, ids + " " + t("token ids"), size=small)
     chain = ["lm_embed", "lm_norm1", "lm_attn", "lm_add1", "lm_norm2", "lm_ffn", "lm_add2", "lm_norm", "lm_unembed"]
+    ffn_shape = _shape("B, T, d_ff", sh[f"decoder.layers.{layer}.ffn.hidden"])
     edge_text = {
         ("lm_embed", "lm_norm1"): _shape("B, T, D", sh["decoder.embed.out"]),
         ("lm_norm1", "lm_attn"): "Q " + _shape("B, H, T, d_head", sh[f"{a}.q"]) + "<br>K, V "
         + _shape("B, H_kv, T, d_head", sh[f"{a}.k"]),
-        ("lm_norm2", "lm_ffn"): ("gate, up → hidden " if f["gated"] else "hidden ")
-        + _shape("B, T, d_ff", sh[f"decoder.layers.{layer}.ffn.hidden"]),
+        ("lm_norm2", "lm_ffn"): (t("gate, up → hidden {shape}", shape=ffn_shape) if f["gated"]
+                                 else t("hidden {shape}", shape=ffn_shape)),
         ("lm_add2", "lm_norm"): _shape("B, T, D", sh[f"decoder.layers.{layer}.out"]),
     }
     for lo, hi in zip(chain, chain[1:], strict=False):
@@ -378,7 +381,7 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
         hovertemplate="%{text}<br>" + t("click to open its view") + "<extra></extra>"))
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[-0.03, 1.06])
-    kinds = ", ".join(x for x in ("RoPE" if f["rotary"] else t("learned positions"), NORM_NAMES.get(f["norm"], ""),
+    kinds = " · ".join(x for x in ("RoPE" if f["rotary"] else t("learned positions"), NORM_NAMES.get(f["norm"], ""),
                                   "SwiGLU" if f["gated"] else ACT_NAMES.get(f["act"], ""), "pre-LN") if x)
     title = t("the live model{name}: D = {D}, {L} layers, H = {H}, H_kv = {G}, d_head = {dh}, d_ff = {f}, {kinds}",
               name=f" {title_name}" if title_name else "", D=f["D"], L=f["L"], H=f["H"], G=f["G"], dh=f["dh"],

@@ -62,7 +62,7 @@ if trace.meta.get("model", {}).get("family") == "decoder_lm":  # the LM's own wi
     st.info(t("This language model is pre-LN with {norm}: x → {norm} → sublayer → x + sublayer, for its masked "
               "self-attention and then its feed-forward network (no cross-attention, no encoder).", norm=norm_label)
             + (" " + t("RMSNorm only rescales each token's vector by its root mean square: it does not subtract the "
-                       "mean and has no bias β.") if norm_kind == "rmsnorm" else ""), icon="🧱")
+                       "mean and adds no bias β.") if norm_kind == "rmsnorm" else ""), icon="🧱")
 try:
     steps = FL.residual_steps(trace, layer, sub)
 except KeyError as e:
