@@ -283,7 +283,7 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
             if not len(idx):
                 continue
             fig.add_trace(go.Scatter(
-                x=m.xy[idx, 0], y=m.xy[idx, 1], mode="markers", name=label, customdata=idx[:, None],
+                x=m.xy[idx, 0], y=m.xy[idx, 1], mode="markers", name=label, customdata=[[int(i)] for i in idx],
                 hovertext=_hover(m, labels, idx), hoverinfo="text",
                 marker=dict(symbol=[symbol[m.kind[i]] for i in idx], size=7, opacity=0.85,
                             color=palette[gi % len(palette)] if tok is not None else "#d0d0d0")))
@@ -297,8 +297,8 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
             else:
                 marker |= dict(color=KIND_COLORS[kind])
             fig.add_trace(go.Scatter(x=m.xy[idx, 0], y=m.xy[idx, 1], mode="markers", name=names[kind],
-                                     customdata=idx[:, None], hovertext=_hover(m, labels, idx), hoverinfo="text",
-                                     marker=marker))
+                                     customdata=[[int(i)] for i in idx], hovertext=_hover(m, labels, idx),
+                                     hoverinfo="text", marker=marker))
     if selected is not None and 0 <= selected < len(m.kind) and m.kind[selected] == "query":
         top = m.top_keys(selected, k)
         keys = np.array([i for i, _ in top], dtype=int)
@@ -310,7 +310,7 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
                                  showlegend=False, name="top-lines"))
         fig.add_trace(go.Scatter(
             x=m.xy[keys, 0], y=m.xy[keys, 1], mode="markers+text", name="top-keys",
-            customdata=keys[:, None], text=[num(w, 2) for _, w in top], textposition="top center",
+            customdata=[[int(i)] for i in keys], text=[num(w, 2) for _, w in top], textposition="top center",
             hovertext=[h + f"<br>{t('weight')} {num(w)}"
                        for h, (_, w) in zip(_hover(m, labels, keys), top, strict=True)],
             hoverinfo="text", showlegend=False,
