@@ -157,6 +157,22 @@ def stop_play() -> None:
     st.session_state["dec_playing"] = False
 
 
+def layer_head_play(n_layers: int, heads: list[str], n: int) -> tuple[int, str, bool]:
+    """The layer and head selects and the play/pause button, in one row: (layer, head, playing)."""
+    c1, c2, c3 = st.columns([1, 1.5, 3])
+    layer = c1.selectbox(t("Decoder layer"), range(n_layers), key="dec_layer")
+    head = c2.selectbox(t("Head"), heads, format_func=option_labels(heads, head_label), key="dec_head")
+    playing = bool(st.session_state.get("dec_playing")) and n > 1
+    with c3:
+        st.write("")  # align the button with the selects
+        if playing:
+            st.button(t("⏸ Pause"), on_click=stop_play, key="dec_pause")
+        else:
+            st.button(t("▶ Play"), on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
+                      help=t("Step through the decode, one step every {s} s.", s=f"{PLAY_SECONDS:g}"))
+    return layer, head, playing
+
+
 # ---------------------------------------------------------------- drawing
 
 
@@ -411,18 +427,9 @@ def main() -> None:
         st.session_state["dec_step"] = n
     output_line(out, ckpt.max_new_tokens)
 
-    c1, c2, c3 = st.columns([1, 1.5, 3])
-    layer = c1.selectbox(t("Decoder layer"), range(cfg.n_decoder_layers), key="dec_layer")
-    head = c2.selectbox(t("Head"), heads, format_func=option_labels(heads, head_label), key="dec_head")
-    playing = bool(st.session_state.get("dec_playing")) and n > 1
-    with c3:
-        st.write("")  # align the button with the selects
-        if playing:
-            st.button(t("⏸ Pause"), on_click=stop_play, key="dec_pause")
-        else:
-            st.button(t("▶ Play"), on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
-                      help=t("Step through the decode, one step every {s} s.", s=f"{PLAY_SECONDS:g}"))
-    common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, **query_options(strategy))
+    layer, head, playing = layer_head_play(cfg.n_decoder_layers, heads, n)
+    common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=None,  # dec_max: an LM's
+                       **query_options(strategy))
 
     opts = dict(options)
     st.fragment(run_every=PLAY_SECONDS if playing else None)(step_view)(out, layer, head, playing, ckpt,
@@ -480,17 +487,7 @@ def lm_main(sel) -> None:
         st.session_state["dec_step"] = n
     why = t("stopped at the end token") if gen.stop_reason == "eos" else t("stopped at the token limit")
     st.markdown(t("**Output** ({n} tokens, {why}): ", n=n, why=why) + common.md_escape(gen.text))
-    c1, c2, c3 = st.columns([1, 1.5, 3])
-    layer = c1.selectbox(t("Decoder layer"), range(cfg.n_layers), key="dec_layer")
-    head = c2.selectbox(t("Head"), heads, format_func=option_labels(heads, head_label), key="dec_head")
-    playing = bool(st.session_state.get("dec_playing")) and n > 1
-    with c3:
-        st.write("")  # align the button with the selects
-        if playing:
-            st.button(t("⏸ Pause"), on_click=stop_play, key="dec_pause")
-        else:
-            st.button(t("▶ Play"), on_click=start_play, args=(n,), key="dec_play", disabled=n == 1,
-                      help=t("Step through the decode, one step every {s} s.", s=f"{PLAY_SECONDS:g}"))
+    layer, head, playing = layer_head_play(cfg.n_layers, heads, n)
     common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=max_new,
                        **query_options(strategy))
     prompt = rm.readable(rm.obj.tokens(gen.prompt_ids))
