@@ -192,7 +192,7 @@ def architecture_figure(cfg: Mapping, B: int, S: int, T: int, selected: str | No
 
 # ---------------------------------------------------------------- decoder-only language models
 
-LM_X, SIDE_X = 0.40, 0.84  # the stack's column; side boxes (RoPE, learned positions) to its right
+LM_X, SIDE_X = 0.36, 0.86  # the stack's column; side boxes (RoPE, learned positions) to its right
 NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 ACT_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU", "silu": "SiLU"}
 
@@ -215,7 +215,8 @@ LM_LAYOUT = {
     "lm_norm": (0.86, NORM, "llm", {"view": "lens"}),
     "lm_unembed": (0.96, OUT, "llm", {"view": "generate"}),
 }
-LM_NARROW = {"lm_add1": 0.07, "lm_add2": 0.07, "lm_rope": 0.26, "lm_pos": 0.26}
+LM_NARROW = {"lm_add1": 0.07, "lm_add2": 0.07, "lm_rope": 0.24, "lm_pos": 0.24}
+FRAME_RIGHT = 0.32  # the layer frame reaches this far right of the column: the edge labels fit inside
 
 
 def lm_facts(desc: Mapping) -> dict:
@@ -317,8 +318,8 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
         fig.add_annotation(x=b.x, y=b.y, text=wrap(b.label, size, BOX_PX * w / BOX_W - 16), showarrow=False,
                            font={"size": size + (6 if b.label == "+" else 0), "color": INK})
     # The layer's frame, × N.
-    y0, y1 = by["lm_norm1"].y - BOX_H / 2 - 0.03, by["lm_add2"].y + BOX_H / 2 + 0.02
-    fig.add_shape(type="rect", x0=LM_X - BOX_W / 2 - 0.09, x1=LM_X + BOX_W / 2 + 0.02, y0=y0, y1=y1, layer="below",
+    y0, y1 = by["lm_norm1"].y - BOX_H / 2 - 0.03, by["lm_add2"].y + BOX_H / 2 + 0.006
+    fig.add_shape(type="rect", x0=LM_X - BOX_W / 2 - 0.09, x1=LM_X + FRAME_RIGHT, y0=y0, y1=y1, layer="below",
                   line={"color": "#888", "dash": "dot"}, fillcolor="rgba(0,0,0,0)")
     fig.add_annotation(x=LM_X - BOX_W / 2 - 0.10, y=(y0 + y1) / 2, textangle=-90, showarrow=False, xanchor="right",
                        text=t("{side} layer × N = {n}", side=t("decoder"), n=f["L"]),
@@ -361,12 +362,12 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
     else:
         fig.add_annotation(x=side.x, y=side.y - BOX_H / 2 - 0.012, yanchor="top", showarrow=False,
                            font={"size": small, "color": "#2b7a3d"}, text=_shape("T, D", sh["decoder.embed.pos"]))
-    if f["tied"]:  # the unembedding reuses the token table (transposed)
-        xr = LM_X + BOX_W / 2 + 0.03
-        fig.add_shape(type="path", path=f"M {LM_X + BOX_W / 2} {by['lm_embed'].y} L {xr} {by['lm_embed'].y} "
-                      f"L {xr} {by['lm_unembed'].y} L {LM_X + BOX_W / 2} {by['lm_unembed'].y}",
+    if f["tied"]:  # the unembedding reuses the token table (transposed): a line on the left, clear of the labels
+        xl, x0 = 0.03, LM_X - BOX_W / 2
+        fig.add_shape(type="path", path=f"M {x0} {by['lm_embed'].y} L {xl} {by['lm_embed'].y} "
+                      f"L {xl} {by['lm_unembed'].y} L {x0} {by['lm_unembed'].y}",
                       line={"color": "#7b61c4", "width": 1.5, "dash": "dash"}, layer="below")
-        fig.add_annotation(x=xr + 0.005, y=by["lm_norm"].y, xanchor="left", showarrow=False,
+        fig.add_annotation(x=xl + 0.005, y=by["lm_norm"].y, xanchor="left", showarrow=False,
                            text=t("same matrix (tied)"), font={"size": small, "color": "#7b61c4"})
     hover = {"lm_attn": edge_text[("lm_norm1", "lm_attn")] + "<br>weights "
              + _shape("B, H, T, T", sh[f"{a}.weights"]),
@@ -386,5 +387,7 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
     title = t("the live model{name}: D = {D}, {L} layers, H = {H}, H_kv = {G}, d_head = {dh}, d_ff = {f}, {kinds}",
               name=f" {title_name}" if title_name else "", D=f["D"], L=f["L"], H=f["H"], G=f["G"], dh=f["dh"],
               f=f["d_ff"], kinds=kinds)
+    if title.endswith(kinds):  # the block kinds on a line of their own: one line would run off the figure
+        title = title[:-len(kinds)].rstrip(", ，") + f"<br><sup>{kinds}</sup>"
     fig.update_layout(hoverlabel={"font": {"size": small}})
     return F._layout(fig, title, 900 if size <= LABEL_SIZE else 1100, plot_bgcolor="white", dragmode=False)
