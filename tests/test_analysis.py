@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model import Trace, load_checkpoint
+from model.core.describe import attention_entry
 from model import interventions as iv
 from model.analysis import attribution, cheating, compare, heads, runs
 from model.loaders import minilm as pretrained
@@ -145,7 +146,8 @@ def test_exact_match_importance_matches_single_ablations(dates):
 def test_head_summary_hand_example():
     w = torch.tensor([[[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]],  # head 0
                        [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]]])  # head 1: always the last key
-    tr = Trace({"encoder.layers.0.self_attn.weights": w}, {"src_tokens": ["a", "b", "[EOS]"]})
+    model = {"attention": {"encoder.layers.0.self_attn": attention_entry("encoder_self", "encoder", 0, 2, 4)}}
+    tr = Trace({"encoder.layers.0.self_attn.weights": w}, {"src_tokens": ["a", "b", "[EOS]"], "model": model})
     s = heads.head_summary(tr)
     np.testing.assert_allclose(s["entropy"][0], [(0 + math.log(2) + math.log(3)) / 3, 0.0], atol=1e-12)
     np.testing.assert_allclose(s["distance"][0], [(0 + 0.5 + (2 + 1 + 0) / 3) / 3, (2 + 1 + 0) / 3])
