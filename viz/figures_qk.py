@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import plotly.graph_objects as go
 
-from model.analysis.qk import normalise, pca2
+from model.analysis.qk import normalise
 from viz.figures import num, show_token
 from viz.i18n import N_, t
+
+try:  # numpy's OpenBLAS threads fight torch's on 2 cores: a 64 × 64 eigh takes 100+ ms instead of < 1 ms
+    from threadpoolctl import threadpool_limits
+except ImportError:  # correct, only slower
+    threadpool_limits = None
 
 # Short, plain English sentences for the real models (SmolLM2, MiniLM and server models): 40 of them, 8-16
 # tokens each, with repeated names and words so duplicate-token and induction-like structure has a chance.
@@ -203,7 +209,7 @@ class QKMap:
         return float(hits.mean()), float((1 / vis.sum(-1)[use]).mean()), int(use.sum())
 
 
-def qk_map(batch: QKBatch, module: str, head: int) -> QKMap:
+def qk_map(batch: QKBatch, module: str, head: int, _limit: bool = True) -> QKMap:
     """The Q/K map of query head `head` of attention module `module` over the batch."""
     info = batch.desc["attention"].get(module)
     if info is None or f"{module}.q" not in batch.arrays[0]:
@@ -215,8 +221,9 @@ def qk_map(batch: QKBatch, module: str, head: int) -> QKMap:
     qs = [a[f"{module}.q"][head].astype(np.float64) for a in batch.arrays]
     ks = [a[f"{module}.k"][kv].astype(np.float64) for a in batch.arrays]
     ws = [a[f"{module}.weights"][head] for a in batch.arrays]
-    qn, kn, scale, shift = normalise(np.concatenate(qs), np.concatenate(ks))
-    xy, share = pca2(np.concatenate([qn, kn]))
+    with _one_blas_thread() if _limit else nullcontext():
+        qn, kn, scale, shift = normalise(np.concatenate(qs), np.concatenate(ks))
+        xy, share = pca2(np.concatenate([qn, kn]))
     q_toks = [tok for i, a in enumerate(batch.tokens) for tok in _side(a, info["query_tokens"], len(qs[i]))]
     k_toks = [tok for i, a in enumerate(batch.tokens) for tok in _side(a, info["key_tokens"], len(ks[i]))]
     pos = np.concatenate([np.arange(len(q)) for q in qs] + [np.arange(len(k)) for k in ks])
@@ -225,6 +232,23 @@ def qk_map(batch: QKBatch, module: str, head: int) -> QKMap:
     kinds = np.array(["query"] * len(qn) + ["key"] * len(kn))
     return QKMap(module, head, kv, bool(info.get("causal")), xy, kinds, q_toks + k_toks, pos, sent, share, ws,
                  scale, shift, len(qn))
+
+
+def pca2(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Joint PCA to 2-D: (coordinates [N, 2], explained variance share [2]); model/analysis/qk.pca2's result (up
+    to each axis's sign) from the d × d covariance's eigenvectors instead of an SVD of the N × d points: with
+    torch loaded, numpy's SVD of 1,000 × 64 points takes ~0.5 s on 2 cores (OpenBLAS and torch's threads
+    contend), the 64 × 64 eigh well under 1 ms, and the clarity list projects every head."""
+    x = points - points.mean(0)
+    val, vec = np.linalg.eigh(x.T @ x)
+    order = np.argsort(val)[::-1][:2]
+    total = float(np.clip(val, 0, None).sum())
+    share = np.clip(val[order], 0, None) / total if total > 0 else np.zeros(2)
+    return x @ vec[:, order], share
+
+
+def _one_blas_thread():
+    return threadpool_limits(1, user_api="blas") if threadpool_limits is not None else nullcontext()
 
 
 def _side(tokens: dict[str, list[str]], key: str, n: int) -> list[str]:
@@ -236,13 +260,14 @@ def clarity_table(batch: QKBatch, kind: str, k: int = TOP_K) -> tuple[list[tuple
     """Every head of the attention modules of `kind`: [(module, layer, head, clarity)] best first, and the
     mean chance level."""
     rows, chances = [], []
-    for module in batch.modules(kind):
-        info = batch.desc["attention"][module]
-        for h in range(info["n_heads"]):
-            c, chance = qk_map(batch, module, h).clarity(k)
-            if c == c:
-                rows.append((module, int(info["layer"]), h, c))
-                chances.append(chance)
+    with _one_blas_thread():  # once for every head (each limit costs a look at the loaded libraries)
+        for module in batch.modules(kind):
+            info = batch.desc["attention"][module]
+            for h in range(info["n_heads"]):
+                c, chance = qk_map(batch, module, h, _limit=False).clarity(k)
+                if c == c:
+                    rows.append((module, int(info["layer"]), h, c))
+                    chances.append(chance)
     rows.sort(key=lambda r: -r[3])
     return rows, float(np.mean(chances)) if chances else math.nan
 
