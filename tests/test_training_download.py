@@ -187,3 +187,15 @@ def test_a_trace_upload_is_refused_as_foreign(reverse):
     at.run()
     assert not at.exception
     assert any("not a model downloaded from this page" in e.value for e in at.error)
+
+
+def test_the_zh_training_page_reruns_after_a_widget_change():
+    """The film controls' labels are translated when drawn (option_labels): AppTest (and a rerun) in zh
+    used to fail with "'cross-attention (decoder → encoder)' is not in list"."""
+    at = open_page(TRAINING, query={"lang": "zh"}, timeout=240)
+    assert_clean(at)
+    kinds = [s for s in at.selectbox if s.key and s.key.endswith("_kind")]
+    assert kinds, "the film's attention-kind select is drawn"
+    kinds[0].set_value("self_attn").run()
+    assert_clean(at)
+    assert [s for s in at.selectbox if s.key == kinds[0].key][0].value == "self_attn"

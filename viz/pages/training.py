@@ -21,7 +21,7 @@ import streamlit as st
 
 from viz import common
 from viz import figures_decode as fd
-from viz.i18n import N_, t
+from viz.i18n import N_, option_labels, t
 
 POLL_SECONDS = 0.5
 MAX_STEPS = 2000  # in-app training stays small: a shared CPU serves every session
@@ -171,10 +171,11 @@ def film_controls(prefix: str, n_layers: int, n_heads: int) -> tuple[str, int, s
         if key in st.session_state and not ok(st.session_state[key]):
             st.session_state[key] = default  # another model may have fewer layers or heads
     c1, c2, c3 = st.columns([2, 1, 1])
-    kind = c1.selectbox(t("Attention"), list(ATTN_KINDS), format_func=lambda k: t(ATTN_KINDS[k]),
+    kind = c1.selectbox(t("Attention"), list(ATTN_KINDS),
+                        format_func=option_labels(ATTN_KINDS, lambda k: t(ATTN_KINDS[k])),
                         key=f"{prefix}_kind")
     layer = c2.selectbox(t("Layer"), range(n_layers), index=n_layers - 1, key=f"{prefix}_layer")
-    head = c3.selectbox(t("Head"), heads, key=f"{prefix}_head", format_func=head_name)
+    head = c3.selectbox(t("Head"), heads, key=f"{prefix}_head", format_func=option_labels(heads, head_name))
     return kind, layer, head
 
 
