@@ -74,11 +74,11 @@ def test_url_opens_a_lesson_and_answers_are_checked():
     wrong = next(str(h) for h in range(len(share)) if float(share[h]) < float(share.max()) - 0.05)
     question_radio(at).set_value(wrong).run()
     assert at.warning and not at.success
-    assert "0 of 10 questions" in at.get("progress")[0].proto.text
+    assert f"0 of {len(LS.LESSONS)} questions" in at.get("progress")[0].proto.text
     question_radio(at).set_value(best).run()
     assert_clean(at)
     assert at.success and at.session_state["lessons_done"] == {"multi-head"}
-    assert "1 of 10 questions" in at.get("progress")[0].proto.text
+    assert f"1 of {len(LS.LESSONS)} questions" in at.get("progress")[0].proto.text
 
 
 def test_presentation_mode_is_in_the_url_and_puts_the_figure_first():

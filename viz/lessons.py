@@ -589,7 +589,7 @@ LESSONS: list[Lesson] = [
         N_("Read every layer's residual stream as if it were the last: apply the final norm (with that layer's "
            "own statistics) and the unembedding. Early layers mostly predict something generic; at some depth "
            "the answer appears and stays. Each cell is the top token, coloured by its probability."),
-        N_("Type another fact (The capital of Japan is): does the answer appear at the same depth?"),
+        N_("Type another fact (“The capital of Japan is”): does the answer appear at the same depth?"),
         N_("From which layer on is “{token}” the top token at the last position?"),
         "viz/pages/llm.py", {"view": "lens"}, source="lm", checkpoint=LM_NAME, text=LENS_TEXT, live=live_lens),
 ]
