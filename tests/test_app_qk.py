@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import APP
 from streamlit.testing.v1 import AppTest
+from test_i18n import english_in_zh
 
 from model.analysis.qk import normalise
 from model.toy.checkpoint import load_checkpoint
@@ -98,7 +99,7 @@ def test_highlighted_keys_are_the_argmax5_of_the_traces_weights_row(toy, kind, s
     m = FQ.qk_map(batch, module, head)
     q = m.index("query", sentence, position)
     fig = FQ.qk_figure(m, batch.labels, "position", selected=q)
-    top = next(tr for tr in fig.data if tr.name == "top-keys")
+    top = next(tr for tr in fig.data if tr.name == "_top_keys")
     keys = np.asarray(top.customdata)[:, 0].astype(int)
     assert set(m.kind[keys]) == {"key"} and set(m.sentence[keys]) == {sentence}
     # An independent trace of that input: the row of the head's weights, argmax-5 over the keys it can see.
@@ -226,7 +227,7 @@ def test_page_on_a_toy_model_with_a_link_reopens_the_picked_query(toy, lang):
     assert at.query_params["query"] == "3.5"
     qk = _figs(at)[0]
     assert qk["layout"]["title"]["text"].startswith("decoder.layers.1.cross_attn · ")
-    top = next(d for d in qk["data"] if d.get("name") == "top-keys")
+    top = next(d for d in qk["data"] if d.get("name") == "_top_keys")
     m = FQ.qk_map(batch, "decoder.layers.1.cross_attn", 2)
     keys = decode(top["customdata"])[:, 0].astype(int).tolist()
     assert keys == [i for i, _ in m.top_keys(m.index("query", 3, 5))]
@@ -235,6 +236,7 @@ def test_page_on_a_toy_model_with_a_link_reopens_the_picked_query(toy, lang):
     if lang == "zh":
         assert at.title[0].value == "Q/K 图"
         assert any("输入 3 中的查询" in md.value for md in at.markdown)
+        assert not english_in_zh(at)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -245,6 +247,8 @@ def test_page_on_minilm_draws_its_encoder_heads(lang):
     figs = _figs(at)
     assert figs[0]["layout"]["title"]["text"].startswith("encoder.layers.2.self_attn · ")
     assert len(figs) == 2  # the map and the clarity grid
+    if lang == "zh":
+        assert not english_in_zh(at)
 
 
 def test_bad_link_values_are_replaced_and_said():
@@ -275,6 +279,7 @@ def test_page_on_smollm2_shows_a_previous_token_head_only_if_its_map_shows_it(sm
         assert f"{share:.0%} of its {n} queries" in text
     else:
         assert ("它的图显示出了这种结构" in text) == shows
+        assert not english_in_zh(at)
     assert at.session_state["qk_batch"] == "sentences"
 
 

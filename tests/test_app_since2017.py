@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import APP
 from streamlit.testing.v1 import AppTest
+from test_i18n import english_in_zh
 
 from model.families.lm import DecoderLM, LMConfig
 from model.toy.checkpoint import load_checkpoint
@@ -176,6 +177,7 @@ def test_page_draws_every_section_with_the_models_numbers(checkpoint, lang):
     assert diff and float(diff.group(1)) < 1e-3  # RoPE: the two starts' curves coincide (float rounding)
     if lang == "zh":
         assert at.title[0].value == "2017 年以来的变化"
+        assert not english_in_zh(at)
     assert at.session_state["s17_layer"] == 3 and at.session_state["s17_head"] == 4
 
 

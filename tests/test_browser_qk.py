@@ -15,10 +15,10 @@ FIND = """[...document.querySelectorAll('.js-plotly-plot')]
   .find(g => (g.layout.title.text || '').includes(' · head '))"""
 MAP = """() => {
   const gd = """ + FIND + """;
-  const top = gd._fullData.find(d => d.name === 'top-keys');
+  const top = gd._fullData.find(d => d.name === '_top_keys');
   return {title: gd.layout.title.text.replaceAll('<b>', '').replaceAll('</b>', ''),
           top: top ? Array.from(top.customdata, c => c[0]) : null,
-          n: gd._fullData.filter(d => d.name !== 'top-keys').reduce((a, d) => a + d.x.length, 0)};
+          n: gd._fullData.filter(d => d.name !== '_top_keys').reduce((a, d) => a + d.x.length, 0)};
 }"""
 POINT = """(i) => {
   const gd = """ + FIND + """;

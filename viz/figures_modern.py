@@ -79,7 +79,7 @@ def rope_figure(angles: np.ndarray, rope: dict, added: dict | None, pair_label: 
                         subplot_titles=(t("RoPE angle (mod 2π) of each dimension pair"),
                                         t("Score of one q·k pair vs distance {pair}", pair=pair_label)))
     fig.add_trace(go.Heatmap(z=np.mod(angles, 2 * np.pi), colorscale="Twilight", zmin=0, zmax=2 * np.pi,
-                             colorbar=dict(title=t("radians"), x=0.42, len=0.9), name="angles",
+                             colorbar=dict(title=t("radians"), x=0.42, len=0.9),
                              hovertemplate=t("position %{y} · pair %{x}<br>angle %{z:.3f} rad") + "<extra></extra>"),
                   1, 1)
     dash = ["solid", "dot", "dash"]
@@ -119,11 +119,11 @@ def gqa_figure(n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, bytes_
         ky = (kv + 0.5) * n_heads / n_kv_heads - 0.5
         fig.add_trace(go.Scatter(x=[0, 1], y=[h, ky], mode="lines", line=dict(color=palette[kv % 8], width=2),
                                  hoverinfo="skip", showlegend=False), 1, 1)
-    fig.add_trace(go.Scatter(x=[0] * n_heads, y=list(range(n_heads)), mode="markers+text", name="query heads",
+    fig.add_trace(go.Scatter(x=[0] * n_heads, y=list(range(n_heads)), mode="markers+text",
                              text=[f"Q{h}" for h in range(n_heads)], textposition="middle left", showlegend=False,
                              marker=dict(size=12, color=[palette[(h // group) % 8] for h in range(n_heads)])), 1, 1)
     ky = [(kv + 0.5) * n_heads / n_kv_heads - 0.5 for kv in range(n_kv_heads)]
-    fig.add_trace(go.Scatter(x=[1] * n_kv_heads, y=ky, mode="markers+text", name="kv heads",
+    fig.add_trace(go.Scatter(x=[1] * n_kv_heads, y=ky, mode="markers+text",
                              text=[f"K/V{kv}" for kv in range(n_kv_heads)], textposition="middle right",
                              showlegend=False, marker=dict(size=18, symbol="square",
                                                            color=[palette[kv % 8] for kv in range(n_kv_heads)])), 1, 1)
@@ -185,9 +185,9 @@ def swiglu_figure(gate: np.ndarray, up: np.ndarray, tokens: Sequence[str], units
                         subplot_titles=(t("gate SiLU(W_g x)"), t("up projection W_1 x")))
     ux = [str(u) for u in units]
     g, u = gate[:, units], up[:, units]
-    for col, (z, name) in enumerate(((g, "gate"), (u, "up")), start=1):
+    for col, z in enumerate((g, u), start=1):
         lim = float(np.abs(z).max()) or 1.0
-        fig.add_trace(go.Heatmap(z=z, x=ux, y=labels, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, name=name,
+        fig.add_trace(go.Heatmap(z=z, x=ux, y=labels, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
                                  colorbar=dict(x=0.46 if col == 1 else 1.0, len=0.9),
                                  hovertemplate=t("token %{y} · unit %{x}<br>%{z:.3f}") + "<extra></extra>"), 1, col)
     fig.update_yaxes(autorange="reversed", **every_tick(labels))

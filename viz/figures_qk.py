@@ -290,7 +290,7 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
               title: str = "", k: int = TOP_K) -> go.Figure:
     """Queries (circles) and keys (diamonds) of one head; colour by "kind", "position" or "token". Every point's
     customdata is [its index in m]. `selected`: a query point whose top-k keys (by the real weights) are ringed
-    and joined to it (trace name "top-keys", customdata the key points' indices)."""
+    and joined to it (trace name "_top_keys", customdata the key points' indices)."""
     fig = go.Figure()
     symbol = {"query": "circle", "key": "diamond"}
     names = {"query": t("queries"), "key": t("keys")}
@@ -332,15 +332,15 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
             lx += [m.xy[selected, 0], m.xy[i, 0], None]
             ly += [m.xy[selected, 1], m.xy[i, 1], None]
         fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", line=dict(color="#333", width=1), hoverinfo="skip",
-                                 showlegend=False, name="top-lines"))
+                                 showlegend=False, name="_top_lines"))
         fig.add_trace(go.Scatter(
-            x=m.xy[keys, 0], y=m.xy[keys, 1], mode="markers+text", name="top-keys",
+            x=m.xy[keys, 0], y=m.xy[keys, 1], mode="markers+text", name="_top_keys",
             customdata=[[int(i)] for i in keys], text=[num(w, 2) for _, w in top], textposition="top center",
             hovertext=[h + f"<br>{t('weight')} {num(w)}"
                        for h, (_, w) in zip(_hover(m, labels, keys), top, strict=True)],
             hoverinfo="text", showlegend=False,
             marker=dict(symbol="diamond-open", size=16, line=dict(width=2.5), color="#d62728")))
-        fig.add_trace(go.Scatter(x=[m.xy[selected, 0]], y=[m.xy[selected, 1]], mode="markers", name="query",
+        fig.add_trace(go.Scatter(x=[m.xy[selected, 0]], y=[m.xy[selected, 1]], mode="markers", name="_query",
                                  customdata=[[selected]], hovertext=_hover(m, labels, np.array([selected])),
                                  hoverinfo="text", showlegend=False,
                                  marker=dict(symbol="star", size=18, color="#d62728", line=dict(width=1))))
