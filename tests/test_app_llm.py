@@ -260,7 +260,8 @@ def test_decoder_samples_a_language_model_with_its_seed(tiny):
     at = run(q, page=DECODER)
     clean(at)
     want = lm.obj.generate(IOI, max_new_tokens=5, temperature=1.5, top_k=20, top_p=1.0, seed=7)
-    assert any(m.value.startswith("**Output**") and m.value.endswith(common_md(want.text)) for m in at.markdown)
+    assert any(m.value.startswith("**Output**") and m.value.endswith(common_md(want.text).replace("\n", "↵"))
+               for m in at.markdown)
     check_decoder_step(at, lm, want, len(want.steps), 0)
     # a link asking for beam search (toy models only) opens on greedy, without an error
     at = run(q | {"dec_strategy": "beam"}, page=DECODER)
@@ -332,7 +333,7 @@ def test_smollm2_decoder_generates_en_and_zh():
         assert len(figs) == 4  # look-ahead mask, top 10, every layer, the chosen layer's heads
         every = decode(next(f for f in figs.values() if rows(f) == list(range(30)))["data"][0]["z"])  # 30 layers
         assert np.allclose(every, want.steps[-1].attention[:, 3].numpy(), atol=1e-6)
-        assert any(common_md(want.text) in m.value for m in at.markdown)
+        assert any(common_md(want.text).replace("\n", "↵") in m.value for m in at.markdown)
         if lang == "en":
             check_decoder_step(at, lm, want, 16, 3)
     assert at.title[0].value == "逐步解码器" and any("交叉注意力" in i.value for i in at.info)

@@ -80,3 +80,17 @@ def test_generate_streams_tokens(server, page):
     assert any(t.startswith("Step 0: top 10 next tokens") for t in titles(page)), titles(page)
     assert any("where position" in t for t in titles(page))
     print(f"first streamed token shown {first:.2f} s after the click")
+
+
+def test_decoder_generates_with_smollm2(server, page):
+    """/decoder with ?checkpoint=smollm2: the LM generates from the sidebar's prompt; a step from the link shows
+    its top 10 and where the new position looked in every layer; the seq2seq-only parts are one sentence."""
+    page.goto(f"{server}/decoder?checkpoint=smollm2&dec_max=5&dec_step=3&dec_head=3")  # 5 tokens: a busy CI
+    wait_drawn(page)
+    got = titles(page)
+    assert "Step 3: the model's top 10 next tokens" in got, got
+    assert any(t.startswith("Step 3: where the new position") and t.endswith("every layer · head 3") for t in got), got
+    assert page.get_by_text("is decoder-only and has no encoder", exact=False).count() == 1
+    assert page.locator('[data-testid="stException"]').count() == 0
+    page.locator(".st-key-dec_every_layer").scroll_into_view_if_needed()
+    shot(page, "decoder")

@@ -486,7 +486,9 @@ def lm_main(sel) -> None:
     if not 1 <= st.session_state["dec_step"] <= n:
         st.session_state["dec_step"] = n
     why = t("stopped at the end token") if gen.stop_reason == "eos" else t("stopped at the token limit")
-    st.markdown(t("**Output** ({n} tokens, {why}): ", n=n, why=why) + common.md_escape(gen.text))
+    # on one line: a generated blank line would otherwise start a paragraph that reads like the page's own text
+    out = common.md_escape(gen.text).replace("\n", "↵")
+    st.markdown(t("**Output** ({n} tokens, {why}): ", n=n, why=why) + out)
     layer, head, playing = layer_head_play(cfg.n_layers, heads, n)
     common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=max_new,
                        **query_options(strategy))
