@@ -75,11 +75,11 @@ def added_scores(e_q: np.ndarray, e_k: np.ndarray, pe: np.ndarray, w_q: np.ndarr
 def rope_figure(angles: np.ndarray, rope: dict, added: dict | None, pair_label: str = "") -> go.Figure:
     """Left: the angles each position turns each dimension pair by (mod 2π). Right: one q·k pair's score as the
     two tokens move apart, for two starting positions: rotated (today) and, if given, added (2017)."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.1,
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.16,
                         subplot_titles=(t("RoPE angle (mod 2π) of each dimension pair"),
                                         t("Score of one q·k pair vs distance {pair}", pair=pair_label)))
     fig.add_trace(go.Heatmap(z=np.mod(angles, 2 * np.pi), colorscale="Twilight", zmin=0, zmax=2 * np.pi,
-                             colorbar=dict(title=t("radians"), x=0.42, len=0.9),
+                             colorbar=dict(title=t("radians"), x=0.39, len=0.9, thickness=12),
                              hovertemplate=t("position %{y} · pair %{x}<br>angle %{z:.3f} rad") + "<extra></extra>"),
                   1, 1)
     dash = ["solid", "dot", "dash"]
@@ -191,7 +191,7 @@ def swiglu_figure(gate: np.ndarray, up: np.ndarray, tokens: Sequence[str], units
                                  colorbar=dict(x=0.46 if col == 1 else 1.0, len=0.9),
                                  hovertemplate=t("token %{y} · unit %{x}<br>%{z:.3f}") + "<extra></extra>"), 1, col)
     fig.update_yaxes(autorange="reversed", **every_tick(labels))
-    fig.update_xaxes(title_text=t("hidden unit"))
+    fig.update_xaxes(title_text=t("hidden unit"), type="category")  # unit ids are names, not a scale
     fig.update_layout(height=max(320, 80 + 18 * len(labels)), margin=dict(l=90, r=20, t=50, b=50))
     return fig
 

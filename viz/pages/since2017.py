@@ -93,7 +93,9 @@ if blocks.get("positional") != "rotary":
               model=lm_label, kind=blocks.get("positional")), icon="🧩")
 else:
     base = float(blocks.get("rope_base", cfg.rope_base))
-    angles = arr("decoder.rope.angles")
+    live = arr("decoder.rope.angles")  # [T, d_head/2]: this prompt's angles, as the model computed them
+    angles = FM.rope_angles(max(T, 64), cfg.d_head, base)  # the same formula over more positions, to see the pattern
+    angle_diff = float(np.abs(angles[:T] - live).max())
     kv = head // (n_heads // cfg.kv_heads)
     key_pos = 1 if pos > 1 else 0
     q = arr(f"{L}.self_attn.q_unrot")[head, pos]
@@ -123,10 +125,13 @@ else:
     d = q.shape[-1]
     msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
             "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a position, "
-            "the last pair {slow} rad (one turn every {turn} positions); base b = {base}.",
+            "the last pair {slow} rad (one turn every {turn} positions); base b = {base}. The picture's first {T} "
+            "rows are this prompt's angles as the model computed them (largest difference from the formula: "
+            "{adiff}).",
             l=layer, h=head, q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]), diff=f"{spread:.1e}",
             fast=F.num(float(angles[1, 0]) if len(angles) > 1 else 1.0),
-            slow=f"{base ** (-(d - 2) / d):.2e}", turn=f"{2 * np.pi * base ** ((d - 2) / d):,.0f}", base=f"{base:,.0f}")
+            slow=f"{base ** (-(d - 2) / d):.2e}", turn=f"{2 * np.pi * base ** ((d - 2) / d):,.0f}", base=f"{base:,.0f}",
+            T=T, adiff=f"{angle_diff:.1e}")
     if added is not None:
         a0, a1 = list(added.values())
         n = min(len(a0), len(a1))
