@@ -300,3 +300,16 @@ def test_page_on_smollm2_repeated_random_tokens_names_the_induction_head(smol):
     assert f"{share:.0%} of its {count} queries" in text
     assert count == len(rep.arrays) * n  # every second-copy position has its pattern key
     assert torch.equal(torch.tensor(rep.arrays[0][f"{mods[0]}.q"].shape), torch.tensor([9, 2 * n + 1, 64]))
+
+
+def test_page_on_a_gpt2_style_server_model(tmp_path):
+    """No GQA, learned positions, byte-level BPE: every query head reads its own keys; tokens readable."""
+    from test_app_since2017 import make_tiny_gpt2
+
+    label = make_tiny_gpt2(tmp_path)
+    at = open_page(PAGE, query={"checkpoint": label, "layer": 1, "head": 3, "batch": "repeat"})
+    _ok(at)
+    qk = _figs(at)[0]
+    assert qk["layout"]["title"]["text"].startswith("decoder.layers.1.self_attn · head 3 · ")
+    assert "K/V head" not in qk["layout"]["title"]["text"]
+    assert any("induction head on the repeated random tokens" in md.value for md in at.markdown)
