@@ -603,7 +603,7 @@ def lm_before_after_view(sel, lm) -> None:
     a, b = ba.top_before[0][0], ba.top_after[0][0]
     c1, c2, c3 = st.columns(3)
     c1.metric(t("Next token"), f"“{_piece(lm, b)}”", t("was “{tok}”", tok=_piece(lm, a)) if a != b else t("unchanged"),
-              delta_color="off")
+              delta_color="off", delta_arrow="off")
     c2.metric(t("Logit difference (intact top two)"), f"{ba.logit_diff_after:.3f}",
               f"{ba.logit_diff_after - ba.logit_diff_before:+.3f}")
     c3.metric(t("Mean loss on the prompt"), f"{ba.loss_after:.3f}", f"{ba.loss_after - ba.loss_before:+.3f}",

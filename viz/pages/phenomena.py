@@ -31,7 +31,7 @@ st.title(t("Attention phenomena"))
 st.caption(t("What the heads of a real language model do, found live by the recipes of the papers that "
              "named them. Each result gives its number and the threshold it used, outlines the heads it found, "
              "and links every one of them to the Language model page."))
-sel = common.require("lm", lm_view="tokens")
+sel = common.require("lm")
 rm = sel.ckpt
 lm = rm.obj
 lang = current_lang()
@@ -212,9 +212,9 @@ def sinks_view() -> None:
         return
     c1, c2, c3 = st.columns(3)
     c1.metric(t("Next token, intact"), f"“{piece(b.top_before)}”", t("p = {p}", p=F.num(b.p_before)),
-              delta_color="off")
+              delta_color="off", delta_arrow="off")
     c2.metric(t("Next token, token 0 blocked"), f"“{piece(b.top_after)}”", t("p = {p}", p=F.num(b.p_after)),
-              delta_color="off")
+              delta_color="off", delta_arrow="off")
     c3.metric(t("Logit of “{tok}”", tok=piece(b.top_before)), F.num(b.answer_logit_after),
               F.num(b.answer_logit_after - b.answer_logit_before))
     if heads is None:
