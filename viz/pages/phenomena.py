@@ -223,9 +223,9 @@ def sinks_view() -> None:
                       verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl),
                       a=F.num(eff.loss_before), b=F.num(eff.loss_after)))
     else:
-        st.markdown(t("Blocked in layer {l} head {h} alone: KL = {kl} nats at the last position. A single sink "
-                      "head barely matters; all of them together do.", l=heads[0][0], h=heads[0][1],
-                      kl=F.num(b.kl)))
+        st.markdown(t("Blocked in layer {l} head {h} alone, the answer {verdict}; the next-token distribution "
+                      "moves by KL = {kl} nats.", l=heads[0][0], h=heads[0][1],
+                      verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl)))
     if st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
                  help=t("Token 0 blocked in one head at a time, batched: about half a minute on a laptop CPU for "
                         "SmolLM2.")):
