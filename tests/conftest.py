@@ -107,3 +107,51 @@ def assert_clean(at) -> None:
     """An AppTest run showed no exception and no error message."""
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+TINY_CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.",
+               "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
+
+
+def tiny_hf_lm(d: Path, family: str = "llama") -> str:
+    """A tiny random Hugging Face LM directory in `d` (byte-level BPE tokenizer trained on TINY_CORPUS;
+    "llama": GQA, RoPE, RMSNorm, SwiGLU; "gpt2": learned positions, LayerNorm, GELU), saved with
+    transformers and registered as a server model (`--model PATH`); returns its label."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from viz import lm_models
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    torch.manual_seed(0)
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+        LlamaForCausalLM(cfg).save_pretrained(d)
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=3, n_head=4, n_positions=128,
+                         eos_token_id=0, bos_token_id=0)
+        GPT2LMHeadModel(cfg).save_pretrained(d)
+    (label,) = lm_models.add_server_models([str(d)])
+    return label
+
+
+def plotly_array(v):
+    """Plotly JSON data as numpy: a base64 typed array ({dtype, bdata[, shape]}) or nested lists."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(v, dict):
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(s) for s in str(v["shape"]).split(",")]) if "shape" in v else a
+    return np.asarray(v)

@@ -7,13 +7,13 @@ thing. Every number the page draws is checked against the trace or the model it 
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model.analysis import logit_lens as LL
@@ -25,39 +25,14 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "viz/pages/llm.py"
 TIMEOUT = 600
 IOI = "When Mary and John went to the store, John gave a drink to"
-CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.",
-          "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     """A tiny random Llama-architecture HF directory (GQA, RoPE, RMSNorm, SwiGLU), registered as a server
     model; returns its label."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(d / "tokenizer.json"))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    (label,) = lm_models.add_server_models([str(d)])
-    return label
+    return tiny_hf_lm(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
-def decode(a) -> np.ndarray:
-    """A plotly JSON array: base64 typed array ({dtype, bdata, shape}) or nested lists."""
-    if isinstance(a, dict):
-        x = np.frombuffer(base64.b64decode(a["bdata"]), dtype=np.dtype(a["dtype"]))
-        return x.reshape([int(s) for s in str(a.get("shape", x.size)).split(",")])
-    return np.asarray(a, dtype=np.float64)
+decode = plotly_array
 
 
 def figures(at: AppTest) -> dict[str, dict]:

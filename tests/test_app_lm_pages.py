@@ -5,15 +5,13 @@ en and zh (slow, never skipped). Every number checked is the trace's or the mode
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import urllib.parse
 
 import numpy as np
 import pytest
-import torch
-from conftest import APP
+from conftest import APP, plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -23,53 +21,17 @@ from viz import lm_models
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
 IOI = "When Mary and John went to the store, John gave a drink to"
-CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.",
-          "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
 PAGES = {"architecture": "viz/pages/architecture.py", "tokens": "viz/pages/tokens.py", "layer": "viz/pages/layer.py",
          "snapshots": "viz/pages/snapshots.py"}
-
-
-def _tokenizer(d):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(d / "tokenizer.json"))
-    return tok
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def tiny(request, tmp_path_factory) -> str:
     """A tiny random HF model directory registered as a server model; returns its label."""
-    d = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    tok = _tokenizer(d)
-    torch.manual_seed(0)
-    if request.param == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                          tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
-        LlamaForCausalLM(cfg).save_pretrained(d)
-    else:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=3, n_head=4, n_positions=128,
-                         eos_token_id=0, bos_token_id=0)
-        GPT2LMHeadModel(cfg).save_pretrained(d)
-    (label,) = lm_models.add_server_models([str(d)])
-    return label
+    return tiny_hf_lm(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
 
 
-def values(v) -> np.ndarray:
-    """Plotly JSON data: a base64 typed array ({dtype, bdata[, shape]}) or plain lists."""
-    if isinstance(v, dict):
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        return a.reshape([int(s) for s in str(v["shape"]).split(",")]) if "shape" in v else a
-    return np.asarray(v)
+values = plotly_array
 
 
 def figs(at) -> dict[str, dict]:
