@@ -24,7 +24,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 3400}  # Streamlit scrolls inside an inner container: be tall
 PAGE_TIMEOUT_MS = 120_000  # first visits load the model and decode on a shared 2-core CPU
-NO_CHARTS = {"snapshots", "pretrained"}  # pages that may legitimately draw no plotly chart up front
+# pages that may legitimately draw no plotly chart up front (on the default toy model, /llm and /phenomena say in
+# one sentence that they need a language model, with a button to open SmolLM2: tests/test_app_llm.py checks it)
+NO_CHARTS = {"snapshots", "pretrained", "llm", "phenomena"}
 DEFAULT_PAGE = "attention"  # app.py's default page, served at "/"
 
 

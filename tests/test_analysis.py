@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from model import Trace, load_checkpoint
-from model.core.describe import attention_entry
 from model import interventions as iv
 from model.analysis import attribution, cheating, compare, heads, runs
+from model.core.describe import attention_entry
 from model.loaders import minilm as pretrained
 from model.toy import decode as dec
 

@@ -34,20 +34,3 @@ def test_choose_an_intervention_and_see_the_diff(server, paths, page):
     assert codes[0].strip() == "2023-11-03" and codes[1].strip() != "2023-11-03"
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "experiments.png"), full_page=True)
-
-
-def test_a_top_head_link_opens_that_head_in_the_attention_page(server, paths, page):
-    page.goto(server + paths["experiments"] + "?checkpoint=dates&text=3+november+2023&exp_view=heads")
-    wait_drawn(page)
-    page.screenshot(path=str(SHOTS / "experiments-heads.png"), full_page=True)
-    link = page.locator('a[href*="/attention?"]').first
-    href = link.get_attribute("href")
-    params = dict(p.split("=", 1) for p in href.split("?", 1)[1].split("&"))
-    with page.context.expect_page() as opened:  # Streamlit opens markdown links in a new tab
-        link.click()
-    attention = opened.value
-    wait_drawn(attention)
-    assert not attention.locator('[data-testid="stException"]').count()
-    titles = attention.evaluate(TITLES)
-    assert any(f"head {params['head']}" in t for t in titles), (params, titles)
-    assert f"layer={params['layer']}" in attention.url and f"attn_kind={params['attn_kind']}" in attention.url
