@@ -123,6 +123,7 @@ class MultiHeadAttention(nn.Module):
         scores = record(f"{n}.scores", q @ k.transpose(-2, -1) / math.sqrt(self.d_head))  # (B, H, Lq, Lk)
         if mask is not None:
             mask = record(f"{n}.mask", mask)
+        if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
             # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
             # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
             bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))

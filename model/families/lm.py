@@ -211,9 +211,12 @@ class DecoderLM(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, ids: torch.Tensor, cache: list[dict] | None = None, offset: int = 0) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: list[dict] | None = None, offset: int = 0,
+                last_only: bool = False) -> torch.Tensor:
         """(B, T) ids -> logits (B, T, V). With `cache` (new_cache()), `ids` are the new tokens at
-        absolute positions offset..offset+T-1; their keys and values are appended to the cache."""
+        absolute positions offset..offset+T-1; their keys and values are appended to the cache.
+        last_only: logits of the last position only, (B, 1, V) (generation: a long prompt's other rows
+        would cost T × d_model × vocab for nothing)."""
         self._check_ids(ids, offset)
         T = ids.shape[1]
         B = ids.shape[0]
@@ -226,7 +229,7 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(self.decoder.layers):
             x = layer(x, mask, angles, None if cache is None else cache[i])
         x = record("decoder.out", self.decoder.norm(x))
-        return record("logits", self.generator(x))
+        return record("logits", self.generator(x[:, -1:] if last_only else x))
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in range(self.cfg.n_layers)]

@@ -186,7 +186,7 @@ class LanguageModel:
         cache, offset, x = m.new_cache(), 0, ids
         with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine):  # the user's hooks run first
             for _ in range(min(max_new_tokens, room)):
-                logits = m(x, cache=cache, offset=offset)[0, -1]
+                logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1]
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
                 chosen = _choose(logits, probs, temperature, top_k, top_p, gen)
