@@ -304,9 +304,9 @@ def test_page_on_smollm2_repeated_random_tokens_names_the_induction_head(smol):
 
 def test_page_on_a_gpt2_style_server_model(tmp_path):
     """No GQA, learned positions, byte-level BPE: every query head reads its own keys; tokens readable."""
-    from test_app_since2017 import make_tiny_gpt2
+    from conftest import tiny_hf_lm
 
-    label = make_tiny_gpt2(tmp_path)
+    label = tiny_hf_lm(tmp_path, "gpt2")
     at = open_page(PAGE, query={"checkpoint": label, "layer": 1, "head": 3, "batch": "repeat"})
     _ok(at)
     qk = _figs(at)[0]

@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import APP
+from conftest import APP, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 from test_i18n import english_in_zh
 
@@ -194,35 +194,9 @@ def test_page_link_reopens_layer_head_and_token_and_refuses_bad_values():
 # ---------------------------------------------------------------- a model without the new blocks
 
 
-CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.",
-          "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
-
-
-def make_tiny_gpt2(d) -> str:
-    """A tiny random GPT-2 HF directory (learned positions, LayerNorm, plain GELU FFN, one K/V head per query head)
-    with a byte-level BPE trained here, registered as a server model (`--model PATH`); returns its label."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from viz import lm_models
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(d / "tokenizer.json"))
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                     bos_token_id=0, eos_token_id=0)
-    GPT2LMHeadModel(cfg).save_pretrained(d)
-    (label,) = lm_models.add_server_models([str(d)])
-    return label
-
-
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> str:
-    return make_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+    return tiny_hf_lm(tmp_path_factory.mktemp("tiny-gpt2"), "gpt2")
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
