@@ -333,3 +333,16 @@ def test_every_page_works_with_real_models_or_says_why(model, page, lang):
     if lacks:  # one sentence, and a way to a model that has it
         assert len(lacks) == 1 and lacks[0].count(". ") == 0
         assert any(b.label.startswith("Open this page with") for b in at.button)
+
+
+def test_attention_page_on_an_lm_says_the_next_token_and_labels_rows_with_predictions():
+    """Played as a user: SmolLM2 on the Attention page said "Model output (greedy): (empty)". An LM's rows now read
+    "position: input → predicted" (argmax of its logits) and the output line names the next token."""
+    lm = lm_models.load("smollm2")
+    logits, _ = lm.obj.run_with_trace(IOI, names="logits")
+    want = lm.readable(lm.obj.tokens(logits[0].argmax(-1).tolist()))
+    at = run({"checkpoint": "smollm2", "text": IOI}, page="viz/pages/attention.py")
+    assert any(f"**Next token (greedy):** {want[-1]}" in m.value for m in at.markdown), want[-1]
+    assert want[-1] == "␣Mary"
+    y = next(iter(figures(at).values()))["data"][0]["y"]
+    assert y[-1].endswith(f"→ {want[-1]}") and y[0].endswith(f"→ {want[0]}"), (y[:2], want[:2])

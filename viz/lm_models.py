@@ -174,6 +174,8 @@ class RealModel:
             meta["tgt_tokens"] = readable_tokens(meta["tgt_pieces"], _byte_level(self.obj))
         if chat:
             meta["chat"] = True
+        if self.family == "decoder_lm":  # what each position predicts (rows read "position: input → predicted")
+            meta["next_tokens"] = readable_tokens(self.obj.tokens(logits[0].argmax(-1).tolist()), _byte_level(self.obj))
         return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
 
     def readable(self, pieces: list[str]) -> list[str]:

@@ -12,6 +12,9 @@ st.caption(t("Scaled dot-product attention, Attention(Q, K, V) = softmax(QKáµ€/â
              "weight and the two tokens."))
 sel, trace = common.require_trace()
 out = trace.meta.get("target", "")
-line = (t("**Decoder input (teacher-forced target):** {out}", out=out) if sel.target
-        else t("**Model output (greedy):** {out}", out=out or t("(empty)")))
+if common.is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: its next token after the prompt
+    line = t("**Next token (greedy):** {out}", out=trace.meta["next_tokens"][-1])
+else:
+    line = (t("**Decoder input (teacher-forced target):** {out}", out=out) if sel.target
+            else t("**Model output (greedy):** {out}", out=out or t("(empty)")))
 render_attention(trace, key="attn", output=line, model_tokens=common.model_tokens(sel.ckpt, trace))
