@@ -9,8 +9,23 @@ ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
 
 
+class DictConfig:
+    """to_dict / from_dict for a config dataclass (saved as JSON beside weights and in trace metadata)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)} for {cls.__name__}; known keys: {sorted(known)}")
+        return cls(**d)
+
+
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(DictConfig):
     src_vocab_size: int
     tgt_vocab_size: int = 0  # 0 with n_decoder_layers=0: an encoder-only model (BERT family)
     d_model: int = 512  # E = N x H: all heads side by side
@@ -78,13 +93,3 @@ class TransformerConfig:
     def encoder_only(self) -> bool:
         return self.n_decoder_layers == 0
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
-        return cls(**d)

@@ -18,7 +18,6 @@ FFN, activation, biases, tied embeddings.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from torch import nn
 
 from model.core import recorder
 from model.core.attention import MultiHeadAttention, causal_mask
+from model.core.config import DictConfig
 from model.core.describe import SIDES, attention_entry
 from model.core.layers import ACTIVATIONS, FeedForward, LayerNorm, RMSNorm, rotary_angles
 from model.core.recorder import CaptureError, Hook, record
@@ -39,7 +39,7 @@ FFNS = ("plain", "gated")
 
 
 @dataclass(frozen=True)
-class LMConfig:
+class LMConfig(DictConfig):
     vocab_size: int
     d_model: int = 768
     n_layers: int = 12
@@ -113,16 +113,6 @@ class LMConfig:
         embed = V * D + (self.max_len * D if self.positional == "learned" else 0)
         return self.n_layers * per_layer + embed + norm + (0 if self.tie_embeddings else V * D)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> LMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown LMConfig keys {sorted(unknown)}; known keys: {sorted(known)}")
-        return cls(**d)
 
 
 def _norm(cfg: LMConfig) -> nn.Module:
