@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.analysis.phenomena import as_decoder, as_ids
+from model.analysis.inputs import LOGITS_BUDGET_BYTES, as_decoder, as_ids, fit_batch  # noqa: F401 (re-exported)
 
 
 def logit_diff(logits: torch.Tensor, good: int, bad: int) -> torch.Tensor:
@@ -33,14 +33,6 @@ def logit_diff(logits: torch.Tensor, good: int, bad: int) -> torch.Tensor:
 def resid_names(n_layers: int) -> list[str]:
     """The residual stream entering each layer: embed.out, then each layer's output."""
     return ["decoder.embed.out"] + [f"decoder.layers.{i}.out" for i in range(n_layers - 1)]
-
-
-LOGITS_BUDGET_BYTES = 256 * 2**20
-
-
-def fit_batch(batch: int, T: int, vocab: int) -> int:
-    """At most `batch` rows, fewer if a forward's float32 logits [rows, T, V] would pass LOGITS_BUDGET_BYTES."""
-    return max(1, min(batch, LOGITS_BUDGET_BYTES // (T * vocab * 4)))
 
 
 @dataclass

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from model import interventions as iv
+from model.analysis.inputs import as_decoder, as_ids, fit_batch  # shared with patching.py (was a circle)
 
 THRESHOLDS = {"sink": 0.3, "previous_token": 0.5, "duplicate_token": 0.5, "induction": 0.5}
 RECIPES = {
@@ -48,21 +49,6 @@ RECIPES = {
 
 
 # ---------------------------------------------------------------------- inputs
-
-
-def as_decoder(lm):
-    """The DecoderLM of a LanguageModel (or the DecoderLM itself)."""
-    return getattr(lm, "model", lm)
-
-
-def as_ids(lm, text_or_ids) -> torch.Tensor:
-    """LongTensor [B, T] from text (the LanguageModel's tokenizer, no chat template) or ids."""
-    if isinstance(text_or_ids, str):
-        if not hasattr(lm, "encode"):
-            raise ValueError("text needs a LanguageModel (with a tokenizer); pass token ids to a bare DecoderLM")
-        return lm.encode(text_or_ids)
-    ids = torch.as_tensor(text_or_ids, dtype=torch.long)
-    return ids[None] if ids.dim() == 1 else ids
 
 
 def attention_names(lm) -> list[str]:
@@ -337,8 +323,6 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
     blocked = m.run_with_hooks(ids, hooks=block_first_key(names=names))
     per = None
     if per_head:
-        from model.analysis.patching import fit_batch
-
         L, H = m.cfg.n_layers, m.cfg.n_heads
         batch = fit_batch(batch, ids.shape[1], m.cfg.vocab_size)
         pairs = [(layer, h) for layer in range(L) for h in range(H)]

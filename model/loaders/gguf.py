@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.loaders.errors import GGUFError  # defined apart so bpe.py need not import this module
+
 MAGIC = b"GGUF"
 MAX_ARRAY_ITEMS = 1 << 23  # all metadata arrays together (a 262k vocabulary with merges is ~0.8M)
 MAX_TENSORS = 1 << 16
@@ -53,10 +55,6 @@ SUPPORTED_TYPES = tuple(name for name, _, _ in GGML_TYPES.values())
 # metadata value type id -> struct code (8 = string, 9 = array are handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _NUMPY = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8", 11: "i8", 12: "f8"}
-
-
-class GGUFError(ValueError):
-    """The file is not a GGUF this lab can read; the message says why."""
 
 
 @dataclass(frozen=True)
