@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.core.layers import apply_rotary
-from model.core.recorder import hook, keep, record
+from model.core.recorder import fast_attention_allowed, hook, keep, record
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -41,6 +41,46 @@ def attention_mask(key_pad: torch.Tensor, n_query: int, causal: torch.Tensor | N
     if causal is not None:
         mask = mask | causal[None, None]
     return mask
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """(B, H, Lq, hs) x (B, H, Lk, hs) -> (B, H, Lq, Lk): q·kᵀ/√d_k (scale None: divide by √d_k, as the
+    paper), or q·kᵀ × scale. The one function the forward and a lazy trace's recompute call, so both
+    give the same bits."""
+    s = q @ k.transpose(-2, -1)
+    # Var(q·k) = d_k for unit-variance entries: dividing by √d_k keeps softmax out of saturation.
+    return s / math.sqrt(q.shape[-1]) if scale is None else s * scale
+
+
+def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(scores + M) over keys, M = -inf where `mask` (B, 1, Lq, Lk) is True: blocked cells get
+    exactly 0, a row with no visible key is all 0 (not NaN). Shared by the forward and the recompute."""
+    if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
+        # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
+        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+        weights = F.softmax(scores + bias, dim=-1)
+        if bool(mask.all(dim=-1).any()):  # a row with no visible key: softmax gives NaN; make it 0
+            weights = weights.masked_fill(mask, 0.0)
+        return weights
+    return F.softmax(scores, dim=-1)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float | None = None) -> torch.Tensor:
+    """The fast path's z: torch's fused scaled_dot_product_attention (tiled: no (Lq, Lk) matrix per head),
+    for k, v with the model's own K/V heads (grouped-query served by enable_gqa). Same math as
+    attention_weights(attention_scores(...)) @ v up to float rounding, NOT the same bits: used only
+    under `recorder.fast_attention()` when nothing inside attention is recorded or hooked."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    gqa = k.shape[1] != q.shape[1]
+    if mask is None or not bool(mask.any()):
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    if Lq == Lk and bool((mask == causal_mask(Lq, device=mask.device)).all()):  # look-ahead only
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if bool(mask.all(dim=-1).any()):  # a row with no visible key: sdpa gives NaN there, we give 0
+        return attention_weights(attention_scores(q, k, scale), mask) @ v  # never here for an LM
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, scale=scale, enable_gqa=gqa)
 
 
 class MultiHeadAttention(nn.Module):
@@ -115,24 +155,19 @@ class MultiHeadAttention(nn.Module):
             cache["k"], cache["v"] = k, v
         keep(f"{n}.k", k)
         keep(f"{n}.v", v)
+        if not self.training and fast_attention_allowed(n):  # the named fast path (recorder.fast_attention)
+            z = record(f"{n}.z", fused_attention(q, k, v, mask))  # (B, H, Lq, hs)
+            B, H, Lq, hs = z.shape
+            return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))
         if self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
             r = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
 
-        # Var(q·k) = d_k for unit-variance entries: dividing by √d_k keeps softmax out of saturation.
-        scores = record(f"{n}.scores", q @ k.transpose(-2, -1) / math.sqrt(self.d_head))  # (B, H, Lq, Lk)
+        scores = record(f"{n}.scores", attention_scores(q, k))  # (B, H, Lq, Lk)
         if mask is not None:
             mask = record(f"{n}.mask", mask)
-        if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
-            # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
-            # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
-            bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
-            weights = F.softmax(scores + bias, dim=-1)
-            if bool(mask.all(dim=-1).any()):  # a row with no visible key: softmax gives NaN; make it 0
-                weights = weights.masked_fill(mask, 0.0)
-        else:
-            weights = F.softmax(scores, dim=-1)
-        weights = record(f"{n}.weights", weights)
+        # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
+        weights = record(f"{n}.weights", attention_weights(scores, mask))
 
         z = record(f"{n}.z", self.dropout(weights) @ v)  # (B, H, Lq, hs)
         B, H, Lq, hs = z.shape

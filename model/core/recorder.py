@@ -31,10 +31,32 @@ Hook = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 
 _RECORDER: ContextVar[Recorder | None] = ContextVar("attention_lab_recorder", default=None)
 _HOOKS: ContextVar[dict[str, list[Hook]] | None] = ContextVar("attention_lab_hooks", default=None)
+_FAST: ContextVar[bool] = ContextVar("attention_lab_fast_attention", default=False)
 
 
 class CaptureError(ValueError):
     """A capture or hook request that cannot be served (unknown name pattern, over the memory budget)."""
+
+
+class CaptureBudgetError(CaptureError):
+    """Over the memory budget. Numbers, not words, for a page to say in its own language:
+    needed_bytes and budget (bytes), n_tokens (the input's length), max_tokens (the longest input whose
+    request fits: 0 when none does) and context_length (the model's own limit, or None)."""
+
+    def __init__(self, message: str, *, needed_bytes: int, budget: int, n_tokens: int, max_tokens: int,
+                 context_length: int | None = None):
+        super().__init__(message)
+        self.needed_bytes, self.budget, self.n_tokens = int(needed_bytes), int(budget), int(n_tokens)
+        self.max_tokens, self.context_length = int(max_tokens), context_length
+
+
+class ContextLengthError(ValueError):
+    """An input longer than the model reads at all (its context length): a hard limit, no budget helps.
+    n_tokens: the input's length; context_length: the model's limit."""
+
+    def __init__(self, message: str, *, n_tokens: int, context_length: int):
+        super().__init__(message)
+        self.n_tokens, self.context_length = int(n_tokens), int(context_length)
 
 
 class Recorder:
@@ -199,6 +221,37 @@ def _apply_hooks(name: str, tensor: torch.Tensor, fns: list[Hook]) -> torch.Tens
 
 def recording() -> bool:
     return _RECORDER.get() is not None
+
+
+_INSIDE = (".scores", ".mask", ".weights")  # what a fused attention kernel never materializes
+
+
+def fast_attention_allowed(module: str) -> bool:
+    """True inside `fast_attention()` when nothing inside `module`'s softmax is recorded or hooked:
+    then the module may compute z with a fused kernel (its scores/mask/weights are never formed)."""
+    if not _FAST.get():
+        return False
+    rec, hooks = _RECORDER.get(), _HOOKS.get()
+    inside = [module + r for r in _INSIDE]
+    return not ((rec is not None and any(n in rec.wanted for n in inside))
+                or (hooks is not None and any(n in hooks for n in inside)))
+
+
+class fast_attention:
+    """Context manager, the explicitly named fast inference mode: attention modules whose scores, mask
+    and weights are neither recorded nor hooked compute z with torch's fused
+    scaled_dot_product_attention. Logits then differ from `forward`'s in the last float bits (never use
+    it where forward and run_with_trace must agree bit for bit); a lazy trace's recomputed weights
+    are still the step-by-step function of the recorded q and k."""
+
+    def __init__(self, on: bool = True):
+        self.on = on
+
+    def __enter__(self) -> None:
+        self._token = _FAST.set(self.on)
+
+    def __exit__(self, *exc) -> None:
+        _FAST.reset(self._token)
 
 
 class capturing:
