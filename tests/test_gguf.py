@@ -24,15 +24,18 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# where each k-quant block keeps its fp16 scales (d, dmin): random bytes there could be inf or nan
+K_SCALE_BYTES = {QT.Q2_K: (80, 84), QT.Q3_K: (108, 110), QT.Q4_K: (0, 4), QT.Q5_K: (0, 4), QT.Q6_K: (208, 210)}
+K_TYPES = tuple(K_SCALE_BYTES)
+
+
 def random_k_blocks(qtype: QT, n_blocks: int) -> np.ndarray:
-    """Random Q4_K / Q6_K blocks (gguf cannot quantize to these) with finite fp16 scales."""
+    """Random k-quant blocks (gguf cannot quantize to these) with finite fp16 scales; every other bit random."""
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
     b = RNG.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
-    scale = RNG.uniform(-0.05, 0.05, size=(n_blocks, 2)).astype("<f2").view(np.uint8)
-    if qtype == QT.Q4_K:
-        b[:, 0:4] = np.abs(scale.view("<f2")).view(np.uint8).reshape(n_blocks, 4)  # d, dmin
-    else:
-        b[:, 208:210] = scale[:, 0:2]
+    lo, hi = K_SCALE_BYTES[qtype]
+    scale = RNG.uniform(-0.05, 0.05, size=(n_blocks, (hi - lo) // 2)).astype("<f2")
+    b[:, lo:hi] = scale.view(np.uint8).reshape(n_blocks, hi - lo)
     return b
 
 
@@ -43,7 +46,7 @@ def quantized(qtype: QT, shape: tuple[int, int]) -> np.ndarray:
         return x
     if qtype == QT.F16:
         return x.astype(np.float16)
-    if qtype in (QT.Q4_K, QT.Q6_K):
+    if qtype in K_TYPES:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         return random_k_blocks(qtype, shape[0] * shape[1] // block).reshape(shape[0], -1)
     return gguf.quants.quantize(x, qtype)
@@ -73,7 +76,7 @@ def write_gguf(path, tensors: dict[str, tuple[np.ndarray, QT]], kv: dict | None 
     return path
 
 
-ALL_TYPES = [QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K]
+ALL_TYPES = [QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, *K_TYPES]
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +113,12 @@ def test_dequantize_is_bit_identical_to_gguf(mixed_file, qtype):
     assert ours.shape == (8, 512) and ours.dtype == torch.float32
     assert np.isfinite(ref).all()
     assert np.array_equal(ours.numpy().view(np.uint32), ref.reshape(8, 512).view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [QT.IQ2_XXS, QT.IQ4_XS, QT.IQ1_M, QT.TQ2_0, QT.Q8_K], ids=lambda q: q.name)
+def test_other_quantization_types_are_refused_by_name(qtype):
+    with pytest.raises(G.GGUFError, match=rf"^quantization type {qtype.name} is not supported; supported: F32, .*Q5_K"):
+        G.dequantize(np.zeros(1024, np.uint8), int(qtype), (256,))
 
 
 def test_bf16_is_the_high_half_of_float32():
@@ -282,7 +291,8 @@ def test_every_truncation_of_a_valid_file_is_refused(mixed_file, tmp_path):
      "impossible shape|outside"),
     (header(n_tensors=1) + gstr("w") + struct.pack("<I2QIQ", 2, 64, 64, 0, 0) + bytes(64), "outside the file"),
     (header(n_tensors=1) + gstr("w") + struct.pack("<IQIQ", 9, 64, 0, 0) + bytes(64), "dimensions"),
-    (header(n_tensors=1) + gstr("w") + struct.pack("<IQIQ", 1, 64, 13, 0) + bytes(64), "Q5_K"),
+    (header(n_tensors=1) + gstr("w") + struct.pack("<IQIQ", 1, 256, 16, 0) + bytes(64),
+     "quantization type IQ2_XXS (tensor 'w') is not supported; supported: F32"),
     (header(n_tensors=1) + gstr("w") + struct.pack("<IQIQ", 1, 64, 999, 0) + bytes(64), "unknown type id"),
     (header(n_tensors=1) + gstr("w") + struct.pack("<IQIQ", 1, 33, 8, 0) + bytes(64), "blocks"),
 ])

@@ -9,9 +9,10 @@ that without trusting it:
   inside the file, so a truncated, garbage or forged file costs bounded memory and ends in a
   `GGUFError` that says what is wrong (never a traceback from deep inside numpy);
 - tensor bytes are memory-mapped (np.memmap, as gguf.GGUFReader does), never read twice;
-- dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) is vectorized numpy over chunks of
-  blocks written straight into the output tensor; results are bit-identical to gguf.quants.dequantize
-  (the reference transformers uses), and several times faster (bench/llm.py);
+- dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) is
+  vectorized numpy over chunks of blocks written straight into the output tensor; results are
+  bit-identical to gguf.quants.dequantize (the reference transformers uses), and several times faster
+  (bench/llm.py); the IQ and TQ types are refused by name;
 - llama.cpp's converter permutes the rows of attn_q/attn_k for its rotary layout (`permute` in
   convert_hf_to_gguf.py); `hf_tensors` undoes it (on the quantized rows, before dequantizing) and
   renames tensors to Hugging Face llama/qwen2 names, so `model.loaders.hf.lm_from_hf` loads them.
@@ -44,10 +45,13 @@ DEFAULT_ALIGNMENT = 32
 # ggml type id -> (name, elements per block, bytes per block); only the types we dequantize.
 GGML_TYPES = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 8: ("Q8_0", 32, 34),
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
+    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
 }
-# Names of other ggml types, so a message can say what the file holds.
-_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS",
+# Names of other ggml types, so a message can say what the file holds. The IQ types (lattice codebooks
+# of 256-512 entries each) and the ternary TQ types are refused by name.
+_OTHER_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS",
                 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
                 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}
 SUPPORTED_TYPES = tuple(name for name, _, _ in GGML_TYPES.values())
@@ -219,8 +223,11 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> GGUFFile:
             raise GGUFError(f"{path.name}: tensor {name!r} has an impossible shape {list(ne)}.")
         if ggml_type not in GGML_TYPES:
             kind = _OTHER_TYPES.get(ggml_type)
-            what = f"type {kind}" if kind else f"an unknown type id {ggml_type} (corrupt file?)"
-            raise GGUFError(f"{path.name}: tensor {name!r} has {what}; supported: {', '.join(SUPPORTED_TYPES)}.")
+            if kind:
+                raise GGUFError(f"{path.name}: quantization type {kind} (tensor {name!r}) is not supported; "
+                                f"supported: {', '.join(SUPPORTED_TYPES)}.")
+            raise GGUFError(f"{path.name}: tensor {name!r} has an unknown type id {ggml_type} (corrupt file?); "
+                            f"supported: {', '.join(SUPPORTED_TYPES)}.")
         type_name, block, block_bytes = GGML_TYPES[ggml_type]
         if ne[0] % block:
             raise GGUFError(f"{path.name}: tensor {name!r} rows of {ne[0]} are not whole {type_name} blocks "
@@ -302,14 +309,72 @@ def _q6_k(b: np.ndarray, y: np.ndarray) -> None:  # 128 ql | 64 qh | 16 int8 sca
     np.multiply((d * sc.astype(np.float32))[:, :, None], q.reshape(n, 16, 16), out=y3, dtype=np.float32)
 
 
-_BLOCK_FNS = {8: _q8_0, 2: _q4_0, 3: _q4_1, 12: _q4_k, 14: _q6_k}
+def _bits(raw: np.ndarray, n: int) -> np.ndarray:
+    """[blocks, n/8] bytes -> [blocks, n] single bits, least significant bit first (bit i = element i)."""
+    return np.unpackbits(raw, axis=1, count=n, bitorder="little")
+
+
+def _q5_0(b: np.ndarray, y: np.ndarray) -> None:  # d | 4 bytes: 5th bits | 16 bytes of nibbles; d * (q - 16)
+    d = _f16(b[:, 0:2])
+    q = (_nibbles(b[:, 6:], 32) | (_bits(b[:, 2:6], 32) << np.uint8(4))).view(np.int8) - np.int8(16)
+    np.multiply(d, q, out=y, dtype=np.float32)
+
+
+def _q5_1(b: np.ndarray, y: np.ndarray) -> None:  # d | m | 4 bytes: 5th bits | 16 bytes of nibbles; d * q + m
+    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    q = _nibbles(b[:, 8:], 32) | (_bits(b[:, 4:8], 32) << np.uint8(4))
+    np.multiply(d, q, out=y, dtype=np.float32)
+    y += m
+
+
+def _q2_k(b: np.ndarray, y: np.ndarray) -> None:  # 16 bytes (4-bit scale, 4-bit min) | 64 bytes of crumbs | d | dmin
+    n = b.shape[0]
+    sc, d, dmin = b[:, :16], _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    dl = d * (sc & np.uint8(0x0F)).astype(np.float32)  # (n, 16): one scale per 16 values
+    ml = dmin * (sc >> np.uint8(4)).astype(np.float32)
+    shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> shift) & np.uint8(3)).reshape(n, 16, 16)
+    y3 = y.reshape(n, 16, 16)
+    np.multiply(dl[:, :, None], q, out=y3, dtype=np.float32)
+    y3 -= ml[:, :, None]
+
+
+def _q3_k(b: np.ndarray, y: np.ndarray) -> None:  # 32 bytes high-bit mask | 64 bytes of crumbs | 12 scale bytes | d
+    n = b.shape[0]
+    hmask, qs, s, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
+    # sixteen 6-bit scales: low 4 bits in bytes 0-7 (two per byte), high 2 bits in bytes 8-11 (four per byte)
+    lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n, 16)
+    hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    sc = ((lo & np.uint8(0x0F)) | ((hi & np.uint8(0x03)) << np.uint8(4))).view(np.int8) - np.int8(32)
+    dl = d * sc.astype(np.float32)  # (n, 16)
+    ql = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    qh = (hmask.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    # a clear mask bit subtracts 4 (ggml stores the bit inverted)
+    q = ql.reshape(n, 16, 16).view(np.int8) - ((qh.reshape(n, 16, 16) ^ np.uint8(1)) << np.uint8(2)).view(np.int8)
+    np.multiply(dl[:, :, None], q, out=y.reshape(n, 16, 16), dtype=np.float32)
+
+
+def _q5_k(b: np.ndarray, y: np.ndarray) -> None:  # d | dmin | 12 scale bytes | 32 bytes 5th bits | 128 bytes of nibbles
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _k_scales(b[:, 4:16])
+    ql = (b[:, 48:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
+    qh = (b[:, 16:48].reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    q = ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << np.uint8(4))
+    y3 = y.reshape(n, 8, 32)
+    np.multiply((d * sc)[:, :, None], q, out=y3, dtype=np.float32)
+    y3 -= (dmin * mn)[:, :, None]
+
+
+_BLOCK_FNS = {8: _q8_0, 2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k,
+              14: _q6_k}
 
 
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...],
                out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize a tensor's raw bytes into a float32 torch tensor of `shape` (written into `out` if given)."""
     if ggml_type not in GGML_TYPES:
-        raise GGUFError(f"cannot dequantize {_OTHER_TYPES.get(ggml_type, ggml_type)}; supported: "
+        raise GGUFError(f"quantization type {_OTHER_TYPES.get(ggml_type, ggml_type)} is not supported; supported: "
                         f"{', '.join(SUPPORTED_TYPES)}.")
     name, block, block_bytes = GGML_TYPES[ggml_type]
     n = int(np.prod(shape, dtype=np.int64))
