@@ -166,7 +166,9 @@ def test_blocking_token_0_everywhere_and_in_one_head(lm):
     # the batched per-head KL (5 heads per forward) equals the head blocked alone
     logits = lm(x)
     alone = lm.run_with_hooks(x, hooks=one)
-    assert eff.kl_per_head[1, 2] == pytest.approx(float(phenomena._kl(logits, alone)[0]), rel=1e-6, abs=1e-12)
+    # (the last position's KL is ~1e-5 on a random model: float32 batch noise is ~1e-6 of it)
+    assert eff.kl_per_head[1, 2] == pytest.approx(float(phenomena.next_token_kl(logits, alone)[0]), rel=1e-4,
+                                                  abs=1e-12)
     assert eff.mean_share == pytest.approx(float(np.mean(eff.share.scores)))
 
 

@@ -65,3 +65,27 @@ def logit_lens(lm, text_or_ids, target: int | None = None, positions: Sequence[i
                      [lm.tokens(row) for row in top] if has_tok else None,
                      torch.stack(tgt_p).double().numpy() if target is not None else None,
                      torch.stack(tgt_r).numpy() if target is not None else None)
+
+
+@dataclass
+class Settles:
+    """Where the model's answer at one position shows up in the lens (layers only, not the embeddings)."""
+
+    token: int  # the model's own answer there (the last layer's top token)
+    layer: int  # the first layer from which every later layer's top token is the answer
+    n_layers: int
+    first_top: int  # the first layer where the answer is the top token at all (it may leave again)
+
+    @property
+    def only_last(self) -> bool:
+        """The answer tops the lens only at the last layer: it does not 'appear and stay' earlier."""
+        return self.layer == self.n_layers - 1
+
+
+def settles(lens: LogitLens, position: int = -1) -> Settles:
+    """From which layer the answer tops the lens at `position` and stays there (the rows of `lens` after
+    "embed"; the last row is the model's own output, so the answer always tops it)."""
+    col = [int(v) for v in lens.top_ids[1:, position]]
+    final = col[-1]
+    layer = next(i for i in range(len(col)) if all(v == final for v in col[i:]))
+    return Settles(final, layer, len(col), col.index(final))

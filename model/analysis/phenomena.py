@@ -6,18 +6,21 @@ heads over it (`HeadScores`):
 - sink: share of a head's attention on token 0 ("Efficient Streaming Language Models with Attention
   Sinks", Xiao et al. 2023): mean over the query rows 1..T-1 of w[i, 0] (row 0 can only see token 0,
   so it is left out);
-- previous_token / duplicate_token: TransformerLens's head detector (`detect_head`, error_measure
-  "mul"): the attention on the pattern's cells (i -> i-1; i -> earlier copies of token i) over the
-  attention of the rows. TransformerLens divides by every row; we divide by the rows that have a
-  pattern cell, so a perfect head scores 1 on any input (= TL's score x T / rows with a cell);
-- induction: Olsson et al. 2022 ("In-context Learning and Induction Heads"), on [BOS] + n random
-  tokens repeated twice: mean attention from each position i of the second copy to i - (n - 1), the
-  token after the previous occurrence of token i;
+- previous_token / duplicate_token / induction on typed text: a pattern score of OUR OWN, next to
+  TransformerLens's (`detect_head`, error_measure "mul"). Both take the attention on the pattern's cells
+  (i -> i-1; i -> earlier copies of token i; i -> the token after each earlier copy of token i).
+  TransformerLens divides it by the attention of all T rows (`tl_scores`); ours divides by the rows that
+  have a pattern cell (`scores`), so a perfect head scores 1 on any input and a 0.5 threshold means the
+  same on a short prompt and a long one. ours = TL's x T / (rows with a cell);
+- induction on the repeated random sequence: Olsson et al. 2022 ("In-context Learning and Induction
+  Heads"), on [BOS] + n random tokens repeated twice: mean attention from each position i of the second
+  copy to i - (n - 1), the token after the previous occurrence of token i;
 - entropy (nats) and mean attention distance (positions), means over the query rows.
 
 Then the interventions that test them: per-token loss on the first vs second copy of the repeated
 sequence, ablation of the top induction heads vs as many random heads (seeded control), and the
-output change when token 0's key is blocked in one head or everywhere.
+output change when token 0's key is blocked in one head or everywhere (`block_sink`: one KL, measured
+at the last position, wherever a page or lesson shows it).
 
 Everything runs through the recorder's per-call hooks; `lm` is a LanguageModel or a DecoderLM.
 """
@@ -38,11 +41,13 @@ from model.analysis.inputs import as_decoder, as_ids, fit_batch  # shared with p
 THRESHOLDS = {"sink": 0.3, "previous_token": 0.5, "duplicate_token": 0.5, "induction": 0.5}
 RECIPES = {
     "sink": "mean attention on token 0 over query rows 1..T-1 (Xiao et al. 2023, attention sinks)",
-    "previous_token": "attention on i -> i-1 over the rows that have it (TransformerLens detect_head, 'mul')",
-    "duplicate_token": "attention on earlier copies of the same token over the rows that have one "
-                       "(TransformerLens detect_head, 'mul')",
+    "previous_token": "ours: attention on i -> i-1 over the rows that have it (TransformerLens's detect_head "
+                      "'mul' divides by all T rows: tl_scores)",
+    "duplicate_token": "ours: attention on earlier copies of the same token over the rows that have one "
+                       "(TransformerLens's detect_head 'mul' divides by all T rows: tl_scores)",
     "induction": "mean attention from i to i-(n-1) over the second copy of [BOS] + n random tokens x 2 "
-                 "(Olsson et al. 2022)",
+                 "(Olsson et al. 2022); on typed text, ours: attention on the token after every earlier copy "
+                 "over the rows that have one (TransformerLens's 'mul' divides by all T rows: tl_scores)",
     "entropy": "mean over query rows of -sum w log w (nats)",
     "distance": "mean over query rows of sum w |i - j| (positions)",
 }
@@ -65,6 +70,9 @@ class HeadScores:
     threshold: float | None
     recipe: str
     heads: list[tuple[int, int, float]] = field(default_factory=list)  # (layer, head, score) >= threshold
+    # TransformerLens's detect_head "mul" number on the same input ([L, H]; pattern detectors only):
+    # the same attention on the pattern's cells, divided by all T rows instead of the rows with a cell
+    tl_scores: np.ndarray | None = None
 
     def top(self, n: int = 5) -> list[tuple[int, int, float]]:
         order = np.argsort(-self.scores, axis=None)[:n]
@@ -72,13 +80,13 @@ class HeadScores:
         return [(int(i // H), int(i % H), float(self.scores.flat[i])) for i in order]
 
 
-def _scored(name: str, scores: np.ndarray, threshold: float | None) -> HeadScores:
+def _scored(name: str, scores: np.ndarray, threshold: float | None, tl: np.ndarray | None = None) -> HeadScores:
     heads = []
     if threshold is not None:
         L, H = np.nonzero(scores >= threshold)
         heads = sorted(((int(layer), int(h), float(scores[layer, h])) for layer, h in zip(L, H, strict=True)),
                        key=lambda x: -x[2])
-    return HeadScores(name, scores, threshold, RECIPES[name], heads)
+    return HeadScores(name, scores, threshold, RECIPES[name], heads, tl)
 
 
 # ---------------------------------------------------------------------- patterns (TransformerLens's)
@@ -98,22 +106,33 @@ def duplicate_token_pattern(ids: torch.Tensor) -> torch.Tensor:
 
 
 def induction_pattern(ids: torch.Tensor) -> torch.Tensor:
-    """[T, T]: 1 at (i, j + 1) for every earlier copy j of token i (the token after it)."""
+    """[T, T]: 1 at (i, j + 1) for every earlier copy j of token i (the token after it). When the copy is
+    the previous token (back-to-back repeats, "ha ha ha"), the token after it is i itself: the diagonal
+    cell belongs to the pattern (TransformerLens keeps it too: its tril keeps the diagonal)."""
     dup = duplicate_token_pattern(ids)
     out = torch.zeros_like(dup)
     out[:, 1:] = dup[:, :-1]
-    return torch.tril(out, diagonal=-1)
+    return torch.tril(out)  # j + 1 <= i always holds for j < i; tril only says so
 
 
-def pattern_score(weights: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
-    """Per head: attention on the pattern's cells / attention of the rows that have a cell.
-    weights [B, H, T, T], pattern [B, T, T] or [T, T]. Returns [H] (NaN if no row has a cell)."""
+def pattern_scores(weights: torch.Tensor, pattern: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, (ours, TransformerLens's): the attention on the pattern's cells divided
+    - ours: by the attention of the rows that have a cell (a perfect head scores 1 on any input);
+    - TL's detect_head "mul": by the attention of all T rows (sum(w * p) / sum(w), averaged over the batch
+      like detect_head on a list of sequences).
+    weights [B, H, T, T], pattern [B, T, T] or [T, T]. Returns two [H] (ours NaN if no row has a cell)."""
     w = weights.double()
     p = pattern.double().expand(w.shape[0], *pattern.shape[-2:])
     rows = (p.sum(-1) > 0).double()  # [B, T]
-    hit = (w * p[:, None]).sum((0, 2, 3))
-    total = (w.sum(-1) * rows[:, None]).sum((0, 2))
-    return hit / total
+    hit = (w * p[:, None]).sum((2, 3))  # [B, H]
+    ours = hit.sum(0) / (w.sum(-1) * rows[:, None]).sum((0, 2))
+    tl = (hit / w.sum((2, 3))).mean(0)
+    return ours, tl
+
+
+def pattern_score(weights: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """Our pattern score alone (see pattern_scores): [H]."""
+    return pattern_scores(weights, pattern)[0]
 
 
 # ---------------------------------------------------------------------- per-head statistics
@@ -139,18 +158,23 @@ def head_statistics(trace, thresholds: dict | None = None, period: int | None = 
     ids = torch.as_tensor(trace.meta["tgt_ids"])
     out: dict[str, list[torch.Tensor]] = {k: [] for k in ("sink", "previous_token", "duplicate_token",
                                                           "induction", "entropy", "distance")}
-    dup = torch.stack([duplicate_token_pattern(r) for r in ids])
-    ind = torch.stack([induction_pattern(r) for r in ids])
-    prev = previous_token_pattern(T)
+    tl: dict[str, list[torch.Tensor]] = {k: [] for k in ("previous_token", "duplicate_token", "induction")}
+    patterns = {"previous_token": previous_token_pattern(T),
+                "duplicate_token": torch.stack([duplicate_token_pattern(r) for r in ids]),
+                "induction": torch.stack([induction_pattern(r) for r in ids])}
     gap = (torch.arange(T)[:, None] - torch.arange(T)[None]).abs().double()
     for w in ws:
         out["sink"].append(w[:, :, 1:, 0].mean((0, 2)) if T > 1 else torch.full((H,), float("nan")))
-        out["previous_token"].append(pattern_score(w, prev))
-        out["duplicate_token"].append(pattern_score(w, dup))
-        out["induction"].append(induction_score(w, period) if period else pattern_score(w, ind))
+        for k, p in patterns.items():
+            ours, theirs = pattern_scores(w, p)
+            out[k].append(ours)
+            tl[k].append(theirs)  # TL's number on the same input, also for Olsson's induction input
+        if period:
+            out["induction"][-1] = induction_score(w, period)
         out["entropy"].append((-(w * w.clamp_min(1e-30).log()).sum(-1)).mean((0, 2)))
         out["distance"].append((w * gap).sum(-1).mean((0, 2)))
-    return {k: _scored(k, torch.stack(v).numpy(), th.get(k)) for k, v in out.items()}
+    return {k: _scored(k, torch.stack(v).numpy(), th.get(k), torch.stack(tl[k]).numpy() if k in tl else None)
+            for k, v in out.items()}
 
 
 def induction_score(weights: torch.Tensor, period: int) -> torch.Tensor:
@@ -289,22 +313,83 @@ def block_first_key(layer_heads: dict[str, Sequence[int]] | None = None, names: 
     return hooks
 
 
+# One KL for "what blocking token 0 does", wherever a page or a lesson shows it (issue 26: a lesson said
+# 1.18 nats and a page 2.33 for the same prompt, one averaged over positions, the other at the last one).
+KL_WHERE = ("KL(intact || token 0 blocked) of the next-token distribution at the last position (the token "
+            "that would follow the prompt), in nats")
+
+
+def next_token_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) of the next-token distribution at the LAST position, per batch row: [B] (nats).
+    p_logits, q_logits [B, T, V] (or [B, V], the last position already)."""
+    p, q = (x[:, -1] if x.dim() == 3 else x for x in (p_logits, q_logits))
+    lp, lq = p.double().log_softmax(-1), q.double().log_softmax(-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+@dataclass
+class SinkBlock:
+    """The next token at the last position, intact and with token 0's key blocked."""
+
+    heads: list[tuple[int, int]] | None  # the (layer, head) pairs blocked; None = every head of every layer
+    top_before: int  # the intact model's next token (its "answer")
+    p_before: float  # its probability, intact
+    top_after: int  # the next token with token 0 blocked
+    p_after: float  # its probability then
+    answer_p_after: float  # the intact answer's probability with token 0 blocked
+    answer_logit_before: float  # the intact answer's logit, intact ...
+    answer_logit_after: float  # ... and with token 0 blocked
+    kl: float  # next_token_kl (KL_WHERE)
+
+    @property
+    def changed(self) -> bool:
+        return self.top_before != self.top_after
+
+
+def sink_hooks(lm, heads: Sequence[tuple[int, int]] | None = None) -> dict:
+    """Hooks hiding token 0's key from query rows 1.. in the given (layer, head) pairs, or everywhere (None)."""
+    names = attention_names(lm)
+    if heads is None:
+        return block_first_key(names=names)
+    by_module: dict[str, list[int]] = {}
+    for layer, head in heads:
+        by_module.setdefault(names[layer], []).append(int(head))
+    return block_first_key(layer_heads=by_module)
+
+
+@torch.no_grad()
+def block_sink(lm, text_or_ids, heads: Sequence[tuple[int, int]] | None = None) -> SinkBlock:
+    """Run the input intact and with token 0's key blocked (`heads`, or everywhere); compare the last
+    position's next-token distribution. The one function behind every "blocking token 0 moves the
+    output by KL = ..." (sink_effect calls it too)."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    if ids.shape[1] < 2:
+        raise ValueError("blocking token 0 needs at least 2 tokens")
+    before = m(ids)[:, -1].double()  # [1, V]
+    after = m.run_with_hooks(ids, hooks=sink_hooks(lm, heads))[:, -1].double()
+    lp, lq = before[0].log_softmax(-1), after[0].log_softmax(-1)
+    answer, top = int(before.argmax()), int(after.argmax())
+    return SinkBlock(None if heads is None else [(int(a), int(b)) for a, b in heads], answer,
+                     float(lp[answer].exp()), top, float(lq[top].exp()), float(lq[answer].exp()),
+                     float(before[0, answer]), float(after[0, answer]), float(next_token_kl(before, after)[0]))
+
+
 @dataclass
 class SinkEffect:
     share: HeadScores  # the sink score per head
     mean_share: float  # attention on token 0, averaged over every head and query row 1..T-1
-    kl_everywhere: float  # mean over positions of KL(intact || token 0 blocked in every head), nats
+    block: SinkBlock  # token 0 blocked in every head: block_sink(lm, input), the same numbers a page shows
     top_before: list[int]  # the argmax token at each position, intact
     top_after: list[int]  # ... with token 0 blocked everywhere
     loss_before: float  # mean next-token loss on the input itself
     loss_after: float
-    kl_per_head: np.ndarray | None  # [L, H]: the same KL with token 0 blocked in that head alone
+    kl_per_head: np.ndarray | None  # [L, H]: next_token_kl with token 0 blocked in that head alone
 
-
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of KL(p || q), per batch row: [B]."""
-    lp, lq = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
-    return (lp.exp() * (lp - lq)).sum(-1).mean(-1)
+    @property
+    def kl_everywhere(self) -> float:
+        """KL_WHERE, token 0 blocked in every head (= block_sink(lm, input).kl)."""
+        return self.block.kl
 
 
 @torch.no_grad()
@@ -312,7 +397,7 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
                 thresholds: dict | None = None) -> SinkEffect:
     """Attention sinks on one input: each head's share on token 0, and what happens to the output when
     token 0's key is blocked everywhere (and, with per_head, in one head at a time: L x H passes,
-    `batch` per forward)."""
+    `batch` per forward). Every KL is next_token_kl (KL_WHERE)."""
     m = as_decoder(lm)
     ids = as_ids(lm, text_or_ids)[:1]
     if ids.shape[1] < 2:
@@ -329,11 +414,12 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
         kls = []
         for s in range(0, len(pairs), batch):
             chunk = pairs[s:s + batch]
-            kls.append(_kl(logits.expand(len(chunk), -1, -1),
-                           m.run_with_hooks(ids.expand(len(chunk), -1), hooks=_rowwise_sink_hooks(names, chunk))))
+            kls.append(next_token_kl(logits.expand(len(chunk), -1, -1),
+                                     m.run_with_hooks(ids.expand(len(chunk), -1),
+                                                      hooks=_rowwise_sink_hooks(names, chunk))))
         per = torch.cat(kls).reshape(L, H).numpy()
     share = stats["sink"]
-    return SinkEffect(share, float(np.mean(share.scores)), float(_kl(logits, blocked)[0]),
+    return SinkEffect(share, float(np.mean(share.scores)), block_sink(lm, ids, None),
                       logits[0].argmax(-1).tolist(), blocked[0].argmax(-1).tolist(),
                       float(token_losses(logits, ids).mean()), float(token_losses(blocked, ids).mean()), per)
 
