@@ -80,3 +80,31 @@ def test_logit_lens_reaches_the_model_and_finds_paris(lm):
     assert lens.top_ids[-1, -1] == paris and lens.target_ranks[0, -1] > 0  # absent at the embeddings
     with torch.no_grad():
         assert lens.top_probs[-1, -1] == pytest.approx(float(logits[-1].softmax(-1).max()), rel=1e-6)
+
+
+def test_one_number_per_claim_on_smollm2(lm):
+    """Issue 26 §1 on the model the pages show: the sink KL is one number (last position: 2.33 nats on the IOI
+    prompt; the lesson used to average over positions, 1.18); the laugh prompt's induction map is the
+    definition's (the old map dropped the back-to-back cells: Pearson 0.83, 1 of the top-10 heads in common);
+    ours vs TransformerLens's scale on the induction input; ' Paris' tops the lens only at the last layer."""
+    eff = phenomena.sink_effect(lm, IOI_TEXT)
+    assert eff.kl_everywhere == phenomena.block_sink(lm, IOI_TEXT).kl == pytest.approx(2.33, abs=0.02)
+    laugh = "She laughed: ha ha ha ha, and he said no no no."
+    _, tr = lm.run_with_trace(laugh, names="*.self_attn.weights")
+    got = phenomena.head_statistics(tr)["induction"].scores
+    x = lm.encode(laugh)[0].tolist()
+    cells = torch.zeros(len(x), len(x), dtype=torch.float64)
+    for i in range(len(x)):
+        for j in range(i):
+            if x[j] == x[i]:
+                cells[i, j + 1] = 1  # the token after an earlier copy: i itself after a back-to-back copy
+    rows = cells.sum(-1) > 0
+    want = np.array([[float((w[h] * cells).sum() / w[h][rows].sum()) for h in range(9)] for w in
+                     (tr[f"decoder.layers.{la}.self_attn.weights"][0].double() for la in range(30))])
+    assert got == pytest.approx(want, rel=1e-9)
+    r = phenomena.induction(lm, n=50, seed=0)
+    ind = r.scores["induction"]
+    assert ind.scores[18, 6] == pytest.approx(ind.tl_scores[18, 6] * 101 / 50, rel=0.02)  # 0.926 vs 0.458
+    paris = lm.tokenizer.encode(" Paris").ids[0]
+    s = logit_lens.settles(logit_lens.logit_lens(lm, "The capital of France is"))
+    assert s.token == paris and s.layer == 29 and s.only_last
