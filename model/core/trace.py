@@ -170,7 +170,7 @@ class Trace(Mapping):
             order = []
         if isinstance(order, list) and sorted(map(str, order)) == sorted(tensors):  # restore computation order
             tensors = {n: tensors[n] for n in order}
-        return cls(tensors, meta)
+        return (LazyTrace if cls is Trace and "lazy" in meta else cls)(tensors, meta)  # a saved long trace
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "upload", **kw) -> Trace:
@@ -426,3 +426,278 @@ def compare_traces(
         order=list(actual),  # a trace keeps its names in computation order (run_with_trace, save/load)
         n_compared=len(common),
     )
+
+
+# ---------------------------------------------------------------- lazy traces (long inputs)
+
+LAZY_ROLES = ("scores", "mask", "weights", "z")  # computed from q, k, v when asked, never stored
+STORED_ROLES = ("q", "k", "v")  # O(T·d) per layer: what a lazy trace keeps of each attention module
+
+
+class LazyTrace(Trace):
+    """A trace that grows like T, not T²: per attention module it stores q (after RoPE), k and v (the
+    model's own K/V heads), and computes `.scores`, `.mask`, `.weights` and `.z` (and `masks.causal`)
+    when they are asked for, with the forward's own functions (attention.attention_scores,
+    attention_weights), so `trace[name]` is what `run_with_trace(names=None)` records, bit for bit
+    when the forward ran step by step.
+
+        trace["decoder.layers.17.self_attn.weights"]     # [B, H, T, T], refused over budget_bytes
+        trace.attention(17, head=3, rows=slice(100, 200)) # [100, T]: one head's rows, cheap
+        trace.row(17, position=-1)                        # [H, T]: where the last position looks
+
+    meta["lazy"] = {"modules": {module: {"scale", "window"}}, "names": every name in computation
+    order (stored and computed), "budget_bytes": the largest tensor one __getitem__ may build}.
+    Saved with `save`, it holds the stored tensors and meta; `Trace.load` gives a LazyTrace back."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], meta: Mapping | None = None):
+        super().__init__(tensors, meta)
+        lazy = self._meta["lazy"]
+        self._modules: dict[str, dict] = lazy["modules"]
+        self._order: list[str] = lazy["names"]
+        self.budget_bytes: int | None = lazy.get("budget_bytes")
+        self._served = {f"{m}.{r}" for m in self._modules for r in LAZY_ROLES if f"{m}.{r}" not in self._tensors}
+        if self._modules:
+            self._served.add("masks.causal")
+        self._served -= set(self._tensors)
+
+    # ---- the Mapping: stored names and computed ones, in computation order
+
+    def __contains__(self, name) -> bool:  # never compute to answer `in`
+        return name in self._tensors or name in self._served
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def names(self) -> list[str]:
+        return [n for n in self._order if n in self]
+
+    def stored(self) -> list[str]:
+        """The names this trace holds (the rest is computed when asked)."""
+        return list(self._tensors)
+
+    def __repr__(self) -> str:
+        return (f"LazyTrace({len(self._tensors)} stored names, {self.nbytes() / 2**20:.2f} MiB; "
+                f"{len(self._served)} computed on demand)")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._tensors or name not in self._served:
+            return super().__getitem__(name)
+        T = self.n_tokens
+        if name == "masks.causal":
+            from model.core.attention import causal_mask
+
+            return causal_mask(T)
+        module, role = name.rsplit(".", 1)
+        q = self._tensors[f"{module}.q"]
+        B, H = q.shape[:2]
+        cells = B * (1 if role == "mask" else H) * T * T
+        self._check_budget(cells * (1 if role == "mask" else q.element_size()), name)
+        return self._compute(module, role)
+
+    # ---- accessors for pages: one head, one row, one tile
+
+    @property
+    def n_tokens(self) -> int:
+        return self._tensors[f"{next(iter(self._modules))}.q"].shape[2]
+
+    def module(self, layer: int | str) -> str:
+        """The attention module of a layer index (its position in computation order) or a module name."""
+        if isinstance(layer, str):
+            if layer not in self._modules:
+                raise KeyError(f"{layer!r} is not an attention module of this trace: {list(self._modules)}")
+            return layer
+        mods = list(self._modules)
+        if not -len(mods) <= int(layer) < len(mods):
+            raise IndexError(f"layer {layer} is out of range: this trace has {len(mods)} attention modules")
+        return mods[int(layer)]
+
+    def n_heads(self, layer: int | str = 0) -> int:
+        return self._tensors[f"{self.module(layer)}.q"].shape[1]
+
+    def attention(self, layer: int | str, head: int | None = None, rows: slice | int | None = None,
+                  cols: slice | None = None, what: str = "weights", batch: int = 0) -> torch.Tensor:
+        """One head's (or, head=None, every head's) attention over a block of query rows and key
+        columns: [rows, cols] (or [H, rows, cols]). what: "weights" (softmax, each full row sums to 1)
+        or "scores" (before masking). Rows are computed over all keys, so a tile's weights equal the
+        whole matrix's cells (≤ 1e-6; bit for bit where the matmul kernel agrees)."""
+        from model.core.attention import attention_scores, attention_weights
+
+        module = self.module(layer)
+        T = self.n_tokens
+        rows = slice(rows, rows + 1 if rows != -1 else None) if isinstance(rows, int) else (rows or slice(None))
+        r0, r1, _ = rows.indices(T)
+        q = self._tensors[f"{module}.q"][batch:batch + 1, :, r0:r1]  # (1, H, R, hs)
+        k = self._tensors[f"{module}.k"][batch:batch + 1]  # (1, H_kv, T, hs)
+        H, Hkv = q.shape[1], k.shape[1]
+        if head is not None:
+            if not 0 <= head < H:
+                raise IndexError(f"head {head} is out of range: {module} has {H} heads")
+            q, k = q[:, head:head + 1], k[:, head // (H // Hkv):head // (H // Hkv) + 1]
+        elif Hkv != H:
+            k = k.repeat_interleave(H // Hkv, dim=1)
+        scores = attention_scores(q, k, self._modules[module].get("scale"))  # (1, h, R, T)
+        if what == "scores":
+            out = scores
+        elif what == "weights":
+            out = attention_weights(scores, self._mask_rows(module, slice(r0, r1)))
+        else:
+            raise ValueError(f"what must be 'weights' or 'scores', got {what!r}")
+        out = out[0, :, :, cols or slice(None)]
+        return out[0] if head is not None else out
+
+    def row(self, layer: int | str, position: int = -1, head: int | None = None, batch: int = 0) -> torch.Tensor:
+        """Where one query position looks: [T] for one head, [H, T] for all (weights)."""
+        position = position % self.n_tokens
+        return self.attention(layer, head, slice(position, position + 1), batch=batch)[..., 0, :]
+
+    def modules(self) -> list[str]:
+        return list(self._modules)
+
+    def materialize(self, names: str | list[str] | None = None) -> Trace:
+        """A plain Trace with the computed names filled in (short inputs: it is O(T²))."""
+        from model.core.recorder import select_names
+
+        chosen = select_names(self.names(), names)
+        meta = {k: v for k, v in self._meta.items() if k != "lazy"}
+        return Trace({n: self[n] for n in chosen}, meta)
+
+    # ---- internals
+
+    def _check_budget(self, n_bytes: int, name: str) -> None:
+        from model.core.recorder import CaptureBudgetError
+
+        if self.budget_bytes is None or n_bytes <= self.budget_bytes:
+            return
+        T, per_cell = self.n_tokens, n_bytes / self.n_tokens ** 2
+        fit = int(math.isqrt(int(self.budget_bytes / per_cell)))
+        raise CaptureBudgetError(
+            f"{name} at {T} tokens is {n_bytes / 2**20:.1f} MiB, over this trace's budget of "
+            f"{self.budget_bytes / 2**20:.1f} MiB (it fits up to {fit} tokens): ask for one head, one row "
+            f"or one tile with trace.attention(layer, head, rows, cols)", needed_bytes=n_bytes,
+            budget=self.budget_bytes, n_tokens=T, max_tokens=fit,
+            context_length=(self._meta.get("config") or {}).get("max_len"))
+
+    def _mask_rows(self, module: str, rows: slice) -> torch.Tensor:
+        """(1, 1, R, T) bool, True = blocked: the look-ahead mask of these query rows (+ a sliding window)."""
+        from model.core.attention import causal_mask
+
+        T = self.n_tokens
+        r0, r1, _ = rows.indices(T)
+        mask = causal_mask(r1 - r0, T, offset=r0)
+        window = self._modules[module].get("window")
+        if window:  # a key more than `window - 1` positions back is out of the window
+            i = torch.arange(r0, r1)[:, None]
+            mask = mask | (torch.arange(T)[None] <= i - window)
+        return mask[None, None]
+
+    def _compute(self, module: str, role: str) -> torch.Tensor:
+        """A whole module's tensor, exactly as MultiHeadAttention.forward computes it."""
+        from model.core.attention import attention_scores, attention_weights
+
+        q, k = self._tensors[f"{module}.q"], self._tensors[f"{module}.k"]
+        B, H, T, _ = q.shape
+        mask = self._mask_rows(module, slice(0, T)).expand(B, 1, T, T)
+        if role == "mask":
+            return mask
+        r = H // k.shape[1]
+        if r != 1:
+            k = k.repeat_interleave(r, dim=1)
+        scores = attention_scores(q, k, self._modules[module].get("scale"))
+        if role == "scores":
+            return scores
+        weights = attention_weights(scores, mask)
+        if role == "weights":
+            return weights
+        v = self._tensors[f"{module}.v"]
+        return weights @ (v.repeat_interleave(r, dim=1) if r != 1 else v)  # z
+
+
+def recompute_params(info: Mapping) -> dict:
+    """{"scale", "window"} of an attention module's description entry, as attention_scores takes them:
+    scale None (absent, or the default 1/√d_head) is the forward's own division by √d_head."""
+    scale = info.get("scale")
+    scale = None if scale is None or scale == 1 / math.sqrt(info["d_head"]) else float(scale)
+    return {"scale": scale, "window": info.get("window")}
+
+
+def last_row(q: torch.Tensor, k: torch.Tensor, params: Mapping) -> torch.Tensor:
+    """Where the newest position looks, from its query q (H, hs) and every key k (H_kv, T, hs) (a KV
+    cache): softmax over keys of attention_scores, [H, T]; keys out of a sliding window get 0."""
+    from model.core.attention import attention_scores, attention_weights
+
+    H, (Hkv, T, hs) = q.shape[0], k.shape
+    qg = q.reshape(Hkv, H // Hkv, hs)[None]  # (1, H_kv, r, hs): a K/V head's query heads together
+    scores = attention_scores(qg, k[None], params.get("scale"))  # (1, H_kv, r, T), no K/V copy
+    mask = None
+    if params.get("window"):
+        mask = (torch.arange(T) <= T - 1 - params["window"])[None, None, None]
+    return attention_weights(scores, mask).reshape(H, T)
+
+
+def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], names, hooked: set[str]
+              ) -> tuple[list[str], dict[str, dict]]:
+    """What a lazy trace stores and which attention modules it serves on demand.
+
+    shapes: every capture name -> shape (computation order); attention: the model description's
+    attention entries (self-attention ones are served lazily); names: globs of extra O(T·d) names to
+    store (None: none); hooked: capture names with a hook. A module whose scores/mask/weights/z are
+    hooked cannot be recomputed from q, k, v (the hook changed them): it is stored whole."""
+    from model.core.recorder import select_names
+
+    extra = set(select_names(list(shapes), names)) if names is not None else set()
+    lazy: dict[str, dict] = {}
+    stored: set[str] = set()
+    for m, info in attention.items():
+        inside = {f"{m}.{r}" for r in LAZY_ROLES}
+        if info.get("kind") == "cross" or inside & hooked or info.get("softcap"):  # not recomputed here
+            stored |= {n for n in shapes if n.startswith(m + ".")} & (inside | {f"{m}.{r}" for r in STORED_ROLES})
+            continue
+        lazy[m] = recompute_params(info)
+        stored |= {f"{m}.{r}" for r in STORED_ROLES}
+        extra -= inside
+    extra.discard("masks.causal")
+    return [n for n in shapes if n in stored | extra], lazy
+
+
+def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int | None = None,
+             meta: dict | None = None, fast: bool = False) -> tuple[torch.Tensor, LazyTrace]:
+    """`model.run_with_trace(ids, lazy=True)`: one forward pass that keeps q, k, v of every attention
+    module (+ the O(T·d) names in `names`), under `recorder.fast_attention()` when `fast`. Refused
+    before running, with numbers (CaptureBudgetError), when even that is over `budget_bytes`."""
+    from model.core import recorder
+
+    model._check_ids(ids, 0)
+    B, T = ids.shape
+    shapes = model.capture_names(B, T)
+    resolved = model.resolve_hooks(hooks)
+    desc = model.describe()
+    wanted, lazy = lazy_plan(shapes, desc["attention"], names, set(resolved))
+    itemsize = next(model.parameters()).element_size()
+    n_bytes = recorder.estimate_bytes(shapes, wanted, itemsize)
+    if budget_bytes is not None and n_bytes > budget_bytes:
+        lo, hi = 0, T  # the longest input whose lazy trace fits (sizes grow with T)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            s = model.capture_names(B, mid)
+            w, _ = lazy_plan(s, desc["attention"], names, {n for n in s if n in resolved})
+            lo, hi = (mid, hi) if recorder.estimate_bytes(s, w, itemsize) <= budget_bytes else (lo, mid - 1)
+        raise recorder.CaptureBudgetError(
+            f"a lazy trace of {T} tokens needs about {n_bytes / 2**20:.1f} MiB, over the budget of "
+            f"{budget_bytes / 2**20:.1f} MiB; up to {lo} tokens fit", needed_bytes=n_bytes, budget=budget_bytes,
+            n_tokens=T, max_tokens=lo, context_length=getattr(model.cfg, "max_len", None))
+    with (recorder.hooking(resolved), recorder.fast_attention(fast),
+          recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec):
+        out = model(ids)
+    served = {f"{m}.{r}" for m in lazy for r in LAZY_ROLES} | ({"masks.causal"} if lazy else set())
+    info = {"config": model.cfg.to_dict(), "model": desc, "tgt_ids": ids.tolist(),
+            "mask_convention": "True = blocked (attention not allowed)", "training": model.training,
+            "dtype": str(out.dtype).removeprefix("torch."), "fast_attention": bool(fast)}
+    if hooks:
+        info["hooks"] = {p: getattr(fn, "__name__", repr(fn)) if callable(fn) else repr(fn) for p, fn in hooks.items()}
+    info.update(meta or {})
+    info["lazy"] = {"modules": lazy, "names": [n for n in shapes if n in rec.tensors or n in served],
+                    "budget_bytes": recorder.DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes}
+    return out, LazyTrace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)

@@ -31,7 +31,7 @@ from model.core.config import DictConfig
 from model.core.describe import SIDES, attention_entry
 from model.core.layers import ACTIVATIONS, FeedForward, LayerNorm, RMSNorm, rotary_angles
 from model.core.recorder import CaptureError, Hook, record
-from model.core.trace import Trace
+from model.core.trace import Trace, run_lazy
 
 POSITIONALS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
@@ -231,8 +231,9 @@ class DecoderLM(nn.Module):
         if ids.shape[1] == 0:
             raise ValueError("the token sequence is empty")
         if offset + ids.shape[1] > self.cfg.max_len:
-            raise ValueError(f"sequence of {offset + ids.shape[1]} tokens is longer than this model's "
-                             f"limit max_len={self.cfg.max_len}")
+            raise recorder.ContextLengthError(
+                f"sequence of {offset + ids.shape[1]} tokens is longer than this model's limit "
+                f"max_len={self.cfg.max_len}", n_tokens=offset + ids.shape[1], context_length=self.cfg.max_len)
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"ids must be in [0, {self.cfg.vocab_size}); got ids in [{int(ids.min())}, "
                              f"{int(ids.max())}] (does the tokenizer match the model?)")
@@ -270,10 +271,18 @@ class DecoderLM(nn.Module):
         hooks: Mapping[str, Hook | list[Hook]] | None = None,
         budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
         meta: dict | None = None,
+        lazy: bool = False,
+        fast: bool = False,
     ) -> tuple[torch.Tensor, Trace]:
         """Forward pass recording the named tensors (None = all; fnmatch globs); same math as forward,
         so the logits are bit-identical. A capture over `budget_bytes` is refused before running, with
-        what would fit."""
+        what would fit (CaptureBudgetError: needed_bytes, budget, max_tokens).
+
+        lazy=True (long inputs): a LazyTrace (model/core/trace.py) that stores q, k, v per layer (+ the
+        O(T·d) names in `names`) and computes scores/mask/weights/z when asked; fast=True runs it
+        under recorder.fast_attention() (fused attention; logits equal forward's to float rounding)."""
+        if lazy:
+            return run_lazy(self, ids, names, hooks, budget_bytes, meta, fast)
         self._check_ids(ids, 0)
         B, T = ids.shape
         shapes = self.capture_names(B, T)
@@ -281,7 +290,7 @@ class DecoderLM(nn.Module):
         itemsize = next(self.parameters()).element_size()
         n_bytes = recorder.estimate_bytes(shapes, wanted, itemsize)
         if budget_bytes is not None and n_bytes > budget_bytes:
-            raise CaptureError(self._over_budget(names, shapes, wanted, n_bytes, budget_bytes, B, T, itemsize))
+            raise self._over_budget(names, shapes, wanted, n_bytes, budget_bytes, B, T, itemsize)
         with self.hooks(hooks), recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec:
             out = self(ids)
         info = {
@@ -298,7 +307,7 @@ class DecoderLM(nn.Module):
         info.update(meta or {})
         return out, Trace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)
 
-    def _over_budget(self, names, shapes, wanted, n_bytes, budget, B, T, itemsize) -> str:
+    def _over_budget(self, names, shapes, wanted, n_bytes, budget, B, T, itemsize) -> CaptureError:
         """The refusal message: how long an input these names fit, and how many of them fit at this length."""
         def size(t: int) -> int:
             s = self.capture_names(B, t)
@@ -316,10 +325,13 @@ class DecoderLM(nn.Module):
             fits += 1
         shown = names if isinstance(names, str) or names is None else list(names)
         one = f"decoder.layers.{self.cfg.n_layers // 2}.self_attn.weights"
-        return (f"capturing {shown!r} at {T} tokens needs about {n_bytes / 2**20:.1f} MiB, over the budget of "
-                f"{budget / 2**20:.1f} MiB. What fits: the same names up to {lo} tokens; or, at {T} tokens, "
-                f"{fits} of these {len(wanted)} tensors, e.g. one layer's attention: names={one!r} "
-                f"({recorder.estimate_bytes(shapes, [one], itemsize) / 2**20:.1f} MiB). Or raise budget_bytes.")
+        return recorder.CaptureBudgetError(
+            f"capturing {shown!r} at {T} tokens needs about {n_bytes / 2**20:.1f} MiB, over the budget of "
+            f"{budget / 2**20:.1f} MiB. What fits: the same names up to {lo} tokens; or, at {T} tokens, "
+            f"{fits} of these {len(wanted)} tensors, e.g. one layer's attention: names={one!r} "
+            f"({recorder.estimate_bytes(shapes, [one], itemsize) / 2**20:.1f} MiB); or lazy=True. Or raise "
+            f"budget_bytes.", needed_bytes=n_bytes, budget=budget, n_tokens=T, max_tokens=lo,
+            context_length=self.cfg.max_len)
 
     # ------------------------------------------------------------------ description
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from model.core import recorder
-from model.core.trace import Trace
+from model.core.trace import Trace, last_row, recompute_params
 from model.families.lm import DecoderLM
 
 TOP_K_RECORDED = 10
@@ -105,8 +105,9 @@ class LanguageModel:
         if not ids:
             raise ValueError("the text gives no tokens")
         if len(ids) > self.max_tokens:
-            raise ValueError(f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
-                             "Shorten it; it is never truncated silently.")
+            raise recorder.ContextLengthError(
+                f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
+                "Shorten it; it is never truncated silently.", n_tokens=len(ids), context_length=self.max_tokens)
         return torch.tensor([ids], dtype=torch.long)
 
     def decode(self, ids) -> str:
@@ -129,15 +130,17 @@ class LanguageModel:
 
     def run_with_trace(self, text_or_ids, names: str | Sequence[str] | None = None, hooks=None,
                        budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
-                       chat: bool = False) -> tuple[torch.Tensor, Trace]:
+                       chat: bool = False, lazy: bool = False, fast: bool = False) -> tuple[torch.Tensor, Trace]:
         """Logits [1, T, V] and the trace of the named tensors; meta has tgt_tokens, tgt_ids and the
-        model's description, so every view that reads decoder.* works."""
+        model's description, so every view that reads decoder.* works. lazy/fast: a LazyTrace for long
+        inputs (DecoderLM.run_with_trace)."""
         ids = self._ids(text_or_ids, chat)
         meta = {"checkpoint": self.name, "text": text_or_ids if isinstance(text_or_ids, str) else None}
         if self.tokenizer is not None and ids.shape[0] == 1:
             meta["tgt_tokens"] = self.tokens(ids[0])
         with torch.no_grad():
-            return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta)
+            return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta,
+                                             lazy=lazy, fast=fast)
 
     def run_with_hooks(self, text_or_ids, hooks=None, chat: bool = False) -> torch.Tensor:
         with torch.no_grad():
@@ -147,12 +150,13 @@ class LanguageModel:
 
     def generate(self, prompt_or_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
-                 on_step: Callable[[Step], None] | None = None) -> Generation:
+                 on_step: Callable[[Step], None] | None = None, fast: bool = False) -> Generation:
         """Generate up to max_new_tokens tokens (greedy when temperature == 0), stopping at the model's
-        end tokens. `on_step(step)` is called as each token comes (a page can stream them)."""
+        end tokens. `on_step(step)` is called as each token comes (a page can stream them). fast: see
+        `stream`."""
         prompt = self._ids(prompt_or_ids, chat)
         steps = list(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, hooks=hooks,
-                                 record=record, on_step=on_step))
+                                 record=record, on_step=on_step, fast=fast))
         ids = [s.id for s in steps]
         stopped = bool(steps) and steps[-1].id in self.stop_ids
         body = ids[:-1] if stopped else ids
@@ -162,9 +166,14 @@ class LanguageModel:
 
     def stream(self, prompt_or_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
-               on_step: Callable[[Step], None] | None = None) -> Iterator[Step]:
+               on_step: Callable[[Step], None] | None = None, fast: bool = False) -> Iterator[Step]:
         """The steps of `generate`, one at a time, as they are computed (a KV cache: each step runs
-        the new token only, at its absolute position, so rotary angles are right)."""
+        the new token only, at its absolute position, so rotary angles are right).
+
+        fast=True (long prompts): the forward runs under recorder.fast_attention() (fused attention:
+        the prompt's T×T weights are never formed), and each step's `attention` row is computed from
+        the new query and the cached keys with the forward's own functions (trace.last_row). Logits
+        equal the step-by-step ones to float rounding. Ignored (step by step) when `hooks` are given."""
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         ids = self._ids(prompt_or_ids, chat)
         if ids.shape[0] != 1:
@@ -176,17 +185,25 @@ class LanguageModel:
             raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {m.cfg.max_len}: "
                              "no room to generate")
         grabbed: dict[str, torch.Tensor] = {}
-        names = [f"decoder.layers.{i}.self_attn.weights" for i in range(m.cfg.n_layers)]
+        fast = bool(fast) and not hooks
+        modules = m.describe()["attention"]
+        params = [recompute_params(info) for info in modules.values()]
+        # Step by step: the weights' last row. Fast: the new query (the row comes from it and the cached
+        # keys, trace.last_row), so no hook sits inside the softmax and the fused kernel may run.
+        names = [f"{mod}.{'q' if fast else 'weights'}" for mod in modules]
 
-        def grab(t: torch.Tensor, name: str):  # keep only the last query row: [B, H, Tq, Tk] -> [H, Tk]
+        def grab(t: torch.Tensor, name: str):  # the last query row: [B, H, Tq, Tk or hs] -> [H, Tk or hs]
             grabbed[name] = t[0, :, -1].clone()
             return None
 
         mine = recorder.resolve_hooks(names, {n: grab for n in names}) if record else {}
         cache, offset, x = m.new_cache(), 0, ids
-        with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine):  # the user's hooks run first
+        with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine), recorder.fast_attention(fast):
             for _ in range(min(max_new_tokens, room)):
                 logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1]
+                if record and fast:
+                    for i, (n, p) in enumerate(zip(names, params, strict=True)):
+                        grabbed[n] = last_row(grabbed[n], cache[i]["k"][0], p)
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
                 chosen = _choose(logits, probs, temperature, top_k, top_p, gen)
