@@ -192,3 +192,63 @@ def test_settles_is_the_first_layer_from_which_the_answer_stays_on_top():
     assert (s.token, s.layer, s.first_top, s.n_layers, s.only_last) == (7, 4, 1, 6, False)
     late = logit_lens.settles(lens_of([5, 5, 3, 3, 3, 7]))  # only the last layer: no "appears and stays"
     assert (late.layer, late.only_last) == (5, True)
+
+
+# ---------------------------------------------------------------------- labels from the model itself
+
+
+@torch.no_grad()
+def test_a_sampled_token_carries_the_probability_it_was_drawn_with(lm):
+    """At T = 0.8 the step says softmax(logits / 0.8)[chosen] (was: the T = 1 probability), and the chosen token
+    is always among the shown bars."""
+    from model.loaders.lm import LanguageModel
+
+    wrapped = LanguageModel(lm, stop_ids=[])
+    x = ids(6)
+    steps = wrapped.generate(x, max_new_tokens=8, temperature=0.8, seed=1).steps
+    prefix = x[0].tolist()
+    for s in steps:
+        logits = lm(torch.tensor([prefix]))[0, -1].float()
+        assert s.sampled_prob == pytest.approx(float(torch.softmax(logits / 0.8, -1)[s.id]), rel=1e-4)
+        assert s.prob == pytest.approx(float(torch.softmax(logits, -1)[s.id]), rel=1e-4)
+        assert s.token in [tok for tok, _ in s.drawn_top] and len(s.drawn_top) == 10
+        prefix.append(s.id)
+    greedy = wrapped.generate(x, max_new_tokens=2).steps[0]
+    assert greedy.sampled_prob == greedy.prob and greedy.drawn_top is None
+
+
+def test_smollm2s_card_comes_from_its_gguf(lm):
+    """The label's facts (Instruct, Q4_1, float32, English) from the file: general.file_type, general.languages."""
+    from model.loaders.card import model_card
+    from model.loaders.smollm2 import MODEL_NAME, smollm2_path
+
+    class Stub:  # the card reads lm.name, lm.source and the parameters' dtype: no need to load 135M weights
+        name, source = MODEL_NAME, smollm2_path()
+        model = torch.nn.Linear(2, 2)
+
+    card = model_card(Stub())
+    assert (card.name, card.file_format, card.quantization, card.compute_dtype, card.languages) == (
+        "SmolLM2-135M-Instruct", "GGUF", "Q4_1", "float32", ("en",))
+    assert card.speaks("zh") is False and card.speaks("en-US") is True
+    bare = model_card(lm)  # a DecoderLM built in memory: no file, nothing claimed
+    assert bare.quantization is None and bare.languages == () and bare.speaks("zh") is None
+
+
+def test_streamed_text_never_ends_in_a_broken_character():
+    """SmolLM2's tokenizer splits 北京的天气很好 into byte pieces; every prefix shows whole characters only,
+    holding the tokens whose bytes are still incomplete (at most 3)."""
+    from model.loaders.bpe import tokenizer_from_gguf
+    from model.loaders.gguf import read_gguf
+    from model.loaders.smollm2 import smollm2_path
+    from model.loaders.utf8 import complete_text
+
+    tok = tokenizer_from_gguf(read_gguf(smollm2_path()).metadata)
+    text = "北京的天气很好"
+    x = tok.encode(text).ids
+    decode = tok.decode
+    broken = 0
+    for n in range(1, len(x) + 1):
+        shown, held = complete_text(decode, x[:n])
+        broken += decode(x[:n]).endswith("\ufffd")
+        assert "\ufffd" not in shown and text.startswith(shown) and 0 <= held <= 3
+    assert broken >= 3 and complete_text(decode, x) == (text, 0)

@@ -37,6 +37,11 @@ class Step:
     top: list[tuple[str, float]]  # the model's top-10 (token, prob), temperature 1
     attention: torch.Tensor | None  # [L, H, T_so_far]: the new position's attention weights (record=True)
     position: int  # the position the token was predicted from (its index is position + 1)
+    # the chosen token's probability in the distribution it was drawn from (softmax(logits / T) after top-k
+    # and top-p); greedy: the model's own (= prob). What "Chosen: x (probability p)" must say at T != 1.
+    sampled_prob: float | None = None
+    # sampling only (T > 0): the top-10 (token, prob) of that distribution, the chosen token always among them
+    drawn_top: list[tuple[str, float]] | None = None
 
 
 @dataclass
@@ -187,7 +192,8 @@ class LanguageModel:
         grabbed: dict[str, torch.Tensor] = {}
         fast = bool(fast) and not hooks
         modules = m.describe()["attention"]
-        params = [recompute_params(info) for info in modules.values()]
+        own = dict(m.named_modules())
+        params = [recompute_params(info, own.get(mod)) for mod, info in modules.items()]
         # Step by step: the weights' last row. Fast: the new query (the row comes from it and the cached
         # keys, trace.last_row), so no hook sits inside the softmax and the fused kernel may run.
         names = [f"{mod}.{'q' if fast else 'weights'}" for mod in modules]
@@ -206,12 +212,18 @@ class LanguageModel:
                         grabbed[n] = last_row(grabbed[n], cache[i]["k"][0], p)
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
-                chosen = _choose(logits, probs, temperature, top_k, top_p, gen)
+                chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
                 top_p_vals, top_ids = probs.topk(min(TOP_K_RECORDED, probs.numel()))
                 top = [(self._piece(int(i)), float(p)) for i, p in zip(top_ids, top_p_vals, strict=True)]
                 attention = torch.stack([grabbed.pop(n) for n in names]) if record else None
+                drawn_top = None
+                if temperature > 0:  # what the token was drawn from, the chosen one always shown
+                    d_vals, d_ids = drawn.topk(min(TOP_K_RECORDED, drawn.numel()))
+                    keep = [int(i) for i in d_ids if int(i) != chosen][:TOP_K_RECORDED - 1] + [chosen]
+                    drawn_top = sorted(((self._piece(i), float(drawn[i])) for i in keep), key=lambda x: -x[1])
                 step = Step(id=chosen, token=self._piece(chosen), prob=float(probs[chosen]), top=top,
-                            attention=attention, position=offset - 1)
+                            attention=attention, position=offset - 1, sampled_prob=float(drawn[chosen]),
+                            drawn_top=drawn_top)
                 if on_step is not None:
                     on_step(step)
                 yield step
@@ -243,11 +255,12 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
 
 
 def _choose(logits: torch.Tensor, probs: torch.Tensor, temperature: float, top_k: int, top_p: float,
-            gen: torch.Generator) -> int:
-    """Greedy at temperature 0; else sample softmax(logits / T) restricted to the top_k tokens and
-    to the smallest set whose probability reaches top_p (the most likely token always stays)."""
+            gen: torch.Generator) -> tuple[int, torch.Tensor]:
+    """(token, the distribution it was drawn from). Greedy at temperature 0 (the model's own distribution);
+    else sample softmax(logits / T) restricted to the top_k tokens and to the smallest set whose
+    probability reaches top_p (the most likely token always stays)."""
     if temperature == 0:
-        return int(logits.argmax())
+        return int(logits.argmax()), probs
     scaled = logits.float() / temperature
     if top_k:
         kth = scaled.topk(min(top_k, scaled.numel())).values[-1]
@@ -260,4 +273,4 @@ def _choose(logits: torch.Tensor, probs: torch.Tensor, temperature: float, top_k
         p = p.clone()
         p[drop] = 0
         p = p / p.sum()
-    return int(torch.multinomial(p, 1, generator=gen))
+    return int(torch.multinomial(p, 1, generator=gen)), p
