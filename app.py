@@ -2,7 +2,7 @@
 
 A thin entry point, in two roles:
 - `streamlit run app.py` imports it once as a module and serves the `st.App` at the bottom; that
-  import starts warming the server (torch, the default models and traces: viz/warmup.py) while the first
+  import starts warming the server (torch, the default models and traces: viz/ui/warmup.py) while the first
   browser is still loading the frontend;
 - every session runs it as its script (`__name__ == "__main__"`): `main()`, the language switch and
   the shared sidebar (model + input, chosen once for every page), then `st.navigation` over file pages
@@ -15,9 +15,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from viz import common, failover, i18n, lm_models, warmup
+from viz import i18n
 from viz.i18n import N_, t
-from viz.task_help import task_help
+from viz.ui import failover, lm_models, warmup
+from viz.ui.sidebar import sidebar
+from viz.ui.state import install_history_patch
+from viz.ui.task_help import task_help
 
 ROOT = Path(__file__).parent
 # `streamlit run app.py -- --model PATH [--model PATH2]`: real models this server offers beside the shipped
@@ -77,8 +80,8 @@ def lost_note(path: str, default_title: str) -> str:
 def main() -> None:
     # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
     st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
-    common.install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
-    failover.install()  # a tab whose replica died reloads its URL on the live one (viz/failover.py)
+    install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
+    failover.install()  # a tab whose replica died reloads its URL on the live one (viz/ui/failover.py)
     i18n.language_switch()
     pages = {  # the default page's address is the root ("/"), so its stem is free for the alias below
         t(section): [st.Page(f, title=t(title), icon=icon, url_path="" if f == DEFAULT else Path(f).stem,
@@ -100,7 +103,7 @@ def main() -> None:
         st.switch_page(DEFAULT, query_params=st.query_params.to_dict())
     if st.session_state.get(_LOST):
         st.warning(lost_note(st.session_state.pop(_LOST), page.title), icon="🧭")
-    task_help(common.sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
+    task_help(sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
     page.run()
 
 
@@ -108,4 +111,4 @@ if __name__ == "__main__":  # a session's script run
     main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
     warmup.start()  # in the background, while the server starts and the first browser loads the frontend
-    app = st.App(__file__, routes=failover.routes())  # + the replica boot id (viz/failover.py)
+    app = st.App(__file__, routes=failover.routes())  # + the replica boot id (viz/ui/failover.py)

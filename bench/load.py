@@ -69,7 +69,7 @@ HALL = ROOT / "deploy" / "hall.sh"
 HALL_COOKIE = "ATTNLAB"  # deploy/haproxy.cfg: the cookie that names a browser's replica
 RECOVER_S = 10.0  # a killed replica's sessions must be back (same view, live replica) within this
 # Every change of the app's script state, with the browser's clock (ms since the epoch), kept in the tab's
-# sessionStorage: it survives the reload viz/failover.py does when a tab finds its replica gone, and it
+# sessionStorage: it survives the reload viz/ui/failover.py does when a tab finds its replica gone, and it
 # tells when a session's script ran again after a kill without the benchmark having to poll at the right
 # moment (the DOM keeps the old picture while disconnected). An init script of every context; it only
 # watches once the drill has armed it (no observer during the measured clicks).

@@ -1,4 +1,4 @@
-"""The first /llm visitor on a fresh server, with and without SmolLM2 in the server's warm-up (viz/warmup.py).
+"""The first /llm visitor on a fresh server, with and without SmolLM2 in the server's warm-up (viz/ui/warmup.py).
 
 For each arrival delay (seconds after the server answers /_stcore/health: 0 = the first browser arrives
 at once, as in bench/app.py's cold start; larger = a class that arrives after the teacher started the

@@ -119,7 +119,7 @@ def tiny_hf_lm(d: Path, family: str = "llama") -> str:
     transformers and registered as a server model (`--model PATH`); returns its label."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from viz import lm_models
+    from viz.ui import lm_models
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

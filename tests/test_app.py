@@ -15,7 +15,10 @@ from streamlit.testing.v1 import AppTest
 
 from model import Trace
 from model.toy.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
-from viz import common
+from viz.ui.models import EXTRA_ENV, checkpoint_names
+from viz.ui.sidebar import PREFERRED, default_checkpoint
+from viz.ui.state import MAX_URL_TEXT
+from viz.ui.text import MAX_SHOWN, unk_note
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["viz/pages/tokens.py", "viz/pages/attention.py", "viz/pages/schedule.py", "viz/pages/snapshots.py"]
@@ -50,10 +53,10 @@ class Default:
 @pytest.fixture(scope="module")
 def shipped() -> Default:
     # Shipped checkpoints, plus any listed in $ATTENTION_LAB_CHECKPOINTS (as the app offers them).
-    names = common.checkpoint_names()
+    names = checkpoint_names()
     if not names:
         pytest.skip("no checkpoints installed (model/checkpoints) or listed in $ATTENTION_LAB_CHECKPOINTS")
-    return Default(common.default_checkpoint(names))
+    return Default(default_checkpoint(names))
 
 
 def run_app(page: str | None = None, *, text: str | None = None, target: str | None = None,
@@ -103,7 +106,7 @@ def test_default_opens_on_a_shipped_model_with_its_example(shipped):
     assert_clean(at)
     assert at.sidebar.selectbox(key="checkpoint").value == shipped.name
     if list_checkpoints():  # a shipped model whose attention is worth looking at
-        assert shipped.name in common.PREFERRED[:2] or shipped.name == list_checkpoints()[0]
+        assert shipped.name in PREFERRED[:2] or shipped.name == list_checkpoints()[0]
     assert at.sidebar.text_area(key="source_text").value == shipped.example != ""
     assert at.query_params["checkpoint"] == shipped.name  # the view is in the URL, ready to share
     assert at.get("plotly_chart"), "the default page draws figures"
@@ -315,7 +318,7 @@ def long_checkpoint(shipped, tmp_path_factory) -> tuple[str, str, str]:
 def test_page_bytes_under_20_mb_at_256_tokens(long_checkpoint, monkeypatch, page):
     name, src, tgt = long_checkpoint
     if "/" in name:
-        monkeypatch.setenv(common.EXTRA_ENV, name)
+        monkeypatch.setenv(EXTRA_ENV, name)
     ckpt = load_checkpoint(name)
     if ckpt.src_tokenizer.kind != "char":
         pytest.skip("the 256-token input is built from single-character tokens")
@@ -340,7 +343,7 @@ def test_attention_page_at_256_tokens_pools_and_windows(long_checkpoint, monkeyp
     masks showing 64 query rows at a time (exact values), chosen with a selector."""
     name, src, tgt = long_checkpoint
     if "/" in name:
-        monkeypatch.setenv(common.EXTRA_ENV, name)
+        monkeypatch.setenv(EXTRA_ENV, name)
     ckpt = load_checkpoint(name)
     if ckpt.src_tokenizer.kind != "char":
         pytest.skip("the 256-token input is built from single-character tokens")
@@ -396,7 +399,7 @@ def _encoder_only_page():
     import torch
 
     from model import Transformer, TransformerConfig
-    from viz.attention_views import render_attention
+    from viz.ui.attention_views import render_attention
 
     torch.manual_seed(0)
     cfg = TransformerConfig(src_vocab_size=30, n_decoder_layers=0, d_model=32, n_heads=4, n_encoder_layers=3,
@@ -507,7 +510,7 @@ def test_the_url_carries_the_whole_view(shipped):
 
 
 def test_a_long_text_is_said_to_stay_out_of_the_link(shipped):
-    text = (shipped.example + " ") * (common.MAX_URL_TEXT // len(shipped.example) + 1)
+    text = (shipped.example + " ") * (MAX_URL_TEXT // len(shipped.example) + 1)
     at = run_app("viz/pages/tokens.py", text=text)
     assert "text" not in at.query_params
     assert any("does not carry" in c.value for c in at.sidebar.caption)
@@ -531,8 +534,8 @@ def test_unk_warning_shows_the_original_characters():
 def test_unk_warning_shortens_a_huge_token():
     """#8: a 5,000-character unknown word is quoted by its start and its length, not in full."""
     piece = type("P", (), {"is_unk": True, "span": (0, 5000), "token": "[UNK]"})()
-    note = common.unk_note([piece], "x" * 5000)
-    assert "(5000 characters)" in note and "x" * (common.MAX_SHOWN + 1) not in note
+    note = unk_note([piece], "x" * 5000)
+    assert "(5000 characters)" in note and "x" * (MAX_SHOWN + 1) not in note
 
 
 def test_attention_page_shows_the_model_output(shipped):

@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 from conftest import assert_clean, figures, open_page
 
-from viz import figures_arch as FA
+from viz.figures import arch as FA
 
 PAGE = "viz/pages/architecture.py"
 

@@ -17,8 +17,10 @@ from conftest import assert_clean, open_page
 from streamlit.testing.v1 import AppTest
 
 from model.toy.checkpoint import sampling_distribution
-from viz import common
-from viz import figures_decode as fd
+from viz.figures import decode as fd
+from viz.ui.models import checkpoint_names
+from viz.ui.render import tokens_of
+from viz.ui.sidebar import default_checkpoint
 
 DECODER, TRAINING = "viz/pages/decoder.py", "viz/pages/training.py"
 TIMEOUT = 180
@@ -26,10 +28,10 @@ TIMEOUT = 180
 
 @pytest.fixture(scope="module")
 def shipped():
-    names = common.checkpoint_names()
+    names = checkpoint_names()
     if not names:
         pytest.skip("no checkpoints installed (model/checkpoints) or listed in $ATTENTION_LAB_CHECKPOINTS")
-    name = common.default_checkpoint(names)
+    name = default_checkpoint(names)
     from model.toy.checkpoint import load_checkpoint
 
     return name, load_checkpoint(name)
@@ -293,7 +295,7 @@ def test_training_page_shows_the_shipped_film(shipped):
     fig = figure(at, f"Probe example at training step {step}:")["data"][0]
     want = trace[f"decoder.layers.{L}.cross_attn.weights"][0].numpy().mean(0)
     np.testing.assert_array_equal(arr(fig["z"]), want)
-    rows = fd.step_labels(common.tokens_of(trace, "tgt"), trace.meta["next_tokens"])
+    rows = fd.step_labels(tokens_of(trace, "tgt"), trace.meta["next_tokens"])
     assert fig["y"] == rows and rows[0].startswith("0: [BOS] → ")  # the decoder page's convention
     sharp = figure(at, "Alignment sharpness")["data"][0]
     assert list(arr(sharp["x"])) == [s for s, _ in film]

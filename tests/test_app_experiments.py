@@ -264,7 +264,7 @@ def test_two_inputs_are_kept_in_the_url():
 
 
 def test_figures_draw_the_traced_numbers(dates):
-    from viz import figures_experiments as FX
+    from viz.figures import experiments as FX
 
     ba = runs.before_after(dates, TEXT, iv.no_scaling(dates.cfg.d_head))
     m = "decoder.layers.0.cross_attn"

@@ -8,9 +8,10 @@ import pytest
 from conftest import assert_clean, figures, open_page, shown
 
 from model.toy.checkpoint import load_checkpoint
-from viz import common
-from viz import figures as F
-from viz import figures_tokenizers as FT
+from viz.figures import attention as F
+from viz.figures import tokenizers as FT
+from viz.ui.render import model_tokens
+from viz.ui.text import MAX_SHOWN
 
 TIMEOUT = 300
 TEXT, TARGET = "3 november 2023", "2023-11-04"  # the example: the model predicts 3 where the reference has 4
@@ -29,7 +30,7 @@ def captions(at) -> str:
 def test_teacher_forced_rows_show_reference_and_model_prediction(lang):
     ckpt = load_checkpoint("dates")
     _, trace = ckpt.trace(TEXT, target=TARGET)
-    own = common.model_tokens(ckpt, trace)
+    own = model_tokens(ckpt, trace)
     reference = trace.meta["next_tokens"]
     differ = [i for i, (r, m) in enumerate(zip(reference, own, strict=True)) if r != m]
     assert differ
@@ -168,7 +169,7 @@ def test_query_token_messages_keep_quotes_and_stay_short(token, lang):
     at = run("experiments", lang, {"exp_view": "compare"}, state={"exp_cmp_q": token})
     assert not at.exception
     (err,) = [e.value for e in at.error]
-    assert "x" * (common.MAX_SHOWN + 1) not in err
+    assert "x" * (MAX_SHOWN + 1) not in err
     if token == "":
         assert err.startswith("The token box is empty" if lang == "en" else "词元框是空的"), err
     elif token == "streetx":

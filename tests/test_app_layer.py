@@ -13,8 +13,8 @@ from streamlit.testing.v1 import AppTest
 from model import load_checkpoint
 from model.toy.padding import batch_trace
 from model.toy.tokenizer import Tokenizer
-from viz import figures_arch as FA
-from viz import figures_layer as FL
+from viz.figures import arch as FA
+from viz.figures import layer as FL
 
 PAGES = ["layer", "architecture", "padding", "tokenizers"]
 TIMEOUT = 300

@@ -17,8 +17,8 @@ from test_i18n import english_sentences, english_words, figure_texts, halfwidth_
 from model import noam_lr
 from model.toy.checkpoint import load_checkpoint
 from model.toy.tasks import TASKS, closest_zh, date_fields, parse_date
-from viz import figures as F
 from viz import lessons as LS
+from viz.figures import attention as F
 
 PAGE = "viz/pages/lessons.py"
 TIMEOUT = 300
@@ -323,8 +323,8 @@ def test_date_fields_agree_with_parse_date():
 
 TASK_HELP_SCRIPT = """
 import streamlit as st
-from viz.common import Selection
-from viz.task_help import task_help
+from viz.ui.sidebar import Selection
+from viz.ui.task_help import task_help
 st.session_state.setdefault("source_text", "我爱吃苹果")
 task_help(Selection("zh-en", st.session_state["source_text"], None))
 """

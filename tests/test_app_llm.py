@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from model.analysis import logit_lens as LL
 from model.analysis import phenomena as PH
-from viz import lm_models
+from viz.ui import lm_models
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -251,9 +251,9 @@ def rows(spec: dict) -> list:
 
 
 def common_md(text: str) -> str:
-    from viz import common
+    from viz.ui.text import md_escape
 
-    return common.md_escape(text)
+    return md_escape(text)
 
 
 def test_decoder_on_an_encoder_says_it_has_no_decoder():
@@ -284,11 +284,12 @@ def test_smollm2_llm_page_en_and_zh():
 
 @pytest.mark.parametrize("warm", ["1", "0"])
 def test_server_warm_up_traces_smollm2_before_its_first_visitor(monkeypatch, warm):
-    """viz/warmup.py loads SmolLM2 and traces the prompt /llm opens on, through the pages' caches: the first
+    """viz/ui/warmup.py loads SmolLM2 and traces the prompt /llm opens on, through the pages' caches: the first
     visitor's run then computes no trace. With ATTENTION_LAB_WARM_LM=0 (the control) it does."""
-    from viz import common, warmup
+    from viz.ui import warmup
+    from viz.ui.models import _cached_lm_trace
 
-    common._cached_lm_trace.clear()
+    _cached_lm_trace.clear()
     monkeypatch.setenv(warmup.WARM_LM_ENV, warm)
     warmup.warm_lm()
     calls = []

@@ -15,8 +15,8 @@ from conftest import APP, plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
-from viz import figures as F
-from viz import lm_models
+from viz.figures import attention as F
+from viz.ui import lm_models
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600

@@ -23,9 +23,9 @@ from model import load_model
 from model.analysis import ioi as IOI
 from model.analysis import lessons_llm as LL
 from model.analysis import phenomena as PH
-from viz import figures as FIG
 from viz import lessons as LS
-from viz import lm_models
+from viz.figures import attention as FIG
+from viz.ui import lm_models
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

@@ -21,9 +21,9 @@ from test_i18n import english_in_zh
 
 from model.analysis.qk import normalise
 from model.toy.checkpoint import load_checkpoint
-from viz import figures_qk as FQ
-from viz import lm_models
-from viz import qk_batch as QB
+from viz.figures import qk as FQ
+from viz.ui import lm_models
+from viz.ui import qk_batch as QB
 
 PAGE = "viz/pages/qk.py"
 LM_TIMEOUT = 1800  # SmolLM2's batch (40 sentences, 30 layers) and its 270 heads' clarity, on a shared 2-core CPU

@@ -22,7 +22,7 @@ from test_i18n import english_in_zh
 
 from model.families.lm import DecoderLM, LMConfig
 from model.toy.checkpoint import load_checkpoint
-from viz import figures_modern as FM
+from viz.figures import modern as FM
 
 PAGE = "viz/pages/since2017.py"
 LM_TIMEOUT = 900

@@ -28,7 +28,7 @@ def test_page_renders(server, paths, page, name, lang):
 def test_clicking_a_block_opens_its_view(server, paths, page):
     page.goto(server + paths["architecture"])
     wait_drawn(page)
-    # The map's only scatter trace: one marker per block, in figures_arch.BLOCKS order; 8 = cross-attention.
+    # The map's only scatter trace: one marker per block, in viz.figures.arch.BLOCKS order; 8 = cross-attention.
     page.locator(".js-plotly-plot .scatterlayer .point").nth(8).click(force=True)
     # The Attention page is the app's default page, served at "/".
     page.wait_for_url(lambda url: "attn_kind=cross" in url and "/architecture" not in url, timeout=60_000)

@@ -28,7 +28,7 @@ def test_smollm2_page_renders(server, paths, page, name):
 def test_clicking_the_lm_attention_block_opens_that_head(server, paths, page):
     page.goto(f"{server}{paths['architecture']}?checkpoint=smollm2&text={quote(IOI)}&layer=17&head=3")
     wait_drawn(page)
-    # The map's one scatter trace: one marker per block, in figures_arch.lm_blocks order; 2 = attention.
+    # The map's one scatter trace: one marker per block, in viz.figures.arch.lm_blocks order; 2 = attention.
     page.locator(".js-plotly-plot .scatterlayer .point").nth(2).click(force=True)
     page.wait_for_url(lambda url: "attn_kind=dec" in url and "/architecture" not in url, timeout=120_000)
     wait_drawn(page)

@@ -9,7 +9,7 @@ import torch
 from conftest import small_config
 
 from model import Transformer, noam_lr, sinusoidal_encoding
-from viz import figures as F
+from viz.figures import attention as F
 
 SRC = ["a", "b", "a", "c", "d", "[PAD]", "[PAD]"]
 TGT = ["[BOS]", "x", "y", "x", "z"]

@@ -14,10 +14,10 @@ from conftest import small_config
 from model import Transformer
 from model.toy.padding import token_losses
 from model.toy.tokenizer import Tokenizer
-from viz import figures_arch as FA
-from viz import figures_layer as FL
-from viz import figures_padding as FP
-from viz import figures_tokenizers as FT
+from viz.figures import arch as FA
+from viz.figures import layer as FL
+from viz.figures import padding as FP
+from viz.figures import tokenizers as FT
 
 
 def tokens(ids: list[int], prefix: str) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 from model.analysis import logit_lens as LL
 from model.analysis import phenomena as PH
 from model.families.lm import DecoderLM, LMConfig
-from viz import figures_llm as FL
+from viz.figures import llm as FL
 
 IDS = [5, 7, 9, 11, 5, 7, 9, 11, 5, 3]  # a repeated sequence: duplicate and induction patterns exist
 

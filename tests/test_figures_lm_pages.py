@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from model.families.lm import DecoderLM, LMConfig
-from viz import figures_arch as FA
-from viz import figures_layer as FL
+from viz.figures import arch as FA
+from viz.figures import layer as FL
 
 LLAMA = dict(positional="rotary", norm="rmsnorm", ffn="gated", activation="silu", n_kv_heads=2, qkv_bias=False,
              out_bias=False, ffn_bias=False)

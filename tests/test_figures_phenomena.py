@@ -11,7 +11,7 @@ from test_lm_analysis import GPT2, LLAMA, make
 from model import interventions as iv
 from model.analysis import lessons_llm as LL
 from model.analysis import phenomena as PH
-from viz import figures_phenomena as FPH
+from viz.figures import phenomena as FPH
 
 
 @pytest.fixture(params=["llama", "gpt2"])

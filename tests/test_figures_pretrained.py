@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import Trace
-from viz import figures_pretrained as FP
+from viz.figures import pretrained as FP
 
 # "[CLS] token ##ization is fun [SEP]": word ids as the tokenizer reports them.
 WORD_IDS = [None, 0, 0, 1, 2, None]

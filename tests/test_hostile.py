@@ -152,7 +152,7 @@ def test_snapshots_page_shows_a_long_text_cut_and_says_so():
 
 
 def test_a_100000_character_text_gives_a_message():
-    """The sidebar's text (viz/common.py): refused with a message saying the limit, never a traceback."""
+    """The sidebar's text (viz/ui/sidebar.py): refused with a message saying the limit, never a traceback."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.session_state["source_text"] = "3 november 2023 " * 6250  # 100,000 characters
     at.run()

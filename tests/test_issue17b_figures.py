@@ -7,9 +7,10 @@ import pytest
 
 from model.analysis.compare import NotATokenError, find_token
 from model.toy.checkpoint import load_checkpoint
-from viz import common
-from viz import figures as F
-from viz import figures_tokenizers as FT
+from viz.figures import attention as F
+from viz.figures import tokenizers as FT
+from viz.ui.render import model_tokens
+from viz.ui.text import MAX_SHOWN, error_text, unk_note
 
 TEXT, TARGET = "3 november 2023", "2023-11-04"
 
@@ -19,7 +20,7 @@ def forced():
     """The dates model fed a reference it does not predict everywhere, and its own predictions."""
     ckpt = load_checkpoint("dates")
     _, trace = ckpt.trace(TEXT, target=TARGET)
-    own = common.model_tokens(ckpt, trace)
+    own = model_tokens(ckpt, trace)
     return ckpt, trace, own
 
 
@@ -41,7 +42,7 @@ def test_teacher_forced_rows_name_the_reference_and_the_models_own_prediction(fo
     assert "reference" in fig.layout.yaxis.title.text
     # The model's own output (no target): "→" is its prediction, and no bracket is added.
     _, greedy = ckpt.trace(TEXT)
-    assert common.model_tokens(ckpt, greedy) is None
+    assert model_tokens(ckpt, greedy) is None
     assert "predicted" in F.attention_heatmap(greedy, "decoder.layers.1.cross_attn", 0).layout.yaxis.title.text
 
 
@@ -126,20 +127,20 @@ def test_tokenizer_strips_draw_a_readable_part_of_a_long_text():
 
 
 def test_error_messages_keep_quotes_say_it_once_and_shorten():
-    msg, _ = common.error_text(ValueError("'street' is not a token of this sentence"))
+    msg, _ = error_text(ValueError("'street' is not a token of this sentence"))
     assert msg.startswith("'street'")  # the opening quote is kept
-    assert common.error_text(KeyError("no such capture"))[0] == "No such capture"
+    assert error_text(KeyError("no such capture"))[0] == "No such capture"
     tokens = ["the", "animal", "street"]
     with pytest.raises(NotATokenError) as empty:
         find_token(tokens, "")
-    msg, advised = common.error_text(empty.value)
+    msg, advised = error_text(empty.value)
     assert advised and msg.startswith("The token box is empty") and "the animal street" in msg
     with pytest.raises(NotATokenError) as huge:
         find_token(tokens, "x" * 5000)
-    msg, _ = common.error_text(huge.value)
-    assert "(5000 characters)" in msg and "x" * (common.MAX_SHOWN + 1) not in msg
+    msg, _ = error_text(huge.value)
+    assert "(5000 characters)" in msg and "x" * (MAX_SHOWN + 1) not in msg
     assert "x" * 41 not in str(huge.value)  # the model's own message is short too
-    msg, advised = common.error_text(ValueError("the input is 5000 tokens long; this model's limit is 255 tokens. "
+    msg, advised = error_text(ValueError("the input is 5000 tokens long; this model's limit is 255 tokens. "
                                                 "Shorten it: it is never silently truncated."))
     assert advised and msg.startswith("The input is 5000 tokens long") and msg.count("Shorten") == 1
 
@@ -147,7 +148,7 @@ def test_error_messages_keep_quotes_say_it_once_and_shorten():
 def test_unk_note_escapes_markdown():
     text = "*_`<>:b"
     pieces = [type("P", (), {"is_unk": True, "span": (i, i + 1), "token": "[UNK]"})() for i in range(len(text))]
-    note = common.unk_note(pieces, text)
+    note = unk_note(pieces, text)
     for ch in text[:-1]:  # Markdown's characters (and Streamlit's ":") are escaped, letters are not
         assert f"'\\{ch}'" in note
     assert "'b'" in note

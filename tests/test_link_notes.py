@@ -1,5 +1,5 @@
 """A link value a page cannot use is replaced, and the page says so once, in the UI language
-(viz.common.seed_from_query / note_replaced; issue 17 item 6). Before, ?factor=99 became 1.0 silently."""
+(viz.ui.state.seed_from_query / note_replaced; issue 17 item 6). Before, ?factor=99 became 1.0 silently."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,10 +62,10 @@ def read_params() -> frozenset[str]:
     """Static names plus the names each page reads in a plain run (dynamic names such as attn_kind)."""
     from streamlit.runtime.state.query_params_proxy import QueryParamsProxy
 
-    from viz import common
+    from viz.ui import attention_views, sidebar, state  # noqa: F401  (imported now: their own names get patched)
 
     seen: set[str] = set()
-    get, seed = QueryParamsProxy.get, common.seed_from_query
+    get, seed = QueryParamsProxy.get, state.seed_from_query
 
     def recording_get(self, key, *a, **kw):
         seen.add(key)
@@ -74,12 +75,19 @@ def read_params() -> frozenset[str]:
         seen.add(param)
         return seed(key, param, *a, **kw)
 
-    QueryParamsProxy.get, common.seed_from_query = recording_get, recording_seed
+    # Every module that imported it by name (pages re-import it each run, from viz.ui.state).
+    holders = [m for name, m in list(sys.modules.items())
+               if name.startswith("viz.") and getattr(m, "seed_from_query", None) is seed]
+    QueryParamsProxy.get = recording_get
+    for m in holders:
+        m.seed_from_query = recording_seed
     try:
         for page in PAGES:
             open_link(page, query={"lang": "en"})
     finally:
-        QueryParamsProxy.get, common.seed_from_query = get, seed
+        QueryParamsProxy.get = get
+        for m in holders:
+            m.seed_from_query = seed
     return frozenset((static_params() | seen) - {""})
 
 

@@ -1,4 +1,4 @@
-"""The server warms itself (viz/warmup.py): the first visitor finds the default models and traces cached."""
+"""The server warms itself (viz/ui/warmup.py): the first visitor finds the default models and traces cached."""
 
 from __future__ import annotations
 
@@ -7,23 +7,25 @@ import threading
 from pathlib import Path
 
 from model.toy.checkpoint import Checkpoint
-from viz import common, warmup
+from viz.ui import models, warmup
+from viz.ui.models import _cached_trace, _load_shared, checkpoint_names, get_trace, load_ckpt
+from viz.ui.sidebar import default_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_warm_fills_the_caches_the_pages_use(monkeypatch):
-    common._load_shared.clear()
-    common._cached_trace.clear()
+    _load_shared.clear()
+    _cached_trace.clear()
     traced = []
     real = Checkpoint.trace
     monkeypatch.setattr(Checkpoint, "trace", lambda self, *a, **kw: traced.append(a) or real(self, *a, **kw))
     warmup.warm()
-    names = common.checkpoint_names()
-    defaults = {common.default_checkpoint(names, lang) for lang in ("en", "zh")}
+    names = checkpoint_names()
+    defaults = {default_checkpoint(names, lang) for lang in ("en", "zh")}
     assert len(traced) == len(defaults) >= 2  # English and Chinese open on different models
     for name in defaults:  # the page's own calls are cache hits now: no new forward pass
-        common.get_trace(name, common.load_ckpt(name).example)
+        get_trace(name, load_ckpt(name).example)
     assert len(traced) == len(defaults)
 
 
@@ -31,7 +33,7 @@ def test_warm_never_raises(monkeypatch, caplog):
     def broken():
         raise OSError("no checkpoints here")
 
-    monkeypatch.setattr(common, "checkpoint_names", broken)
+    monkeypatch.setattr(models, "checkpoint_names", broken)  # warm() calls models.checkpoint_names
     warmup.warm()  # logged, not raised: the page shows the real error to the first visitor
     assert "warm-up failed" in caplog.text
 

@@ -25,7 +25,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from model.core.describe import described
-from viz import figures as F
+from viz.figures import attention as F
 
 
 def modules(trace: Mapping, kind: str | None = None) -> list[str]:

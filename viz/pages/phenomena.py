@@ -15,10 +15,14 @@ from model.analysis import ioi as IOI
 from model.analysis import lessons_llm as LL
 from model.analysis import patching as PT
 from model.analysis import phenomena as PH
-from viz import common
-from viz import figures as F
-from viz import figures_phenomena as FPH
+from viz.figures import attention as F
+from viz.figures import phenomena as FPH
 from viz.i18n import N_, current_lang, option_labels, t
+from viz.ui.models import get_trace, load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import require
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.text import text_problems
 
 VIEWS = {"sinks": N_("Attention sinks"), "patterns": N_("Previous- and duplicate-token heads"),
          "induction": N_("Induction heads"), "ioi": N_("Who gave the drink? (IOI)")}
@@ -31,7 +35,7 @@ st.title(t("Attention phenomena"))
 st.caption(t("What the heads of a real language model do, found live by the recipes of the papers that "
              "named them. Each result gives its number and the threshold it used, outlines the heads it found, "
              "and links every one of them to the Language model page."))
-sel = common.require("lm")
+sel = require("lm")
 rm = sel.ckpt
 lm = rm.obj
 lang = current_lang()
@@ -41,7 +45,7 @@ lang = current_lang()
 
 
 def _lm(name: str):
-    return common.load_ckpt(name).obj
+    return load_ckpt(name).obj
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
@@ -61,7 +65,7 @@ def _block(name: str, text: str, heads: tuple | None):
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _prompt_stats(name: str, text: str):
-    return PH.head_statistics(common.get_trace(name, text))
+    return PH.head_statistics(get_trace(name, text))
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
@@ -95,7 +99,7 @@ def _patching(name: str, i: int):
 
 def piece(i: int) -> str:
     """A token id as readable text (␣ for a space)."""
-    from viz import lm_models
+    from viz.ui import lm_models
 
     return lm_models.readable(lm.tokens([int(i)])[0])
 
@@ -114,7 +118,7 @@ def head_links(heads, prompt: str, stat: str | None = None) -> None:
         query = {"checkpoint": sel.name, "view": "heads", "layer": layer, "head": head, "lang": lang}
         if stat:
             query["stat"] = stat
-        if len(prompt) <= common.MAX_URL_TEXT:
+        if len(prompt) <= MAX_URL_TEXT:
             query["prompt"] = prompt
         cols[i % 4].page_link(LLM_PAGE, label=t("layer {l} · head {h}: {v}", l=layer, h=head, v=F.num(v)),
                               icon=":material/grid_view:", query_params={k: str(x) for k, x in query.items()})
@@ -137,15 +141,15 @@ def guarded(fn, *args):
     try:
         return fn(*args)
     except ValueError as e:
-        common.show_error(e)
+        show_error(e)
         return None
 
 
 def prompt_or_stop() -> str:
     text = sel.text
-    problem = common.text_problems(text)
+    problem = text_problems(text)
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         st.stop()
     return text
 
@@ -178,7 +182,7 @@ def sinks_view() -> None:
                   "(“{tok}”); **{k} of {n} heads** put at least {th} there.", p=f"{eff.mean_share:.0%}",
                   tok=piece(PH.as_ids(lm, text)[0, 0]), k=len(share.heads), n=share.scores.size,
                   th=F.num(share.threshold)))
-    common.show_figure(FPH.head_map(share.scores, t("share on token 0"), found_pairs(share.heads), zmax=1.0,
+    show_figure(FPH.head_map(share.scores, t("share on token 0"), found_pairs(share.heads), zmax=1.0,
                                     title=t("Share of each head's attention on token 0 · outlined: ≥ {th}",
                                             th=F.num(share.threshold))), key="phen_sink_map")
     st.markdown(t("**The strongest sinks** (open one on the Language model page):"))
@@ -188,25 +192,25 @@ def sinks_view() -> None:
     st.caption(t("Hide token 0's key from every query that can see another token (softmax then gives it exactly "
                  "0), in one head or in every head, and compare the next token at the last position."))
     L, H = share.scores.shape
-    common.seed_from_query("phen_sink_where", "sink_where", "all", valid=lambda v: v in ("all", "one"))
+    seed_from_query("phen_sink_where", "sink_where", "all", valid=lambda v: v in ("all", "one"))
     where = st.segmented_control(t("Where"), ["all", "one"], key="phen_sink_where", required=True,
                                  format_func=option_labels(["all", "one"], lambda v: {
                                      "all": t("every head"), "one": t("one head")}[v])) or "all"
-    common.write_query(sink_where=where)
+    write_query(sink_where=where)
     heads = None
     if where == "one":
         best = share.top(1)[0]
-        common.seed_from_query("phen_sink_layer", "sink_layer", best[0], int, common.int_in(0, L - 1))
-        common.seed_from_query("phen_sink_head", "sink_head", best[1], int, common.int_in(0, H - 1))
-        common.clamp_state("phen_sink_layer", 0, L - 1)
-        common.clamp_state("phen_sink_head", 0, H - 1)
+        seed_from_query("phen_sink_layer", "sink_layer", best[0], int, int_in(0, L - 1))
+        seed_from_query("phen_sink_head", "sink_head", best[1], int, int_in(0, H - 1))
+        clamp_state("phen_sink_layer", 0, L - 1)
+        clamp_state("phen_sink_head", 0, H - 1)
         c1, c2 = st.columns(2)
         layer = c1.selectbox(t("Layer"), range(L), key="phen_sink_layer")
         head = c2.selectbox(t("Head"), range(H), key="phen_sink_head")
-        common.write_query(sink_layer=layer, sink_head=head)
+        write_query(sink_layer=layer, sink_head=head)
         heads = ((int(layer), int(head)),)
     else:
-        common.write_query(sink_layer=None, sink_head=None)
+        write_query(sink_layer=None, sink_head=None)
     b = guarded(_block, sel.name, text, heads)
     if b is None:
         return
@@ -231,7 +235,7 @@ def sinks_view() -> None:
                         "SmolLM2.")):
         with st.spinner(t("Blocking token 0 in each head in turn…")):
             kl = _sinks_per_head(sel.name, text)
-        common.show_figure(FPH.head_map(kl, t("KL (nats)"), title=t(
+        show_figure(FPH.head_map(kl, t("KL (nats)"), title=t(
             "Output change (KL, mean over positions) when token 0 is blocked in that head alone")),
             key="phen_sink_kl")
     try_it(t("type another prompt in the sidebar, even one that starts with a different word: the sink stays on "
@@ -245,10 +249,10 @@ def patterns_view() -> None:
     st.markdown(t("Some heads always look one token back (previous-token heads); others look at earlier copies of "
                   "the current token (duplicate-token heads). A head's pattern score is the share of its "
                   "attention on the pattern's cells, over the query rows that have such a cell: 1 = all of it."))
-    common.seed_from_query("phen_pat_src", "pat_src", "random", valid=lambda v: v in SOURCES)
+    seed_from_query("phen_pat_src", "pat_src", "random", valid=lambda v: v in SOURCES)
     src = st.segmented_control(t("Input"), list(SOURCES), key="phen_pat_src", required=True,
                                format_func=option_labels(list(SOURCES), lambda s: t(SOURCES[s]))) or "random"
-    common.write_query(pat_src=src)
+    write_query(pat_src=src)
     if src == "random":
         res = guarded(_induction, sel.name, 50, 0)
         if res is None:
@@ -273,7 +277,7 @@ def patterns_view() -> None:
             continue
         st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
                       heads=head_list(s.heads) if s.heads else t("none")))
-        common.show_figure(FPH.head_map(s.scores, t(label), found_pairs(s.heads), zmax=1.0,
+        show_figure(FPH.head_map(s.scores, t(label), found_pairs(s.heads), zmax=1.0,
                                         title=t("{what} per head · outlined: ≥ {th}", what=t(label),
                                                 th=F.num(s.threshold))), key=f"phen_{key}_map")
         head_links(s.heads or s.top(3), prompt, stat)
@@ -290,16 +294,16 @@ def induction_view() -> None:
                   "copying can predict the second copy, so its loss falls only if the model has such heads "
                   "(Olsson et al., “In-context Learning and Induction Heads”, 2022)."))
     c1, c2, c3, c4 = st.columns(4)
-    common.seed_from_query("phen_ind_n", "ind_n", 50, int, common.int_in(10, 100))
-    common.seed_from_query("phen_ind_seed", "ind_seed", 0, int, common.int_in(0, 10_000))
-    common.seed_from_query("phen_ind_k", "ind_k", 5, int, common.int_in(1, 10))
-    common.seed_from_query("phen_ind_mode", "ind_mode", "zero", valid=lambda v: v in MODES)
+    seed_from_query("phen_ind_n", "ind_n", 50, int, int_in(10, 100))
+    seed_from_query("phen_ind_seed", "ind_seed", 0, int, int_in(0, 10_000))
+    seed_from_query("phen_ind_k", "ind_k", 5, int, int_in(1, 10))
+    seed_from_query("phen_ind_mode", "ind_mode", "zero", valid=lambda v: v in MODES)
     n = int(c1.slider(t("Random tokens n"), 10, 100, key="phen_ind_n"))
     seed = int(c2.number_input(t("Seed"), 0, 10_000, key="phen_ind_seed"))
     k = int(c3.slider(t("Heads to ablate"), 1, 10, key="phen_ind_k"))
     mode = c4.segmented_control(t("Ablation"), list(MODES), key="phen_ind_mode", required=True,
                                 format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "zero"
-    common.write_query(ind_n=n, ind_seed=seed, ind_k=k, ind_mode=mode)
+    write_query(ind_n=n, ind_seed=seed, ind_k=k, ind_mode=mode)
     with st.spinner(t("Running the model…")):
         res = guarded(_induction, sel.name, n, seed)
     if res is None:
@@ -307,11 +311,11 @@ def induction_view() -> None:
     loss, s = res.loss, res.scores["induction"]
     st.markdown(t("Input: [BOS] + {n} random tokens + the same {n} again. Mean loss on the first copy **{a}** "
                   "nats, on the second **{b}**: the model copies.", n=n, a=F.num(loss.first), b=F.num(loss.second)))
-    common.show_figure(FPH.repeat_loss_figure(loss.per_token, n), key="phen_ind_loss")
+    show_figure(FPH.repeat_loss_figure(loss.per_token, n), key="phen_ind_loss")
     recipe(s, IND_RECIPE)
     st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
                   heads=head_list(s.heads) if s.heads else t("none")))
-    common.show_figure(FPH.head_map(s.scores, t("induction score"), found_pairs(s.heads), zmax=1.0,
+    show_figure(FPH.head_map(s.scores, t("induction score"), found_pairs(s.heads), zmax=1.0,
                                     title=t("Induction score per head · outlined: ≥ {th}", th=F.num(s.threshold))),
                        key="phen_ind_map")
     head_links(s.heads or s.top(3), lm.decode(res.ids[0, 1:]), "induction")
@@ -325,7 +329,7 @@ def induction_view() -> None:
                   "from {a} to **{b}**; knocking out {k} random other heads instead gives {c}.", k=k, heads=top,
                   mode=t(MODES[mode]), a=F.num(ab.base), b=F.num(ab.ablated),
                   c=" / ".join(F.num(c) for c in ab.control)))
-    common.show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("second copy's loss (nats)"),
+    show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("second copy's loss (nats)"),
                                          t("top {k} induction heads", k=k)), key="phen_ind_ablation")
     try_it(t("change the seed (other random tokens) or n: the same heads stay on top. Ablate just 1 head, then 3: "
              "how many does it take?"))
@@ -346,23 +350,23 @@ def ioi_view() -> None:
     st.markdown(t("Mean logit difference over {n} prompts: **{ld}**; IO beats S in {acc} of them.",
                   n=len(res.prompts), ld=F.num(res.mean_logit_diff), acc=f"{res.accuracy():.0%}"))
     labels = [f"{i}. {p.text} → {p.io}" for i, p in enumerate(res.prompts)]
-    common.show_figure(FPH.logit_diff_bars(labels, res.logit_diffs), key="phen_ioi_ld")
+    show_figure(FPH.logit_diff_bars(labels, res.logit_diffs), key="phen_ioi_ld")
     st.subheader(t("Direct logit attribution"))
     st.caption(t("Each head's output at the last position, through the final norm's scale (frozen at its value on "
                  "the run) and the unembedding, onto u(IO) − u(S): how much that head alone writes the answer. "
                  "Mean over the prompts; outlined: the top {k}.", k=5))
     top5 = res.top_heads[:5]
-    common.show_figure(FPH.head_map(res.dla, t("DLA (logits)"), found_pairs(top5), diverging=True,
+    show_figure(FPH.head_map(res.dla, t("DLA (logits)"), found_pairs(top5), diverging=True,
                                     title=t("Direct logit attribution to IO − S per head")), key="phen_ioi_dla")
     head_links(top5, res.prompts[0].text)
     st.subheader(t("Knock them out"))
     c1, c2 = st.columns(2)
-    common.seed_from_query("phen_ioi_k", "ioi_k", 5, int, common.int_in(1, 10))
-    common.seed_from_query("phen_ioi_mode", "ioi_mode", "mean", valid=lambda v: v in MODES)
+    seed_from_query("phen_ioi_k", "ioi_k", 5, int, int_in(1, 10))
+    seed_from_query("phen_ioi_mode", "ioi_mode", "mean", valid=lambda v: v in MODES)
     k = int(c1.slider(t("Heads to ablate"), 1, 10, key="phen_ioi_k"))
     mode = c2.segmented_control(t("Ablation"), list(MODES), key="phen_ioi_mode", required=True,
                                 format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "mean"
-    common.write_query(ioi_k=k, ioi_mode=mode)
+    write_query(ioi_k=k, ioi_mode=mode)
     if st.toggle(t("Run the ablation ({n} passes)", n=12 * 3), key="phen_ioi_ablate"):
         with st.spinner(t("Running the ablations…")):
             ab = guarded(_ioi_ablation, sel.name, k, mode)
@@ -370,7 +374,7 @@ def ioi_view() -> None:
             st.markdown(t("With the top {k} heads by DLA knocked out ({mode}), the mean logit difference goes from "
                           "{a} to **{b}**; {k} random other heads: {c}.", k=k, mode=t(MODES[mode]),
                           a=F.num(ab.base), b=F.num(ab.ablated), c=" / ".join(F.num(c) for c in ab.control)))
-            common.show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("mean logit difference"),
+            show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("mean logit difference"),
                                                  t("top {k} heads by DLA", k=k)), key="phen_ioi_ablation")
     st.subheader(t("Activation patching"))
     st.caption(t("Run the prompt with the names swapped at their second mention (the answer flips), and copy one "
@@ -378,11 +382,11 @@ def ioi_view() -> None:
                  "shows the share of the clean logit difference each copy restores: where, layer by layer, the "
                  "answer is carried."))
     n = len(res.prompts)
-    common.seed_from_query("phen_ioi_prompt", "ioi_prompt", 0, int, common.int_in(0, n - 1))
-    common.clamp_state("phen_ioi_prompt", 0, n - 1)
+    seed_from_query("phen_ioi_prompt", "ioi_prompt", 0, int, int_in(0, n - 1))
+    clamp_state("phen_ioi_prompt", 0, n - 1)
     i = st.selectbox(t("Prompt"), range(n), key="phen_ioi_prompt",
                      format_func=option_labels(range(n), labels.__getitem__))
-    common.write_query(ioi_prompt=i)
+    write_query(ioi_prompt=i)
     p = res.prompts[i]
     st.caption(t("Corrupted: {text}", text=p.corrupted))
     if not st.toggle(t("Compute the patching map ({n} patched runs, about half a minute)",
@@ -392,7 +396,7 @@ def ioi_view() -> None:
         pt = guarded(_patching, sel.name, int(i))
     if pt is None:
         return
-    common.show_figure(FPH.patching_map(pt.resid, [_readable(x) for x in pt.clean_tokens or []]),
+    show_figure(FPH.patching_map(pt.resid, [_readable(x) for x in pt.clean_tokens or []]),
                        key="phen_ioi_patch")
     st.caption(t("Clean logit difference {a}, corrupted {b}.", a=F.num(pt.clean), b=F.num(pt.corrupted)))
     try_it(t("pick another prompt: the answer moves from the second name's position (early layers) to the last "
@@ -404,15 +408,15 @@ def pt_positions(p) -> list[int]:
 
 
 def _readable(piece_: str) -> str:
-    from viz import lm_models
+    from viz.ui import lm_models
 
     return lm_models.readable(piece_)
 
 
 # ---------------------------------------------------------------- page
 
-common.seed_from_query("phen_view", "phen", "sinks", valid=lambda v: v in VIEWS)
+seed_from_query("phen_view", "phen", "sinks", valid=lambda v: v in VIEWS)
 view = st.segmented_control(t("Phenomenon"), list(VIEWS), key="phen_view", required=True,
                             format_func=option_labels(list(VIEWS), lambda v: t(VIEWS[v]))) or "sinks"
-common.write_query(phen=view)
+write_query(phen=view)
 {"sinks": sinks_view, "patterns": patterns_view, "induction": induction_view, "ioi": ioi_view}[view]()

@@ -13,10 +13,12 @@ import numpy as np
 import streamlit as st
 
 from model.loaders import minilm as pretrained
-from viz import common
-from viz import figures_pretrained as FP
-from viz.attention_views import render_attention
+from viz.figures import pretrained as FP
 from viz.i18n import t
+from viz.ui.attention_views import render_attention
+from viz.ui.render import show_error, show_figure
+from viz.ui.state import MAX_URL_TEXT, int_in, seed_from_query, write_query
+from viz.ui.text import text_problems
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
 DEFAULT_TARGETS = ("it", "animal", "street")  # from, to1, to2: the seeds' coreference example
@@ -68,7 +70,7 @@ def encoder_or_stop() -> pretrained.PretrainedEncoder:
                  + "\n\n```\npip install -e '.[pretrained]'\n```", icon="📦")
         st.stop()
     except (RuntimeError, OSError) as e:  # installed but broken files
-        common.show_error(e)
+        show_error(e)
         st.stop()
 
 
@@ -79,7 +81,7 @@ def check_text(enc: pretrained.PretrainedEncoder, text: str):
     """(Encoding, None) for usable text, else (None, message) a student can act on."""
     if not text.strip():
         return None, t("The text is empty: type a sentence above.")
-    problem = common.text_problems(text)
+    problem = text_problems(text)
     if problem:
         return None, problem
     try:
@@ -101,16 +103,16 @@ def unk_warning(enc: pretrained.PretrainedEncoder, e) -> None:
 def url_text(key: str, param: str, default: str, label: str, widget=st.text_area, **kw) -> str:
     """A text widget whose value is kept in the URL (`?param=`), so a reload or a shared link shows it.
 
-    Texts longer than common.MAX_URL_TEXT stay out of the URL (a reload would send them in the
+    Texts longer than MAX_URL_TEXT stay out of the URL (a reload would send them in the
     request line), and the page says so under the widget.
     """
-    common.seed_from_query(key, param, default)
+    seed_from_query(key, param, default)
     text = widget(label, key=key, **kw)
-    fits = len(text) <= common.MAX_URL_TEXT
-    common.write_query(**{param: text if fits and text != default else None})
+    fits = len(text) <= MAX_URL_TEXT
+    write_query(**{param: text if fits and text != default else None})
     if not fits:
         st.caption(t("This text is {n} characters long: over {max}, it is not kept in the page's link (a shared "
-                     "link or a reload opens the default text).", n=len(text), max=common.MAX_URL_TEXT))
+                     "link or a reload opens the default text).", n=len(text), max=MAX_URL_TEXT))
     return text
 
 
@@ -187,7 +189,7 @@ def choose_targets(labels: list[str], signature) -> tuple[int, int, int]:
     src = c1.selectbox(t("From (query)"), range(len(labels)), format_func=fmt, key=keys[0])
     to1 = c2.selectbox(t("To (key) 1"), range(len(labels)), format_func=fmt, key=keys[1])
     to2 = c3.selectbox(t("To (key) 2, for comparison"), range(len(labels)), format_func=fmt, key=keys[2])
-    common.write_query(pre_from=src, pre_to1=to1, pre_to2=to2)
+    write_query(pre_from=src, pre_to1=to1, pre_to2=to2)
     return src, to1, to2
 
 
@@ -209,15 +211,15 @@ def head_finder(trace, e, merged: bool) -> None:
     rows = FP.attention_from(trace, groups[src], groups if merged else None)  # [L, H, keys]
     w1, w2 = rows[:, :, to1], rows[:, :, to2]
     ranking = FP.rank_heads(w1, w2)
-    common.seed_from_query("pre_metric", "pre_metric", METRICS[0], valid=lambda v: v in METRICS)
+    seed_from_query("pre_metric", "pre_metric", METRICS[0], valid=lambda v: v in METRICS)
     metric = st.radio(t("Colour by"), METRICS, horizontal=True, key="pre_metric",
                       format_func={"weight": f"weight({labels[src]}→{labels[to1]})",
                                    "difference": f"weight(→{labels[to1]}) − weight(→{labels[to2]})"}.get)
-    common.write_query(pre_metric=metric)
+    write_query(pre_metric=metric)
     # The attention views below seed these from the URL too; seeding here first keeps the map's
     # outline and the merged map on the same head when a shared link opens the page.
-    common.seed_from_query(f"{KEY}_layer", "layer", 0, int, common.int_in(0, n_layers - 1))
-    common.seed_from_query(f"{KEY}_head", "head", 0, int, common.int_in(0, n_heads - 1))
+    seed_from_query(f"{KEY}_layer", "layer", 0, int, int_in(0, n_layers - 1))
+    seed_from_query(f"{KEY}_head", "head", 0, int, int_in(0, n_heads - 1))
     selected = (st.session_state[f"{KEY}_layer"], st.session_state[f"{KEY}_head"])
     # New question, new selection widgets: a row ticked for the last question must not stay ticked.
     sig = hashlib.sha1(repr((e.text, merged, src, to1, to2)).encode()).hexdigest()[:10]
@@ -225,7 +227,7 @@ def head_finder(trace, e, merged: bool) -> None:
     left, right = st.columns([4, 3])
     with left:
         fig = FP.head_finder_figure(w1, w2, labels[src], labels[to1], labels[to2], metric, selected)
-        common.show_figure(fig, key=chart_key, filename="head-finder", selection_mode="points",
+        show_figure(fig, key=chart_key, filename="head-finder", selection_mode="points",
                            on_select=functools.partial(_on_map_click, chart_key))
     with right:
         top = ranking[:TOP_N]
@@ -245,7 +247,7 @@ def head_finder(trace, e, merged: bool) -> None:
         layer, head = selected
         name = f"encoder.layers.{layer}.self_attn"
         m = FP.merge_pieces(trace[f"{name}.weights"][0, head], groups)
-        common.show_figure(FP.merged_heatmap(m, labels, t("{name} · head {head} · words merged", name=name,
+        show_figure(FP.merged_heatmap(m, labels, t("{name} · head {head} · words merged", name=name,
                                                           head=head)),
                            key="pre_merged_fig", filename=f"{name}-head{head}-merged")
 
@@ -275,7 +277,7 @@ def similarity(enc: pretrained.PretrainedEncoder) -> None:
     if sents and len(sents) >= 2:
         with st.spinner(t("Embedding…")):
             v = embed(tuple(sents))
-        common.show_figure(FP.similarity_figure(v @ v.T, sents), key="pre_sim_fig", filename="similarity")
+        show_figure(FP.similarity_figure(v @ v.T, sents), key="pre_sim_fig", filename="similarity")
 
 
 def usable(enc: pretrained.PretrainedEncoder, texts: list[str]) -> list[str] | None:
@@ -283,7 +285,7 @@ def usable(enc: pretrained.PretrainedEncoder, texts: list[str]) -> list[str] | N
     for i, text in enumerate(texts):
         _, problem = check_text(enc, text)
         if problem:
-            common.show_error(t("Sentence {i}: {problem}", i=i + 1, problem=problem))
+            show_error(t("Sentence {i}: {problem}", i=i + 1, problem=problem))
             return None
     return texts
 
@@ -295,7 +297,7 @@ def attention_section(enc: pretrained.PretrainedEncoder) -> None:
     text = text_input()
     e, problem = check_text(enc, text)
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         return
     unk_warning(enc, e)
     with st.spinner(t("Running the encoder…")):
@@ -306,11 +308,11 @@ def attention_section(enc: pretrained.PretrainedEncoder) -> None:
         st.caption(t("WordPiece splits a rare word into known pieces; `##` marks a piece that continues the word "
                      "before it (token + ##ization). [CLS] opens every input and [SEP] closes it."))
         st.dataframe(pieces_table(e), hide_index=True)
-    common.seed_from_query("pre_merge", "pre_merge", False, lambda v: v == "1")
+    seed_from_query("pre_merge", "pre_merge", False, lambda v: v == "1")
     merged = st.checkbox(t("Merge each word's pieces"), key="pre_merge",
                          help=t("Attention to a word = the sum of the attention to its pieces; attention from a word "
                                 "= the mean over its pieces' query rows. Rows still sum to 1."))
-    common.write_query(pre_merge="1" if merged else None)
+    write_query(pre_merge="1" if merged else None)
     if merged:
         st.caption(t("Merged rule: weight(word A → word B) = mean over A's pieces of the sum over B's pieces. "
                      "The head finder and the map below use words; the views further down stay per piece."))

@@ -10,12 +10,17 @@ import time
 import numpy as np
 import streamlit as st
 
-from viz import common, lm_models
-from viz import figures as F
-from viz import figures_qk as FQ
-from viz import qk_batch as QB
-from viz.attention_views import KIND_IDS, KINDS
+from viz.figures import attention as F
+from viz.figures import qk as FQ
 from viz.i18n import N_, option_labels, t
+from viz.ui import lm_models
+from viz.ui import qk_batch as QB
+from viz.ui.attention_views import KIND_IDS, KINDS
+from viz.ui.models import load_ckpt, session_models
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import selection
+from viz.ui.state import clamp_state, int_in, note_replaced, seed_from_query, write_query
+from viz.ui.text import md_escape
 
 BATCHES = {"sentences": N_("40 sentences"), "repeat": N_("Random tokens, repeated (4 × [BOS] + 50 × 2)")}
 KIND_OF = {v: k for k, v in KIND_IDS.items()}  # URL id -> describe() kind
@@ -24,7 +29,7 @@ SHARED_BATCHES = 3  # a real LM's batch (30 layers of q, k, weights over 40 sent
 
 @st.cache_resource(show_spinner=False, max_entries=SHARED_BATCHES, ttl=3600)
 def _shared_batch(name: str, batch: str) -> FQ.QKBatch:
-    return _build(common.load_ckpt(name), batch)
+    return _build(load_ckpt(name), batch)
 
 
 def _build(ckpt, batch: str) -> FQ.QKBatch:
@@ -39,7 +44,7 @@ def _build(ckpt, batch: str) -> FQ.QKBatch:
 def get_batch(name: str, batch: str) -> FQ.QKBatch:
     """The batch of model `name`: shared by every session for shipped and server models; a model trained in
     this session keeps its own (keyed by the model object: a retrained model gets a new batch)."""
-    own = common.session_models().get(name)
+    own = session_models().get(name)
     if own is None:
         return _shared_batch(name, batch)
     key = ("_al_qk_batch", id(own), batch)
@@ -77,14 +82,14 @@ st.caption(t("One head's queries and keys, from a whole batch of inputs, in one 
              "track attention: it shifts all keys by one vector (that adds the same constant to each of a query's "
              "scores) and scales q by a and k by 1/a (q·k unchanged), so every softmax row stays the same. Then a "
              "joint PCA draws both clouds in 2-D."))
-sel = common.selection()
+sel = selection()
 if sel is None:
     st.stop()
 ckpt = sel.ckpt
 is_lm = isinstance(ckpt, lm_models.RealModel) and ckpt.family == "decoder_lm"
 batches = list(BATCHES) if is_lm else ["sentences"]
 
-common.seed_from_query("qk_batch", "batch", "sentences", valid=lambda v: v in batches)
+seed_from_query("qk_batch", "batch", "sentences", valid=lambda v: v in batches)
 if st.session_state.get("qk_batch") not in batches:
     st.session_state["qk_batch"] = "sentences"
 if is_lm:
@@ -92,12 +97,12 @@ if is_lm:
                                     format_func=option_labels(batches, lambda b: t(BATCHES[b])))
 else:
     batch_id = "sentences"
-common.write_query(batch=batch_id if is_lm else None)
+write_query(batch=batch_id if is_lm else None)
 try:
     with st.spinner(t("Running the model on the whole batch (once per model)…")):
         batch = get_batch(sel.name, batch_id)
 except ValueError as e:  # a toy model without a known task, a broken model
-    common.show_error(e)
+    show_error(e)
     st.stop()
 if not isinstance(ckpt, lm_models.RealModel):
     what = t("{n} held-out pairs of its task, teacher-forced (source → reference target)", n=len(batch.labels))
@@ -111,7 +116,7 @@ st.caption(t("Inputs: {what}.", what=what))
 # ---------------------------------------------------------------- kind, layer, head, colour
 
 kinds = [KIND_IDS[k] for k in batch.kinds()]
-common.seed_from_query("qk_kind", "qk_kind", "dec" if "dec" in kinds else kinds[0], valid=lambda v: v in kinds)
+seed_from_query("qk_kind", "qk_kind", "dec" if "dec" in kinds else kinds[0], valid=lambda v: v in kinds)
 if st.session_state.get("qk_kind") not in kinds:
     st.session_state["qk_kind"] = kinds[0]
 c0, c1, c2, c3 = st.columns([3, 1, 1, 2])
@@ -120,11 +125,11 @@ kind = c0.radio(t("Attention"), kinds, key="qk_kind", horizontal=True,
                 disabled=len(kinds) == 1)
 modules = batch.modules(KIND_OF[kind])
 n_heads = batch.desc["attention"][modules[0]]["n_heads"]
-common.seed_from_query("qk_layer", "layer", 0, int, common.int_in(0, len(modules) - 1))
-common.seed_from_query("qk_head", "head", 0, int, common.int_in(0, n_heads - 1))
-common.seed_from_query("qk_color", "color", "kind", valid=lambda v: v in FQ.COLORS)
-common.clamp_state("qk_layer", 0, len(modules) - 1)
-common.clamp_state("qk_head", 0, n_heads - 1)
+seed_from_query("qk_layer", "layer", 0, int, int_in(0, len(modules) - 1))
+seed_from_query("qk_head", "head", 0, int, int_in(0, n_heads - 1))
+seed_from_query("qk_color", "color", "kind", valid=lambda v: v in FQ.COLORS)
+clamp_state("qk_layer", 0, len(modules) - 1)
+clamp_state("qk_head", 0, n_heads - 1)
 layer = c1.selectbox(t("Layer"), range(len(modules)), key="qk_layer")
 head = c2.selectbox(t("Head"), range(n_heads), key="qk_head")
 color = c3.segmented_control(t("Colour by"), list(FQ.COLORS), key="qk_color", required=True,
@@ -152,11 +157,11 @@ if "qk_query" not in st.session_state:  # the link's picked query, once per sess
         st.session_state["qk_query"] = None
     if raw is not None and (st.session_state["qk_query"] is None or not _valid_query(st.session_state["qk_query"])):
         st.session_state["qk_query"] = None
-        common.note_replaced("query", raw, t("no picked query"))
+        note_replaced("query", raw, t("no picked query"))
 picked = st.session_state.get("qk_query")
 if picked is not None and not _valid_query(picked):  # another head/kind/model: its queries differ
     picked = st.session_state["qk_query"] = None
-common.write_query(qk_kind=kind, layer=layer, head=head, color=color,
+write_query(qk_kind=kind, layer=layer, head=head, color=color,
                    query=f"{picked[0]}.{picked[1]}" if picked else None)
 
 
@@ -180,7 +185,7 @@ if info.get("n_kv_heads", n_heads) != n_heads:
     title += t(" (K/V head {kv})", kv=m.kv_head)
 fig = FQ.qk_figure(m, batch.labels, color, selected, title=title)
 elapsed = time.perf_counter() - t0
-common.show_figure(fig, key="qk_fig", filename=f"{sel.name}-{module}-head{head}-qk", on_select=_on_click,
+show_figure(fig, key="qk_fig", filename=f"{sel.name}-{module}-head{head}-qk", on_select=_on_click,
                    selection_mode="points")
 clarity, chance = m.clarity()
 st.caption(t("Circles are queries, diamonds keys; hover for the token and its input. Click a query: its top {k} "
@@ -196,7 +201,7 @@ else:
     rows = [{t("key"): F.show_token(m.token[i]), t("position"): int(m.position[i]), t("weight"): F.num(w)}
             for i, w in m.top_keys(selected)]
     st.markdown(t("Query “{tok}” (position {p}) of input {s}: “{text}”", tok=F.show_token(q_tok), p=p, s=s,
-                  text=common.md_escape(batch.labels[s][:200])))
+                  text=md_escape(batch.labels[s][:200])))
     st.dataframe(rows, hide_index=True)
 
 # ---------------------------------------------------------------- which heads look clear
@@ -209,7 +214,7 @@ with st.spinner(t("Projecting every head…")):
 c1, c2 = st.columns([2, 1])
 with c1:
     # A heatmap click is not reported by on_select (see viz/pages/llm.py): the heads open from the links.
-    common.show_figure(FQ.clarity_figure(rows, len(modules), n_heads, ch, layer, head), key="qk_clarity_fig")
+    show_figure(FQ.clarity_figure(rows, len(modules), n_heads, ch, layer, head), key="qk_clarity_fig")
 with c2:
     st.caption(t("Clarity: the share of each query's top {k} keys (by the real weights) that are also its {k} "
                  "nearest keys in the head's map (hover a cell for its number). The clearest, one click away:",

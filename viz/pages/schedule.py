@@ -3,9 +3,12 @@
 import streamlit as st
 
 from model import noam_lr
-from viz import common
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import t
+from viz.ui.models import is_real_model
+from viz.ui.render import show_figure
+from viz.ui.sidebar import selection
+from viz.ui.state import int_in, seed_from_query, write_query
 
 D_MODELS = [32, 64, 128, 256, 512, 768, 1024, 2048]
 
@@ -29,14 +32,14 @@ def schedule_of(meta: dict) -> dict:
     return found
 
 
-sel = common.selection()
-sel = None if common.is_real_model(sel) else sel  # a pretrained model has no training log here: the schedule alone
+sel = selection()
+sel = None if is_real_model(sel) else sel  # a pretrained model has no training log here: the schedule alone
 ckpt = sel.ckpt if sel else None
 trained = schedule_of(ckpt.meta) if ckpt else {}
 
-common.seed_from_query("sch_d", "d_model", 512, int, lambda v: v in D_MODELS)
-common.seed_from_query("sch_w", "warmup", 4000, int, common.int_in(1, 20000))
-common.seed_from_query("sch_f", "factor", 1.0, float, lambda v: 0.05 <= v <= 10)
+seed_from_query("sch_d", "d_model", 512, int, lambda v: v in D_MODELS)
+seed_from_query("sch_w", "warmup", 4000, int, int_in(1, 20000))
+seed_from_query("sch_f", "factor", 1.0, float, lambda v: 0.05 <= v <= 10)
 
 
 def _match_checkpoint() -> None:
@@ -49,7 +52,7 @@ c1, c2, c3 = st.columns(3)
 d_model = c1.select_slider("d_model", D_MODELS, key="sch_d")
 warmup = c2.slider("warmup_steps", 1, 20000, step=1, key="sch_w")
 factor = c3.slider("factor", 0.05, 10.0, step=0.05, key="sch_f")
-common.write_query(d_model=d_model, warmup=warmup, factor=factor)
+write_query(d_model=d_model, warmup=warmup, factor=factor)
 peak = noam_lr(warmup, d_model, warmup, factor)
 st.markdown(t("Peak learning rate **{lr}** at step **{w}** = warmup_steps (= factor · d_model^(−1/2) · "
               "warmup^(−1/2)).", lr=f"{peak:.3g}", w=warmup))
@@ -67,7 +70,7 @@ if has_log:
     if zoom:
         max_step = max(int(max(log["step"])), 2)
 fig = F.noam_figure(d_model, warmup, factor, max_step=max_step, log=log if has_log else None, log_label=label)
-common.show_figure(fig, key="sch_fig", filename=f"noam-d{d_model}-w{warmup}")
+show_figure(fig, key="sch_fig", filename=f"noam-d{d_model}-w{warmup}")
 if has_log:
     st.caption(t("Green: the learning rate the optimizer actually used at each step while '{name}' trained "
                  "(d_model = {d}, read from its training log). Dotted: the paper's presets 512/4000 and two "

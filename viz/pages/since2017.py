@@ -9,10 +9,15 @@ import numpy as np
 import streamlit as st
 import torch
 
-from viz import common, lm_models
-from viz import figures as F
-from viz import figures_modern as FM
+from viz.figures import attention as F
+from viz.figures import modern as FM
 from viz.i18n import t
+from viz.ui import lm_models
+from viz.ui.models import checkpoint_names, get_trace, is_real_model, load_ckpt, session_models
+from viz.ui.render import show_error, show_figure, tokens_of
+from viz.ui.sidebar import default_checkpoint, model_label, selection
+from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
+from viz.ui.text import md_escape, text_problems
 
 KV_TOKENS = 8192  # the context length the KV-cache bytes are given at
 
@@ -20,60 +25,60 @@ st.title(t("What changed since 2017"))
 st.caption(t("Today's language models are still the decoder of “Attention Is All You Need”, with five blocks "
              "replaced. Each section below shows one, with the live tensors of a modern model beside the lab's "
              "2017-style toy model."))
-sel = common.selection()
+sel = selection()
 if sel is None:
     st.stop()
-names = common.checkpoint_names()
-sel_is_lm = common.is_real_model(sel) and sel.ckpt.family == "decoder_lm"
+names = checkpoint_names()
+sel_is_lm = is_real_model(sel) and sel.ckpt.family == "decoder_lm"
 lm_name = sel.name if sel_is_lm else next((n for n in ("smollm2", *lm_models.names()) if n in names
                                            and lm_models.is_real(n)
-                                           and common.load_ckpt(n).family == "decoder_lm"), None)
-toys = [n for n in names if not lm_models.is_real(n) or n in common.session_models()]
-toy_name = sel.name if sel.name in toys else (common.default_checkpoint(toys) if toys else None)
+                                           and load_ckpt(n).family == "decoder_lm"), None)
+toys = [n for n in names if not lm_models.is_real(n) or n in session_models()]
+toy_name = sel.name if sel.name in toys else (default_checkpoint(toys) if toys else None)
 if lm_name is None or toy_name is None:
-    common.show_error(t("This page needs a language model (such as SmolLM2) and a toy model, and this server "
+    show_error(t("This page needs a language model (such as SmolLM2) and a toy model, and this server "
                         "offers {what}.", what=t("no language model") if lm_name is None else t("no toy model")))
     st.stop()
-rm = common.load_ckpt(lm_name)
-toy = common.load_ckpt(toy_name)
+rm = load_ckpt(lm_name)
+toy = load_ckpt(toy_name)
 lm_text = sel.text if sel_is_lm else rm.example
 toy_text = sel.text if sel.name == toy_name else toy.example
-problem = common.text_problems(lm_text)
+problem = text_problems(lm_text)
 if problem:
-    common.show_error(problem)
+    show_error(problem)
     st.stop()
 try:
     with st.spinner(t("Running the model…")):
-        trace = common.get_trace(lm_name, lm_text)
-        toy_trace = common.get_trace(toy_name, toy_text)
+        trace = get_trace(lm_name, lm_text)
+        toy_trace = get_trace(toy_name, toy_text)
 except ValueError as e:
-    common.show_error(e, t("Shorten or change the text in the sidebar."))
+    show_error(e, t("Shorten or change the text in the sidebar."))
     st.stop()
 
 lm = rm.obj.model
 cfg = lm.cfg
 desc = trace.meta["model"]
 blocks = desc.get("blocks", {})
-lm_label, toy_label = common.model_label(lm_name), common.model_label(toy_name)
-tokens = common.tokens_of(trace, "tgt")
+lm_label, toy_label = model_label(lm_name), model_label(toy_name)
+tokens = tokens_of(trace, "tgt")
 T = len(tokens)
 st.info(t("Modern: {lm} on “{text}” ({n} tokens). 2017: the toy model {toy} on “{toy_text}”.", lm=lm_label,
-          text=common.md_escape(lm_text[:120]), n=T, toy=toy_label, toy_text=common.md_escape(toy_text[:120])),
+          text=md_escape(lm_text[:120]), n=T, toy=toy_label, toy_text=md_escape(toy_text[:120])),
         icon="🧭")
 
 n_layers, n_heads = cfg.n_layers, cfg.n_heads
-common.seed_from_query("s17_layer", "layer", 0, int, common.int_in(0, n_layers - 1))
-common.seed_from_query("s17_head", "head", 0, int, common.int_in(0, n_heads - 1))
-common.seed_from_query("s17_pos", "pos", T - 1, int, common.int_in(0, T - 1))
-common.clamp_state("s17_layer", 0, n_layers - 1)
-common.clamp_state("s17_head", 0, n_heads - 1)
-common.clamp_state("s17_pos", 0, T - 1)
+seed_from_query("s17_layer", "layer", 0, int, int_in(0, n_layers - 1))
+seed_from_query("s17_head", "head", 0, int, int_in(0, n_heads - 1))
+seed_from_query("s17_pos", "pos", T - 1, int, int_in(0, T - 1))
+clamp_state("s17_layer", 0, n_layers - 1)
+clamp_state("s17_head", 0, n_heads - 1)
+clamp_state("s17_pos", 0, T - 1)
 c1, c2, c3 = st.columns(3)
 layer = c1.selectbox(t("Layer"), range(n_layers), key="s17_layer")
 head = c2.selectbox(t("Head"), range(n_heads), key="s17_head")
 pos = c3.selectbox(t("Token"), range(T), key="s17_pos",
                    format_func=dict(enumerate(f"{i}: {F.show_token(tok)}" for i, tok in enumerate(tokens))).get)
-common.write_query(layer=layer, head=head, pos=pos)
+write_query(layer=layer, head=head, pos=pos)
 L = f"decoder.layers.{layer}"
 
 
@@ -120,7 +125,7 @@ else:
                                 toy_cfg.n_heads, starts, toy_delta)
     fig = FM.rope_figure(angles, rope, added, pair_label=t("(“{q}” → “{k}”)", q=F.show_token(tokens[pos]),
                                                           k=F.show_token(tokens[key_pos])))
-    common.show_figure(fig, key="s17_rope")
+    show_figure(fig, key="s17_rope")
     spread = float(np.abs(rope[key_pos] - rope[key_pos + 200]).max())
     d = q.shape[-1]
     msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
@@ -152,7 +157,7 @@ st.markdown(t("In 2017 every head had its own $W^K$, $W^V$. With grouped-query a
               "$2 \\cdot L \\cdot H_{kv} \\cdot d_{head} \\cdot n$ numbers, so sharing shrinks it by $H / H_{kv}$."))
 full = FM.kv_cache_bytes(n_layers, H, d_head, KV_TOKENS, bytes_per)
 shared = FM.kv_cache_bytes(n_layers, H_kv, d_head, KV_TOKENS, bytes_per)
-common.show_figure(FM.gqa_figure(n_layers, H, H_kv, d_head, bytes_per, KV_TOKENS), key="s17_gqa")
+show_figure(FM.gqa_figure(n_layers, H, H_kv, d_head, bytes_per, KV_TOKENS), key="s17_gqa")
 if H_kv == H:
     st.markdown(t("{model} gives every query head its own K/V head ({h} of each): no sharing, as in 2017.",
                   model=lm_label, h=H))
@@ -176,7 +181,7 @@ else:
     rms_out = arr(f"{L}.norm1.out")[pos]
     g = lm.decoder.layers[layer].norm1.weight.detach().double().numpy()
     ln_out = FM.layer_norm(x, g, None, cfg.norm_eps)
-    common.show_figure(FM.norm_figure(x, rms_out, ln_out, tokens[pos]), key="s17_norm")
+    show_figure(FM.norm_figure(x, rms_out, ln_out, tokens[pos]), key="s17_norm")
     rms, mu, sd = float(np.sqrt((x ** 2).mean())), float(x.mean()), float(x.std())
     cos = float(rms_out @ ln_out / (np.linalg.norm(rms_out) * np.linalg.norm(ln_out)))
     toy_bias = toy.model.encoder.layers[0].norm1.bias.detach().double().numpy()
@@ -210,7 +215,7 @@ else:
     with torch.no_grad():
         up = ffn.linear1(trace[f"{L}.norm2.out"][0]).double().numpy()
     units = sorted(np.argsort(-np.abs(hidden).mean(0), kind="stable")[:32].tolist())
-    common.show_figure(FM.swiglu_figure(gate, up, tokens, units), key="s17_swiglu")
+    show_figure(FM.swiglu_figure(gate, up, tokens, units), key="s17_swiglu")
     shut = float((np.abs(gate) < 0.05).mean())
     neg = float((gate < 0).mean())
     st.markdown(t("Layer {l}, the {n} hidden units (of {d_ff}) with the largest mean |gate · up| on this text. Over "
@@ -230,7 +235,7 @@ toy_n = toy.cfg.n_encoder_layers
 toy_outs = [toy_trace["encoder.embed.out"][0].double().numpy()] + [
     toy_trace[f"encoder.layers.{i}.out"][0].double().numpy() for i in range(toy_n)]
 lm_norms, toy_norms = FM.residual_norms(lm_outs), FM.residual_norms(toy_outs)
-common.show_figure(FM.preln_figure(lm_norms, toy_norms, lm_label, toy_label), key="s17_preln")
+show_figure(FM.preln_figure(lm_norms, toy_norms, lm_label, toy_label), key="s17_preln")
 st.markdown(t("In {lm} the stream's median norm grows from {a} after the embedding to {b} after the last layer "
               "({x}×); in the post-LN toy model every layer's output is normalised, so it stays near {c}.",
               lm=lm_label, a=F.num(float(lm_norms[0])), b=F.num(float(lm_norms[-1])),

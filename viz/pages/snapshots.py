@@ -8,9 +8,13 @@ import streamlit as st
 from model import Trace, TraceFileError, compare_traces
 from model.core.recorder import DEFAULT_BUDGET_BYTES, estimate_bytes, select_names
 from model.core.trace import MAX_HEADER_BYTES, META_KEYS
-from viz import common
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, option_labels, t
+from viz.ui.models import capabilities, is_real_model, load_ckpt
+from viz.ui.render import safe_filename, show_error, show_figure
+from viz.ui.sidebar import require_trace, selection
+from viz.ui.state import seed_from_query, write_query
+from viz.ui.text import text_problems
 
 MAX_SHOWN_TEXT = 200  # characters of an uploaded trace's text shown inline (its length is always said)
 # What a refused file is, in the user's words (TraceFileError.kind); other kinds show the reader's detail.
@@ -52,9 +56,9 @@ CAPTURES = {"*.weights": N_("attention weights only (*.weights)"), "all": N_("ev
 @st.cache_resource(show_spinner=False, max_entries=4, ttl=3600)
 def _lm_weights_trace(name: str, text: str, names: str) -> Trace:
     """An LM's trace of `names` only, shared by sessions (read-only), meta as the other pages' LM traces."""
-    from viz import lm_models
+    from viz.ui import lm_models
 
-    rm = common.load_ckpt(name)
+    rm = load_ckpt(name)
     _, tr = rm.obj.run_with_trace(text, names=names)
     meta = dict(tr.meta, checkpoint=name, text=text, captured=names)
     if meta.get("tgt_tokens"):  # readable pieces, as on every page (raw ones kept in tgt_pieces)
@@ -78,23 +82,23 @@ def _tokens_that_fit(model, pattern: str, budget: int, T: int) -> int:
 
 def lm_trace(sel):
     """(Selection, Trace) for a language model: the capture the user chose, after saying what it costs."""
-    problem = common.text_problems(sel.text)
+    problem = text_problems(sel.text)
     if problem:
-        common.show_error(problem)
+        show_error(problem)
         st.stop()
     rm = sel.ckpt
     try:
         T = rm.obj.encode(sel.text).shape[1]
     except ValueError as e:
-        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
     model = rm.obj.model
     shapes = model.capture_names(1, T)
     sizes = {g: _bytes(shapes, g) for g in CAPTURES}
-    common.seed_from_query("snap_capture", "capture", "*.weights", valid=lambda v: v in CAPTURES)
+    seed_from_query("snap_capture", "capture", "*.weights", valid=lambda v: v in CAPTURES)
     choice = st.radio(t("Capture"), list(CAPTURES), key="snap_capture", horizontal=True,
                       format_func=option_labels(list(CAPTURES), lambda g: t(CAPTURES[g])))
-    common.write_query(capture=choice)
+    write_query(capture=choice)
     n_weights = len(select_names(list(shapes), "*.weights"))
     st.caption(t("A language model's full trace is big: {n} tensors, about {full} MiB for these {T} tokens, and it "
                  "grows with the square of the length. Its attention weights alone ({k} tensors, one per layer) are "
@@ -102,7 +106,7 @@ def lm_trace(sel):
                  full=f"{sizes['all'] / 2**20:,.1f}", T=T, k=n_weights, w=f"{sizes['*.weights'] / 2**20:,.1f}"))
     if sizes[choice] > DEFAULT_BUDGET_BYTES:
         fit = _tokens_that_fit(model, choice, DEFAULT_BUDGET_BYTES, T)
-        common.show_error(t("Capturing {what} for these {T} tokens needs about {mib} MiB, over this server's limit "
+        show_error(t("Capturing {what} for these {T} tokens needs about {mib} MiB, over this server's limit "
                             "of {limit} MiB per trace. Up to {fit} tokens fit: shorten the prompt, or capture the "
                             "attention weights only.", what=t(CAPTURES[choice]), T=T,
                             mib=f"{sizes[choice] / 2**20:,.0f}", limit=f"{DEFAULT_BUDGET_BYTES / 2**20:,.0f}",
@@ -111,18 +115,18 @@ def lm_trace(sel):
     try:
         with st.spinner(t("Running the model…")):
             if choice == "all":
-                return common.require_trace(sel)
+                return require_trace(sel)
             return sel, _lm_weights_trace(sel.name, sel.text, choice)
     except ValueError as e:  # too long for the model's positions, ...
-        common.show_error(e, t("Shorten or change the text in the sidebar."))
+        show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
 
 
-_sel = common.selection()
-if _sel is not None and common.is_real_model(_sel) and "lm" in common.capabilities(_sel.name):
+_sel = selection()
+if _sel is not None and is_real_model(_sel) and "lm" in capabilities(_sel.name):
     sel, trace = lm_trace(_sel)
 else:
-    sel, trace = common.require_trace()
+    sel, trace = require_trace()
 is_lm = trace.meta.get("model", {}).get("family") == "decoder_lm"
 
 
@@ -148,7 +152,7 @@ else:
                   target=_shown(meta.get("target", "")), n=len(trace), mib=f"{trace.nbytes() / 2**20:.2f}"))
 # A deferred download: the file is only written when the button is clicked.
 st.download_button(t("Download trace (.safetensors)"), data=trace.to_bytes,
-                   file_name=f"trace-{common.safe_filename(sel.name)}.safetensors",
+                   file_name=f"trace-{safe_filename(sel.name)}.safetensors",
                    mime="application/octet-stream", key="snap_download", on_click="ignore", icon="⬇️")
 with st.expander(t("Load it in Python")):
     st.code("from model import Trace, compare_traces\n"
@@ -184,7 +188,7 @@ def _load_upload(upload) -> Trace | None:
             result = t("“{name}” could not be read as a trace: {error}", name=upload.name, error=e)
         st.session_state["snap_loaded"] = (digest, result)
     if isinstance(result, str):
-        common.show_error(result, t("Upload a .safetensors trace saved by this app or by `Trace.save`."))
+        show_error(result, t("Upload a .safetensors trace saved by this app or by `Trace.save`."))
         return None
     return result
 
@@ -284,4 +288,4 @@ head = 0
 if ref.dim() == 4 and ref.shape[1] > 1:
     heads = list(range(ref.shape[1]))
     head = st.selectbox(t("Head"), heads, index=int(d.where.get("head", 0)), key=f"snap_head_{d.name}")
-common.show_figure(F.diff_figure(ref, cur, d.name, head), key="snap_diff", filename=f"diff-{d.name}")
+show_figure(F.diff_figure(ref, cur, d.name, head), key="snap_diff", filename=f"diff-{d.name}")

@@ -1,6 +1,6 @@
 """Tokenizer playground: the same text cut by word, by character and by a WordPiece trained here.
 
-URL parameters: tkp_text (the text, up to common.MAX_URL_TEXT characters), corpus (e.g. zh-en:tgt), vocab
+URL parameters: tkp_text (the text, up to MAX_URL_TEXT characters), corpus (e.g. zh-en:tgt), vocab
 (WordPiece vocabulary size).
 """
 
@@ -8,9 +8,10 @@ import streamlit as st
 
 from model.toy.tasks import TASKS
 from model.toy.tokenizer import SPECIALS, Tokenizer
-from viz import common
-from viz import figures_tokenizers as FT
+from viz.figures import tokenizers as FT
 from viz.i18n import N_, option_labels, t
+from viz.ui.render import show_error, show_figure
+from viz.ui.state import MAX_URL_TEXT, int_in, seed_from_query, write_query
 
 EXAMPLES = {  # the seeds' examples (seed 002: "eating" -> eat + ing; Chinese is best cut by character)
     "I like eating ice cream.": N_("seed 002: a subword tokenizer cuts “eating” into eat + ##ing"),
@@ -46,7 +47,7 @@ def wordpiece(corpus_id: str, vocab_size: int) -> Tokenizer:
 
 
 texts = list(EXAMPLES)
-common.seed_from_query("tkp_text", "tkp_text", texts[0])
+seed_from_query("tkp_text", "tkp_text", texts[0])
 choice = st.pills(t("Examples"), texts, key="tkp_example", format_func=lambda x: x[:32] + ("…" if len(x) > 32 else ""))
 if choice and st.session_state.get("tkp_last_example") != choice:  # a new pill fills the text box once
     st.session_state["tkp_text"] = st.session_state["tkp_last_example"] = choice
@@ -55,21 +56,21 @@ if choice in EXAMPLES:
     st.caption(t(EXAMPLES[choice]))
 
 c1, c2 = st.columns(2)
-common.seed_from_query("tkp_corpus", "corpus", "zh-en:tgt", valid=lambda v: v in CORPORA)
+seed_from_query("tkp_corpus", "corpus", "zh-en:tgt", valid=lambda v: v in CORPORA)
 corpus_id = c1.selectbox(t("WordPiece trained on"), list(CORPORA), key="tkp_corpus",
                          format_func=option_labels(CORPORA, lambda c: t(CORPORA[c][2])))
-common.seed_from_query("tkp_vocab", "vocab", 120, int, common.int_in(len(SPECIALS) + 1, 1000))
+seed_from_query("tkp_vocab", "vocab", 120, int, int_in(len(SPECIALS) + 1, 1000))
 vocab = c2.slider(t("WordPiece vocabulary size"), len(SPECIALS) + 1, 1000, key="tkp_vocab", step=1,
                   help=t("Training starts from single characters and keeps merging the most frequent adjacent pair "
                          "until the vocabulary has this many entries (or nothing is left to merge)."))
 # Long texts stay out of the URL (as the sidebar's): a reload would send them in the request line.
-common.write_query(corpus=corpus_id, vocab=vocab, tkp_text=text if len(text) <= common.MAX_URL_TEXT else None)
-if len(text) > common.MAX_URL_TEXT:
+write_query(corpus=corpus_id, vocab=vocab, tkp_text=text if len(text) <= MAX_URL_TEXT else None)
+if len(text) > MAX_URL_TEXT:
     st.caption(t("This text is longer than {n} characters, so the page's link does not carry it: a copied link "
-                 "opens on the first example instead.", n=f"{common.MAX_URL_TEXT:,}"))
+                 "opens on the first example instead.", n=f"{MAX_URL_TEXT:,}"))
 
 if not text.strip():
-    common.show_error(t("Type some text to cut."))
+    show_error(t("Type some text to cut."))
     st.stop()
 tok = wordpiece(corpus_id, vocab)
 pieces = tok.pieces(text)
@@ -77,7 +78,7 @@ cuts = {"word": FT.word_cut(text), "char": FT.char_cut(text), "wordpiece": [p.to
 sizes = {"word": len({w.lower() for c in corpus(corpus_id) for w in FT.word_cut(c)}),
          "char": len({ch for c in corpus(corpus_id) for ch in FT.char_cut(c)}), "wordpiece": tok.vocab_size}
 end = FT.drawn_end(text)
-common.show_figure(FT.strips_figure(FT.cuts_upto(text, pieces, end), sizes, {m: len(c) for m, c in cuts.items()}),
+show_figure(FT.strips_figure(FT.cuts_upto(text, pieces, end), sizes, {m: len(c) for m, c in cuts.items()}),
                    key="tkp_strips", filename="tokenizer-cuts")
 if end < len(text):
     st.caption(t("A long text: the strips draw its first {k} characters (of {n}), so the boxes stay readable; the "

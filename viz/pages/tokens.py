@@ -4,9 +4,13 @@ import numpy as np
 import streamlit as st
 
 from model import sinusoidal_encoding
-from viz import common
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, current_lang, t
+from viz.ui.models import capabilities, is_real_model
+from viz.ui.render import show_figure, tokens_of
+from viz.ui.sidebar import require, require_trace, selection
+from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
+from viz.ui.text import shorten
 
 st.title(t("Tokens & embeddings"))
 st.caption(t("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
@@ -18,13 +22,13 @@ def lm_tokens() -> None:
     """A decoder-only language model: its (byte-level BPE) pieces, ids, token embedding and how positions enter."""
     from pathlib import Path
 
-    from viz import lm_models
+    from viz.ui import lm_models
 
-    sel, trace = common.require_trace()
+    sel, trace = require_trace()
     rm, meta = sel.ckpt, trace.meta
     blocks = meta["model"]["blocks"]
     ids = (meta.get("tgt_ids") or [[]])[0]
-    shown = common.tokens_of(trace, "tgt")  # readable: ␣ for a space, ↵ for a newline
+    shown = tokens_of(trace, "tgt")  # readable: ␣ for a space, ↵ for a newline
     pieces = meta.get("tgt_pieces") or shown
     if isinstance(pieces[0] if pieces else None, list):
         pieces = pieces[0]
@@ -48,7 +52,7 @@ def lm_tokens() -> None:
                  v=f"{vocab:,}", d=D)
                + (" " + t("The same matrix, transposed, is the unembedding that turns the last layer's vectors into "
                           "next-token logits (tied embeddings).") if blocks.get("tied_embeddings") else ""))
-    common.show_figure(F.vectors_heatmap(trace["decoder.embed.tok"][0], shown,
+    show_figure(F.vectors_heatmap(trace["decoder.embed.tok"][0], shown,
                                          "decoder.embed.tok: " + t("token embedding (no ×√d)"), t("embedding")),
                        key="tok_embed", filename="decoder-token-embedding")
 
@@ -68,28 +72,28 @@ def lm_tokens() -> None:
             st.caption(t("The rotation angles: position p turns dimension pair i of q and k by p·θ_i, θ_i = "
                          "base^(−2i/d_head), base = {base}. Pair 0 turns fastest; the last pairs barely move.",
                          base=f"{blocks.get('rope_base', 10000):g}"))
-            common.show_figure(F.vectors_heatmap(ang, shown, "decoder.rope.angles: " + t("rotation angle p·θ_i "
+            show_figure(F.vectors_heatmap(ang, shown, "decoder.rope.angles: " + t("rotation angle p·θ_i "
                                                                                          "(radians)"), "θ"),
                                key="tok_rope", filename="rope-angles")
         return
     pe = F.arr(trace["decoder.embed.pos"])
     st.caption(t("This model learns its positional embeddings; only the input's positions are shown."))
-    common.show_figure(F.vectors_heatmap(pe, None, t("positional encoding ({n} positions × {d} dims)",
+    show_figure(F.vectors_heatmap(pe, None, t("positional encoding ({n} positions × {d} dims)",
                                                      n=pe.shape[0], d=D), "PE"), key="tok_pe",
                        filename="positional-encoding")
-    common.show_figure(F.pe_similarity(pe[:256]), key="tok_pe_sim", filename="pe-similarity")
+    show_figure(F.pe_similarity(pe[:256]), key="tok_pe_sim", filename="pe-similarity")
     st.subheader(t("Embedding + position = the input of layer 0"))
-    common.show_figure(F.embedding_sum_figure(trace["decoder.embed.tok"][0], trace["decoder.embed.pos"],
+    show_figure(F.embedding_sum_figure(trace["decoder.embed.tok"][0], trace["decoder.embed.pos"],
                                               trace["decoder.embed.out"][0], shown),
                        key="tok_sum", filename="decoder-embedding-plus-position")
 
 
-_sel = common.selection()
-if _sel is not None and common.is_real_model(_sel) and "lm" in common.capabilities(_sel.name):
+_sel = selection()
+if _sel is not None and is_real_model(_sel) and "lm" in capabilities(_sel.name):
     lm_tokens()
     st.stop()
-common.require("toy", lm_view="tokens")  # the toy tokenizers and tables; an encoder like MiniLM says what it lacks
-sel, trace = common.require_trace()
+require("toy", lm_view="tokens")  # the toy tokenizers and tables; an encoder like MiniLM says what it lacks
+sel, trace = require_trace()
 ckpt, cfg, meta = sel.ckpt, sel.ckpt.cfg, trace.meta
 
 
@@ -108,11 +112,11 @@ def source_table(text: str) -> list[dict]:
     pieces = ckpt.src_tokenizer.pieces(text.strip())
     col = {k: t(k) for k in ("position", "token", "id", "covers", "subword")}
     rows = [{col["position"]: i, col["token"]: F.show_token(p.token), col["id"]: p.id,
-             col["covers"]: common.shorten(text.strip()[p.span[0]:p.span[1]]),
+             col["covers"]: shorten(text.strip()[p.span[0]:p.span[1]]),
              col["subword"]: t("continues a word") if p.token.startswith("##") else "",
              "[UNK]": t("⚠ unknown") if p.is_unk else ""} for i, p in enumerate(pieces)]
     # Tokens the model reads beyond the text (a trailing [EOS] marks the end of the source).
-    ids, toks = (meta.get("src_ids") or [[]])[0], common.tokens_of(trace, "src")
+    ids, toks = (meta.get("src_ids") or [[]])[0], tokens_of(trace, "src")
     rows += [{col["position"]: i, col["token"]: toks[i], col["id"]: ids[i], col["covers"]: t("(added)"),
               col["subword"]: "", "[UNK]": ""} for i in range(len(rows), len(ids))]
     return rows
@@ -120,7 +124,7 @@ def source_table(text: str) -> list[dict]:
 
 def target_table() -> list[dict]:
     ids = (meta.get("tgt_ids") or [[]])[0]
-    toks = common.tokens_of(trace, "tgt")
+    toks = tokens_of(trace, "tgt")
     nxt = meta.get("next_tokens") or []
     return [{t("position"): i, t("decoder input"): F.show_token(tok), t("id"): i_,
              t("subword"): t("continues a word") if tok.startswith("##") else "",
@@ -147,17 +151,17 @@ with right:
 st.subheader(t("Token embedding × √d_model"))
 SIDES = {"encoder": N_("Encoder (source)"), "decoder": N_("Decoder (target)")}
 lang = current_lang()
-common.seed_from_query("tok_side", "side", "encoder", valid=lambda v: v in SIDES)
+seed_from_query("tok_side", "side", "encoder", valid=lambda v: v in SIDES)
 side = st.radio(t("Side"), list(SIDES), horizontal=True, key="tok_side", format_func=lambda v: t(SIDES[v], lang=lang))
-common.write_query(side=side)
-tokens = common.tokens_of(trace, "src" if side == "encoder" else "tgt")
+write_query(side=side)
+tokens = tokens_of(trace, "src" if side == "encoder" else "tgt")
 scaled = cfg.scale_embedding
 st.caption(
     t("Each token id selects one row of the embedding matrix (vocabulary × d_model, d_model = {d}).", d=cfg.d_model)
     + (" " + t("The row is multiplied by √d_model = {s} so that the embedding is not drowned by the positional "
                "encoding, whose entries lie in [−1, 1].", s=f"{np.sqrt(cfg.d_model):.3g}") if scaled else "")
     + (" " + t("The target embedding is shared with the pre-softmax (output) matrix.") if cfg.tie_generator else ""))
-common.show_figure(F.vectors_heatmap(trace[f"{side}.embed.tok"][0], tokens,
+show_figure(F.vectors_heatmap(trace[f"{side}.embed.tok"][0], tokens,
                                      f"{side}.embed.tok: " + t("token embedding") + (" × √d_model" if scaled else ""),
                                      t("embedding")), key="tok_embed", filename=f"{side}-token-embedding")
 
@@ -171,31 +175,31 @@ n_input = trace[f"{side}.embed.pos"].shape[0]
 if sinusoidal:
     # PE is a closed-form function of (pos, dim): it can be drawn past this model's max_len too.
     top = max(cfg.max_len, 256)
-    common.seed_from_query("tok_npos", "positions", max(64, n_input), int, common.int_in(2, top))
-    common.clamp_state("tok_npos", 2, top)
+    seed_from_query("tok_npos", "positions", max(64, n_input), int, int_in(2, top))
+    clamp_state("tok_npos", 2, top)
     n_pos = st.slider(t("Positions to show"), 2, top, key="tok_npos",
                       help=t("The table is a fixed function of (position, dimension); the input uses its "
                              "first rows, and this model never uses rows past max_len = {n}.", n=cfg.max_len))
-    common.write_query(positions=n_pos)
+    write_query(positions=n_pos)
     pe = sinusoidal_encoding(n_pos, cfg.d_model).numpy()
 else:
     st.info(t("This model learns its positional embeddings; only the input's positions are shown."))
     pe = F.arr(trace[f"{side}.embed.pos"])
     n_pos = pe.shape[0]
 pe_title = t("positional encoding ({n} positions × {d} dims)", n=n_pos, d=cfg.d_model)
-common.show_figure(F.vectors_heatmap(pe, None, pe_title, "PE", zrange=1.0), key="tok_pe",
+show_figure(F.vectors_heatmap(pe, None, pe_title, "PE", zrange=1.0), key="tok_pe",
                    filename="positional-encoding")
 c1, c2 = st.columns(2)
 with c1:
     d = cfg.d_model
     default_dims = sorted({0, 1, 4, min(d - 2, d // 2), d - 2})
     dims = st.multiselect(t("Dimensions"), list(range(d)), default=default_dims, key="tok_dims")
-    common.show_figure(F.pe_curves(pe, dims), key="tok_pe_curves", filename="pe-curves")
+    show_figure(F.pe_curves(pe, dims), key="tok_pe_curves", filename="pe-curves")
 with c2:
     st.caption(t("PE·PEᵀ: PE_pos · PE_(pos+k) = Σ_i cos(k·ω_i) depends only on the offset k, so each diagonal "
                  "is constant. PE_(pos+k) is a fixed rotation of PE_pos, which lets attention pick up relative "
                  "positions.") if sinusoidal else t("PE·PEᵀ of the learned position vectors."))
-    common.show_figure(F.pe_similarity(pe[: min(n_pos, 256)]), key="tok_pe_sim", filename="pe-similarity")
+    show_figure(F.pe_similarity(pe[: min(n_pos, 256)]), key="tok_pe_sim", filename="pe-similarity")
 
 st.subheader(t("Embedding + position = the input of layer 0"))
 extra = []
@@ -207,7 +211,7 @@ st.caption(t("x = Embedding(token) × √d_model + PE(pos), then dropout (off at
              "token at its position; the same token at two positions gets two different vectors.")
            + (" " + t("This model also adds {what}, so the right panel is not the plain sum.",
                       what=t(" and ").join(extra)) if extra else ""))
-common.show_figure(F.embedding_sum_figure(trace[f"{side}.embed.tok"][0], trace[f"{side}.embed.pos"],
+show_figure(F.embedding_sum_figure(trace[f"{side}.embed.tok"][0], trace[f"{side}.embed.pos"],
                                           trace[f"{side}.embed.out"][0], tokens,
                                           " × √d_model" if scaled else ""),
                    key="tok_sum", filename=f"{side}-embedding-plus-position")

@@ -19,9 +19,13 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from viz import common
-from viz import figures_decode as fd
+from viz.figures import decode as fd
 from viz.i18n import N_, option_labels, t
+from viz.ui.heap import return_freed_memory
+from viz.ui.models import is_real_model
+from viz.ui.render import safe_filename, show_error, show_figure, tokens_of
+from viz.ui.sidebar import selection
+from viz.ui.state import int_in, seed_from_query, write_query
 
 POLL_SECONDS = 0.5
 MAX_STEPS = 2000  # in-app training stays small: a shared CPU serves every session
@@ -98,7 +102,7 @@ def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None
         job.done = True
         job.elapsed = time.monotonic() - job.started
         slot.release()
-        common.return_freed_memory()  # the run's optimizer and activations are gone: shrink the server
+        return_freed_memory()  # the run's optimizer and activations are gone: shrink the server
         job.finished.set()
 
 
@@ -146,7 +150,7 @@ def frame_axes(trace, kind: str) -> tuple[list[str], list[str], str, str]:
 
     A decoder row is labelled "input → predicted" (`fd.step_labels`), the convention of every page.
     """
-    src, tgt = common.tokens_of(trace, "src"), common.tokens_of(trace, "tgt")
+    src, tgt = tokens_of(trace, "src"), tokens_of(trace, "tgt")
     rows = fd.step_labels(tgt, [str(x) for x in trace.meta.get("next_tokens") or []])
     dec = t("decoder position (input → predicted)")
     return {"cross_attn": (rows, src, dec, t("source token")),
@@ -162,9 +166,9 @@ def film_controls(prefix: str, n_layers: int, n_heads: int) -> tuple[str, int, s
     """Which attention map the film shows; defaults from the URL for the shipped model's film."""
     heads = ["mean", *map(str, range(n_heads))]
     if prefix == "film":
-        q = common.seed_from_query
+        q = seed_from_query
         q("film_kind", "film_attn", "cross_attn", valid=lambda v: v in ATTN_KINDS)
-        q("film_layer", "film_layer", n_layers - 1, int, common.int_in(0, n_layers - 1))
+        q("film_layer", "film_layer", n_layers - 1, int, int_in(0, n_layers - 1))
         q("film_head", "film_head", "mean", valid=lambda v: v in heads)
     for key, ok, default in ((f"{prefix}_layer", lambda v: 0 <= v < n_layers, n_layers - 1),
                              (f"{prefix}_head", lambda v: v in heads, "mean")):
@@ -188,27 +192,27 @@ def show_film(film: list, prefix: str, n_layers: int, n_heads: int, warmup: int 
     steps = [s for s, _ in film]
     key = f"{prefix}_frame"
     if prefix == "film":
-        common.seed_from_query(key, "film_frame", steps[-1], int, lambda v: v in steps)
+        seed_from_query(key, "film_frame", steps[-1], int, lambda v: v in steps)
     if st.session_state.get(key) not in steps:
         st.session_state[key] = steps[-1]
     step = st.select_slider(t("Training step (film frame)"), steps, key=key,
                             help=t("The probe example's attention as saved at this training step."))
     if prefix == "film":
-        common.write_query(film_frame=step, film_attn=kind, film_layer=layer, film_head=head)
+        write_query(film_frame=step, film_attn=kind, film_layer=layer, film_head=head)
     trace = dict(film)[step]
     rows, cols, row_title, key_title = frame_axes(trace, kind)
     what = t("{kind}, layer {layer}, {head}", kind=t(ATTN_KINDS[kind]), layer=layer, head=head_name(head))
     weights = [frame_weights(tr, kind, layer, head) for _, tr in film]
-    common.show_figure(fd.alignment_figure(weights[steps.index(step)], rows, cols,
+    show_figure(fd.alignment_figure(weights[steps.index(step)], rows, cols,
                                            title=t("Probe example at training step {step}: {what}",
                                                    step=step, what=what),
                                            row_title=row_title, key_title=key_title),
                        key=f"{prefix}_frame_fig", filename=f"{prefix}-step-{step}")
     picks = sorted(set(np.linspace(0, len(film) - 1, min(8, len(film))).round().astype(int)))
     strip = fd.film_strip_figure([(steps[i], weights[i]) for i in picks], rows, cols, current=step, what=what)
-    common.show_figure(strip, key=f"{prefix}_strip", filename=f"{prefix}-strip")
+    show_figure(strip, key=f"{prefix}_strip", filename=f"{prefix}-strip")
     uniform = 1.0 / len(cols) if kind != "self_attn" else None
-    common.show_figure(fd.sharpness_figure(steps, [fd.alignment_sharpness(w) for w in weights], current=step,
+    show_figure(fd.sharpness_figure(steps, [fd.alignment_sharpness(w) for w in weights], current=step,
                                            warmup=warmup, uniform=uniform),
                        key=f"{prefix}_sharp", filename=f"{prefix}-sharpness")
 
@@ -239,7 +243,7 @@ def model_file(ckpt) -> bytes:
 
 
 def download_model(ckpt, name: str) -> None:
-    file_name = f"{common.safe_filename(name)}.safetensors"
+    file_name = f"{safe_filename(name)}.safetensors"
     # Deferred: the file is only written when the button is clicked.
     st.download_button(t("Download your model (.safetensors)"), data=lambda: model_file(ckpt), file_name=file_name,
                        mime="application/octet-stream", key="train_download", on_click="ignore", icon="⬇️")
@@ -264,7 +268,7 @@ def read_model_upload(upload):
             path.write_bytes(data)
             ckpt = load_checkpoint_file(path, label=upload.name)
         ckpt.model.eval()
-        result = (UPLOADED + common.safe_filename(Path(upload.name).stem)[:60], ckpt)
+        result = (UPLOADED + safe_filename(Path(upload.name).stem)[:60], ckpt)
     except CheckpointFileError as e:
         result = (t(MODEL_REFUSALS[e.kind], name=upload.name) if e.kind in MODEL_REFUSALS
                   else t("“{name}” is not a usable model file: {error}", name=upload.name, error=e))
@@ -282,7 +286,7 @@ def upload_section() -> None:
         return
     result = read_model_upload(upload)
     if isinstance(result, str):
-        common.show_error(result, t("Upload a .safetensors model file downloaded from this page."))
+        show_error(result, t("Upload a .safetensors model file downloaded from this page."))
         return
     name, ckpt = result
     models = st.session_state.setdefault("session_models", {})
@@ -311,7 +315,7 @@ def shipped_section(sel) -> None:
     st.markdown(" · ".join(facts))
     if ckpt.log.get("step"):
         with st.expander(t("Training curves of the shipped model"), expanded=False):
-            common.show_figure(fd.training_curves_figure(ckpt.log, meta.get("warmup"),
+            show_figure(fd.training_curves_figure(ckpt.log, meta.get("warmup"),
                                                          title=t("Training curves of “{name}”", name=ckpt.name)),
                                key="film_curves", filename=f"{ckpt.name}-training-curves")
     show_film(ckpt.film(), "film", ckpt.cfg.n_decoder_layers, ckpt.cfg.n_heads, meta.get("warmup"))
@@ -319,10 +323,10 @@ def shipped_section(sel) -> None:
 
 def seed_form(tasks: list[str], default_task: str) -> None:
     """The form's starting values from the URL (a shared link reopens the same training setup)."""
-    q = common.seed_from_query
+    q = seed_from_query
     q("train_task", "train_task", default_task, valid=lambda v: v in tasks)
-    q("train_steps", "train_steps", DEFAULTS["steps"], int, common.int_in(20, MAX_STEPS))
-    q("train_warmup", "train_warmup", DEFAULTS["warmup"], int, common.int_in(1, MAX_STEPS))
+    q("train_steps", "train_steps", DEFAULTS["steps"], int, int_in(20, MAX_STEPS))
+    q("train_warmup", "train_warmup", DEFAULTS["warmup"], int, int_in(1, MAX_STEPS))
     for name in ("batch", "d_model", "heads", "layers"):
         key, param = FORM[name]
         q(key, param, DEFAULTS[name], int, lambda v, ok=CHOICES[name]: v in ok)
@@ -345,7 +349,7 @@ def train_form(tasks: list[str], default_task: str) -> None:
         submitted = st.form_submit_button(t("🏋️ Train"), type="primary")
     cfg = {"steps": int(steps), "warmup": int(warmup), "batch": batch, "d_model": d_model, "heads": heads,
            "layers": layers}
-    common.write_query(train_task=task, **{FORM[k][1]: v for k, v in cfg.items()})
+    write_query(train_task=task, **{FORM[k][1]: v for k, v in cfg.items()})
     if submitted:
         start_job(task, cfg)
 
@@ -366,14 +370,14 @@ def live_view(job: Job) -> None:
     cols = st.columns([3, 2])
     with cols[0]:
         fig = fd.training_curves_figure(log, job.warmup, job.steps, t("Training curves of your run (live)"))
-        common.show_figure(fig, key="train_curves", filename="training-curves")
+        show_figure(fig, key="train_curves", filename="training-curves")
     with cols[1]:
         if job.frames:
             step, trace = job.frames[-1]
             rows, keys, row_title, key_title = frame_axes(trace, "cross_attn")
             last_layer = sum(1 for k in trace.names() if k.endswith("cross_attn.weights")) - 1
             w = frame_weights(trace, "cross_attn", last_layer, "mean")
-            common.show_figure(fd.alignment_figure(
+            show_figure(fd.alignment_figure(
                 w, rows, keys, title=t("Probe at step {step}: cross-attention", step=step),
                 row_title=row_title, key_title=key_title), key="train_live_frame", filename="live-frame")
     if job.done:
@@ -398,7 +402,7 @@ def outcome(job: Job, acc: float | None) -> None:
 
 def result_view(job: Job) -> None:
     if job.error:
-        common.show_error(t("Training failed: {error}", error=job.error))
+        show_error(t("Training failed: {error}", error=job.error))
         return
     ckpt = job.ckpt
     acc = ckpt.meta.get("accuracy")
@@ -407,7 +411,7 @@ def result_view(job: Job) -> None:
     st.caption(t("Your model is now in the sidebar's model selector as “{name}”, on every page, for the rest "
                  "of this session.", name=name))
     download_model(ckpt, name)
-    common.show_figure(fd.training_curves_figure(job.log, job.warmup, title=t("Training curves of your run")),
+    show_figure(fd.training_curves_figure(job.log, job.warmup, title=t("Training curves of your run")),
                        key="train_curves_done", filename="training-curves")
     probe = ckpt.meta.get("probe") or {}
     if probe.get("source"):
@@ -416,7 +420,7 @@ def result_view(job: Job) -> None:
             st.markdown(t("Your model on the probe `{source}`: **`{output}`** (expected `{target}`)",
                           source=probe["source"], output=out.text, target=probe.get("target")))
         except ValueError as e:
-            common.show_error(e)
+            show_error(e)
     st.markdown(t("**Film strip of your run**"))
     show_film(ckpt.film(), "mine", ckpt.cfg.n_decoder_layers, ckpt.cfg.n_heads, job.warmup)
 
@@ -430,14 +434,14 @@ def main() -> None:
         "the **Noam schedule** lr = d_model^−0.5 · min(step^−0.5, step · warmup^−1.5): it rises "
         "linearly during warmup, then decays as 1/√step. The film strip shows a fixed probe example's "
         "attention at saved steps: the alignment appears as warmup ends."))
-    sel = common.selection()
+    sel = selection()
     if sel is None:
         st.stop()
     try:
-        if not common.is_real_model(sel):  # a pretrained model was not trained here: no film, no log
+        if not is_real_model(sel):  # a pretrained model was not trained here: no film, no log
             shipped_section(sel)
     except ValueError as e:  # a checkpoint whose film or log cannot be read
-        common.show_error(e)
+        show_error(e)
 
     st.divider()
     st.subheader(t("Train your own"))

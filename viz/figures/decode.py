@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures import ALLOWED, BLOCKED, WEIGHTS_SCALE, step_labels
+from viz.figures.attention import ALLOWED, BLOCKED, WEIGHTS_SCALE, step_labels
 from viz.i18n import t
 
 __all__ = ["step_labels"]  # re-exported: the decoder-row labels every page uses ("0: [BOS] → i")

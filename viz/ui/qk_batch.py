@@ -1,9 +1,9 @@
 """The Q/K map's batch: one model's q, k and weights of every attention module over a batch of inputs
-(viz/figures_qk.QKBatch). This runs the model (figure builders never do); the page caches the result per
+(viz.figures.qk.QKBatch). This runs the model (figure builders never do); the page caches the result per
 model, so switching layer, head or colour only re-projects.
 
 - a toy checkpoint: 40 held-out pairs of its task, teacher-forced (source → reference target);
-- a decoder-only LM: the 40 sentences of figures_qk.SENTENCES in one batched pass (right-padded: in causal
+- a decoder-only LM: the 40 sentences of viz.figures.qk.SENTENCES in one batched pass (right-padded: in causal
   attention a position never sees the padding after it, so each sentence's rows are its own pass's), or
   [BOS] + 50 random tokens repeated twice (model/analysis/phenomena.induction_sequence), 4 seeds;
 - an encoder (MiniLM): the same 40 sentences, one pass each (bidirectional: padding would be seen).
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from model.core.describe import described
-from viz.figures_qk import SENTENCES, QKBatch
+from viz.figures.qk import SENTENCES, QKBatch
 
 N_PAIRS = 40
 REPEAT_N, REPEAT_SEEDS = 50, 4

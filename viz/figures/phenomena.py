@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import WEIGHTS_SCALE, every_tick, num, show_token
+from viz.figures.attention import WEIGHTS_SCALE, every_tick, num, show_token
 from viz.i18n import t
 
 FOUND = "#d62728"  # outline of a head over the threshold

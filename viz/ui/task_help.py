@@ -33,7 +33,7 @@ def problems_text(task: Task, text: str, skip: tuple[str, ...] = ()) -> list[str
 
 
 def task_help(sel, container=None) -> None:
-    """Grammar, example picker and input warnings for the sidebar's selection (`common.Selection`)."""
+    """Grammar, example picker and input warnings for the sidebar's selection (`sidebar.Selection`)."""
     if sel is None:
         return
     box = container if container is not None else st.sidebar

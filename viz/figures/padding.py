@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, t
 
 PAD = "[PAD]"

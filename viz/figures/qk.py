@@ -24,7 +24,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from model.analysis.qk import normalise
-from viz.figures import num, show_token
+from viz.figures.attention import num, show_token
 from viz.i18n import N_, t
 
 try:  # numpy's OpenBLAS threads fight torch's on 2 cores: a 64 × 64 eigh takes 100+ ms instead of < 1 ms

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import _layout, arr, heatmap_trace, show_token
+from viz.figures.attention import _layout, arr, heatmap_trace, show_token
 from viz.i18n import t
 
 # ---------------------------------------------------------------- WordPiece merging

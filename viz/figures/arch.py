@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import plotly.graph_objects as go
 
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, t
 
 
@@ -32,7 +32,7 @@ ENC_X, DEC_X = 0.27, 0.73
 
 
 def _attention(kind: str) -> dict:
-    """The Attention page's URL parameters (viz/attention_views.py) for one kind: enc, dec or cross."""
+    """The Attention page's URL parameters (viz/ui/attention_views.py) for one kind: enc, dec or cross."""
     return {"attn_kind": kind, "layer": "{layer}", "head": "{head}"}
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import WEIGHTS_SCALE, arr, every_tick, num, show_token, token_labels
+from viz.figures.attention import WEIGHTS_SCALE, arr, every_tick, num, show_token, token_labels
 from viz.i18n import N_, t
 
 # id (= phenomena.head_statistics's key, the URL value) -> (label, what one cell means, colour scale upper

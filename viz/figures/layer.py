@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from model.core.describe import described, token_sides
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, t
 
 SUBLAYERS = {  # the 2017 layout: stack -> [(sublayer, its norm)]; a trace's own layout is `sublayers(trace, layer)`

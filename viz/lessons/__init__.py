@@ -19,9 +19,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from model.toy.tasks import date_fields
-from viz import figures as F
-from viz import figures_decode as FD
-from viz import figures_pretrained as FP
+from viz.figures import attention as F
+from viz.figures import decode as FD
+from viz.figures import pretrained as FP
 from viz.i18n import N_, t
 
 
@@ -332,7 +332,7 @@ def _heads_ids(pairs) -> tuple[list[str], dict[str, str]]:
 
 
 def live_llm_2017(desc, param=None) -> Live:
-    from viz import figures_phenomena as FPH
+    from viz.figures import phenomena as FPH
 
     blocks = desc["blocks"]
     attn = next(iter(desc["attention"].values()))
@@ -372,7 +372,7 @@ SINK_BINS = {"lt10": 0.10, "10-30": 0.30, "30-60": 0.60, "gt60": 1.01}  # upper 
 
 
 def live_sinks(eff, param=None) -> Live:
-    from viz import figures_phenomena as FPH
+    from viz.figures import phenomena as FPH
 
     share = eff.share
     fig = FPH.head_map(share.scores, t("share on token 0"), [(a, b) for a, b, _ in share.heads], zmax=1.0,
@@ -391,7 +391,7 @@ REPEAT_RATIOS = {"same": 1.0, "half": 0.5, "fifth": 0.2, "fiftieth": 0.02}  # se
 
 
 def live_induction(res, param=None) -> Live:
-    from viz import figures_phenomena as FPH
+    from viz.figures import phenomena as FPH
 
     loss = res.loss
     fig = FPH.repeat_loss_figure(loss.per_token, res.n)
@@ -409,7 +409,7 @@ DLA_TIE = 0.05  # heads within this many logits of the largest DLA are right ans
 
 
 def live_ioi(res, param=None) -> Live:
-    from viz import figures_phenomena as FPH
+    from viz.figures import phenomena as FPH
 
     top = res.top_heads[:4]
     fig = FPH.head_map(res.dla, t("DLA (logits)"), [(a, b) for a, b, _ in res.top_heads[:5]], diverging=True,
@@ -431,8 +431,8 @@ def lens_first_layer(top_ids) -> int:
 
 
 def live_lens(lens, param=None) -> Live:
-    from viz import figures_llm as FL
-    from viz import lm_models
+    from viz.figures import llm as FL
+    from viz.ui import lm_models
 
     rows = lens.top_ids[1:]  # the layers' outputs (row 0 of the lens reads the embeddings)
     T = rows.shape[1]

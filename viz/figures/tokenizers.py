@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, t
 
 METHODS = {"word": N_("by word"), "char": N_("by character"), "wordpiece": N_("by WordPiece")}

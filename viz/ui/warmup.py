@@ -5,7 +5,7 @@ the work begins while the server starts. Without this, the first visitor's scrip
 importing torch (~1 s here), loading the default models, tracing their example sentences and plotly's
 first figure (it imports its validators lazily). Here that work runs in a background thread, in
 parallel with the ~1 s the browser needs to fetch and start the frontend, through the very caches the
-pages use (`common.load_ckpt`, `common.get_trace`), so the first script run finds them filled; a
+pages use (`models.load_ckpt`, `models.get_trace`), so the first script run finds them filled; a
 script run that gets there first simply waits for the same cache entry instead of computing it twice.
 """
 
@@ -47,19 +47,21 @@ def warm() -> None:
         # a heatmap made the latter fail with "partially initialized module 'pandas'" (bench/load.py --hall).
         import pandas  # noqa: F401
 
-        from viz import common
-        from viz import figures as F
-        from viz.attention_views import attention_modules
+        from viz.figures import attention as F
+        from viz.ui import models
+        from viz.ui.attention_views import attention_modules
+        from viz.ui.heap import freeze_heap_once
+        from viz.ui.sidebar import default_checkpoint
 
-        names = common.checkpoint_names()
+        names = models.checkpoint_names()
         for lang in ("en", "zh"):  # each language opens on its own model and example
-            name = common.default_checkpoint(names, lang)
-            trace = common.get_trace(name, common.load_ckpt(name).example)
+            name = default_checkpoint(names, lang)
+            trace = models.get_trace(name, models.load_ckpt(name).example)
             mods = attention_modules(trace)
             first = (mods.get("cross") or next(iter(mods.values())))[0]
             F.attention_heatmap(trace, first, 0, meta=trace.meta, all_heads=True).to_json()
             F.heads_grid(trace, first, meta=trace.meta).to_json()
-        common.freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
+        freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
     except Exception:  # warming is an optimisation: the page reports real errors
         _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
     warm_lm()
@@ -72,10 +74,10 @@ def warm_lm() -> None:
     if os.environ.get(WARM_LM_ENV, "1") == "0":
         return
     try:
-        from viz import common, lm_models
+        from viz.ui import lm_models, models
 
         if "smollm2" not in lm_models.names():
             return
-        common.get_trace("smollm2", common.load_ckpt("smollm2").example)
+        models.get_trace("smollm2", models.load_ckpt("smollm2").example)
     except Exception:
         _LOG.warning("SmolLM2 warm-up failed; its first page will load it itself", exc_info=True)

@@ -4,7 +4,7 @@
 checkpoints (encoder self / decoder self / cross attention) and encoder-only traces (only
 `encoder.*` names, tokens from meta "src_tokens"), e.g. the Pretrained encoder page:
 
-    from viz.attention_views import render_attention
+    from viz.ui.attention_views import render_attention
     render_attention(trace, key="pre")      # key: a prefix for widget keys and URL params
 
 Cheap per click (issue 12): the head heatmap carries every head of the layer and switches heads with
@@ -31,9 +31,11 @@ from contextlib import nullcontext
 import streamlit as st
 
 from model.core.describe import attention_of, described
-from viz import common
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, current_lang, t
+from viz.ui.models import session_models
+from viz.ui.render import show_figure
+from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
 KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # model/core/describe.py kinds
 KINDS = {  # stable id (URL value) -> (label, module name pattern, what it teaches)
@@ -91,30 +93,30 @@ def _choose(trace, key: str) -> tuple[str, list[str], int, int]:
     kinds = list(mods)
     lang = current_lang()  # labels in this session's language, also when a test formats them later
     # Open on cross-attention when there is one: it is where a trained model's alignment shows.
-    common.seed_from_query(f"{key}_kind", f"{key}_kind", "cross" if "cross" in mods else kinds[0],
+    seed_from_query(f"{key}_kind", f"{key}_kind", "cross" if "cross" in mods else kinds[0],
                            valid=lambda v: v in mods)
     c1, c2, c3 = st.columns([2, 1, 1])
     kind = c1.radio(t("Attention"), kinds, format_func=lambda k: t(KINDS[k][0], lang=lang), key=f"{key}_kind",
                     horizontal=True)
     names = mods[kind]
     n_heads = trace[f"{names[0]}.weights"].shape[1]
-    common.seed_from_query(f"{key}_layer", "layer", 0, int, common.int_in(0, len(names) - 1))
-    common.seed_from_query(f"{key}_head", "head", 0, int, common.int_in(0, n_heads - 1))
+    seed_from_query(f"{key}_layer", "layer", 0, int, int_in(0, len(names) - 1))
+    seed_from_query(f"{key}_head", "head", 0, int, int_in(0, n_heads - 1))
     # Another kind or model may have fewer layers/heads than the value remembered in the session.
-    common.clamp_state(f"{key}_layer", 0, len(names) - 1)
-    common.clamp_state(f"{key}_head", 0, n_heads - 1)
+    clamp_state(f"{key}_layer", 0, len(names) - 1)
+    clamp_state(f"{key}_head", 0, n_heads - 1)
     layer = c2.selectbox(t("Layer"), range(len(names)), key=f"{key}_layer")
     head = c3.selectbox(t("Head"), range(n_heads), key=f"{key}_head")
-    common.write_query(**{f"{key}_kind": kind, "layer": layer, "head": head})
+    write_query(**{f"{key}_kind": kind, "layer": layer, "head": head})
     return kind, names, layer, head
 
 
 def _choose_view(key: str) -> str:
     lang = current_lang()
-    common.seed_from_query(f"{key}_view", "view", "heads", valid=lambda v: v in VIEWS)
+    seed_from_query(f"{key}_view", "view", "heads", valid=lambda v: v in VIEWS)
     view = st.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang), key=f"{key}_view",
                                 required=True, label_visibility="collapsed")
-    common.write_query(view=view)
+    write_query(view=view)
     return view
 
 
@@ -143,7 +145,7 @@ def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
         return None
     windows = F.query_windows(n_q)
     lang = current_lang()
-    common.clamp_state(key, 0, len(windows) - 1)  # another module may have fewer query rows
+    clamp_state(key, 0, len(windows) - 1)  # another module may have fewer query rows
     i = st.selectbox(t("Query rows ({n} at a time)", n=F.QUERY_WINDOW), range(len(windows)), key=key,
                      format_func=lambda j: t("rows {a}–{b} of {n}", lang, a=windows[j][0],
                                               b=windows[j][1] - 1, n=n_q))
@@ -187,13 +189,13 @@ def cached_figure(trace, build, *args, shared: bool = False, **kw):
 def _shared(trace) -> bool:
     """Whether `trace` comes from the process-wide trace cache (a shipped model), not from a model
     trained in this session (whose traces must not outlive the session in a process-wide cache)."""
-    return trace.meta.get("checkpoint") not in common.session_models()
+    return trace.meta.get("checkpoint") not in session_models()
 
 
 def render_attention(trace, key: str = "attn", output: str | None = None, model_tokens=None) -> None:
     """The full attention explorer for `trace` (see the module docstring). `output`: one line shown
     under the controls (e.g. the model's translation); `model_tokens`: under teacher forcing, the model's
-    own prediction at each decoder position (`common.model_tokens`), named beside the reference's."""
+    own prediction at each decoder position (`render.model_tokens`), named beside the reference's."""
     _explorer(trace, key, output, model_tokens)
 
 
@@ -214,7 +216,7 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
         + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
         + (" " + _row_caption(meta) if attention_of(meta, name)["stack"] == "decoder" else ""))
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
-    common.show_figure(fig, key=f"{key}_head_fig", filename=f"{name}-head{head}", width="content")
+    show_figure(fig, key=f"{key}_head_fig", filename=f"{name}-head{head}", width="content")
     if len(fig.data) > 1:  # the figure's head buttons switch in the browser; the server follows
         _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
@@ -242,7 +244,7 @@ def _all_heads(trace, key: str, names: list[str], layer: int, head: int, meta) -
         st.caption(t("A long input: each panel is downsampled {b}×, each cell is the max of a {b}×{b} block of "
                      "weights (a single sharp weight stays visible); hover shows the positions a cell covers. "
                      "The head heatmap above is at full resolution.", b=block))
-    common.show_figure(cached_figure(trace, F.heads_grid, name, shared=_shared(trace), meta=meta),
+    show_figure(cached_figure(trace, F.heads_grid, name, shared=_shared(trace), meta=meta),
                        key=f"{key}_heads_fig", filename=f"{name}-heads")
 
 
@@ -252,7 +254,7 @@ def _model_view(trace, key: str, names: list[str], layer: int, head: int, meta) 
                  "layer and head above) to enlarge it. Long inputs are shown as the maximum over small blocks "
                  "(the title says how big), to keep the page light; hover shows the positions a cell covers."))
     fig = F.select_thumbnail(cached_figure(trace, F.model_view, tuple(names)), layer, head)
-    common.show_figure(fig, key=chart_key, filename=f"model-view-{names[0].split('.')[0]}",
+    show_figure(fig, key=chart_key, filename=f"model-view-{names[0].split('.')[0]}",
                        selection_mode="points", on_select=functools.partial(_on_model_view_click, key, chart_key))
 
 
@@ -263,7 +265,7 @@ def _pipeline(trace, key: str, names: list[str], layer: int, head: int, meta) ->
                  "mask M (−∞ where blocked); softmax over each row. The three score panels share one colour "
                  "scale (below them)."))
     rows = _query_rows(trace, name, f"{key}_pipe_rows")
-    common.show_figure(F.score_pipeline(trace, name, head, meta=meta, rows=rows), key=f"{key}_pipe_fig",
+    show_figure(F.score_pipeline(trace, name, head, meta=meta, rows=rows), key=f"{key}_pipe_fig",
                        filename=f"{name}-head{head}-pipeline")
 
 
@@ -272,7 +274,7 @@ def _masks(trace, key: str, names: list[str], layer: int, head: int, meta) -> No
     _masks_caption(name, trace.meta)
     if f"{name}.mask" in trace:
         rows = _query_rows(trace, name, f"{key}_mask_rows")
-        common.show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
+        show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
                            filename=f"{name}-masks")
     else:
         st.info(t("No mask was captured for this module."))
@@ -283,7 +285,7 @@ def _qkvz(trace, key: str, names: list[str], layer: int, head: int, meta) -> Non
     st.caption(t("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) → "
                  "transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
                  "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before W^O."))
-    common.show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
+    show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
                        filename=f"{name}-head{head}-qkvz")
 
 
@@ -312,7 +314,7 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int, me
         "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
         "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
         "the softmax rows would be (entropy 0 = one-hot, log n = uniform)."))
-    common.show_figure(cached_figure(trace, F.scaling_figure, name, shared=_shared(trace)), key=f"{key}_scale_fig",
+    show_figure(cached_figure(trace, F.scaling_figure, name, shared=_shared(trace)), key=f"{key}_scale_fig",
                        filename=f"{name}-sqrt-dk")
     s = F.scaling_stats(trace, name)
     st.caption(t("Measured on this module: Var(q) = {vq}, Var(k) = {vk}, Var(QKᵀ) = {vqk}, Var(QKᵀ/√d_k) = "
@@ -321,7 +323,7 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int, me
                  vs=f"{s['var_qk'] / s['d_k']:.3g}", d_k=s["d_k"]))
     d_k = st.select_slider(t("d_k for the random-vector demo"), [1, 4, 8, 16, 32, 64, 128, 256, 512],
                            value=64, key=f"{key}_demo_dk")
-    common.show_figure(F.variance_demo(d_k), key=f"{key}_demo_fig", filename=f"sqrt-dk-demo-{d_k}")
+    show_figure(F.variance_demo(d_k), key=f"{key}_demo_fig", filename=f"sqrt-dk-demo-{d_k}")
 
 
 VIEW_BUILDERS = {"heads": _all_heads, "model": _model_view, "pipeline": _pipeline, "masks": _masks,

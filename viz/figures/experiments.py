@@ -1,7 +1,7 @@
 """Figures of the Experiments page: what changed when a piece of the Transformer was broken.
 
 Pure builders (results of `model.analysis` in, plotly figures out; no streamlit, no model runs).
-Colour scales follow viz.figures: weights on [0, 1], differences diverging around 0.
+Colour scales follow viz.figures.attention: weights on [0, 1], differences diverging around 0.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz import figures as F
+from viz.figures import attention as F
 from viz.i18n import N_, t
 
 KIND_LABELS = {"encoder_self": N_("Encoder self-attention"),  # model/core/describe.py kinds

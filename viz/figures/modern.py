@@ -19,7 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures import every_tick, show_token, token_labels
+from viz.figures.attention import every_tick, show_token, token_labels
 from viz.i18n import t
 
 MIB = 2**20

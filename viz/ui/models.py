@@ -1,0 +1,133 @@
+"""Models and traces for the pages: shipped checkpoints and real models loaded once and shared, traces cached.
+
+State rules (Streamlit serves many sessions from threads of one process):
+- shipped checkpoints and their traces live in bounded `st.cache_resource` caches: shared,
+  read-only (a `Trace` is immutable; nothing here writes into a model);
+- a model trained in this session lives in `st.session_state["session_models"][name]` (the
+  training page puts it there); its traces are cached in the session, never process-wide.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import streamlit as st
+
+from viz.i18n import t
+from viz.ui import lm_models
+
+TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
+LM_TRACE_ENTRIES = 6  # a real LM's full trace is far bigger (SmolLM2, 64 tokens: ~90 MB)
+SESSION_TRACES = 4  # traces of session-trained models kept per session
+SESSION_MODELS = "session_models"  # st.session_state key: name -> Checkpoint trained in this session
+
+
+EXTRA_ENV = "ATTENTION_LAB_CHECKPOINTS"  # os.pathsep-separated checkpoint dirs to offer too
+
+
+def _checkpoint_api():
+    try:
+        from model import list_checkpoints, load_checkpoint
+    except ImportError:  # the package root may not re-export them
+        from model.toy.checkpoint import list_checkpoints, load_checkpoint
+    return list_checkpoints, load_checkpoint
+
+
+def session_models() -> dict:
+    """name -> Checkpoint trained in this session (see the training page); {} outside a session."""
+    try:
+        return st.session_state.get(SESSION_MODELS) or {}
+    except Exception:  # no Streamlit session (bare scripts)
+        return {}
+
+
+def checkpoint_names() -> list[str]:
+    """Shipped checkpoint names, any directories listed in $ATTENTION_LAB_CHECKPOINTS, then the
+    models trained in this session."""
+    list_checkpoints, _ = _checkpoint_api()
+    extra = [p for p in os.environ.get(EXTRA_ENV, "").split(os.pathsep) if p.strip()]
+    names = list(list_checkpoints()) + extra
+    names += [n for n in lm_models.names() if n not in names]  # SmolLM2, MiniLM, the server's --model ones
+    return names + [n for n in session_models() if n not in names]
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load_shared(name: str):
+    if lm_models.is_real(name):  # weights shared through model.load_model's own per-process cache
+        try:
+            return lm_models.load(name)
+        except KeyError as e:
+            raise ValueError(t("This server offers no model “{name}”.", name=name)) from e
+    _, load_checkpoint = _checkpoint_api()
+    ckpt = load_checkpoint(name)
+    ckpt.model.eval()
+    return ckpt
+
+
+def load_ckpt(name: str):
+    """The checkpoint `name`: a model trained in this session, else a shipped name or directory,
+    loaded once and shared read-only by all sessions (never train or mutate it)."""
+    own = session_models().get(name)
+    return own if own is not None else _load_shared(name)
+
+
+@st.cache_resource(show_spinner=False, max_entries=TRACE_CACHE_ENTRIES, ttl=3600)
+def _cached_trace(name: str, text: str, target: str | None):
+    return _load_shared(name).trace(text, target=target)
+
+
+def _session_trace(name: str, text: str, target: str | None):
+    """A session model's trace, in a small per-session LRU keyed by the model object too (a model
+    retrained under the same name must not show the old one's trace)."""
+    ckpt = session_models()[name]
+    cache = st.session_state.setdefault("_al_session_traces", OrderedDict())
+    key = (id(ckpt), name, text, target)
+    if key not in cache:
+        cache[key] = ckpt.trace(text, target=target)
+        while len(cache) > SESSION_TRACES:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return cache[key]
+
+
+@st.cache_resource(show_spinner=False, max_entries=LM_TRACE_ENTRIES, ttl=3600)
+def _cached_lm_trace(name: str, text: str, chat: bool):
+    return _load_shared(name).trace(text, chat=chat)
+
+
+def get_trace(name: str, text: str, target: str | None = None, chat: bool = False):
+    """Full trace of checkpoint `name` on `text` (target None = the model's own greedy output; a real
+    model's `chat=True` wraps the text in its chat template).
+
+    Cached per (checkpoint, text, target): the same input always gives the same read-only trace.
+    Raises ValueError (and subclasses) for input the model cannot take.
+    """
+    if lm_models.is_real(name) and name not in session_models():
+        return _cached_lm_trace(name, text, bool(chat))[1]
+    if name in session_models():
+        return _session_trace(name, text, target or None)[1]
+    return _cached_trace(name, text, target or None)[1]
+
+
+CAPABILITIES = ("toy", "encoder", "decoder", "cross_attention", "lm")  # see sidebar.require
+
+
+def capabilities(name: str) -> set[str]:
+    """What model `name` has, from its own description (describe()), never from its name."""
+    ckpt = load_ckpt(name)
+    if not isinstance(ckpt, lm_models.RealModel):
+        return {"toy", "encoder", "decoder", "cross_attention"}
+    desc = ckpt.describe()
+    kinds = {a["kind"] for a in desc.get("attention", {}).values()}
+    out = set(desc.get("stacks", {})) & {"encoder", "decoder"}
+    if "cross" in kinds:
+        out.add("cross_attention")
+    if desc.get("family") == "decoder_lm":
+        out.add("lm")
+    return out
+
+
+def is_real_model(sel) -> bool:
+    """Whether the selection is a real pretrained model (SmolLM2, MiniLM, a server model), not a toy one."""
+    return sel is not None and lm_models.is_real(sel.name) and sel.name not in session_models()

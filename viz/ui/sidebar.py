@@ -1,0 +1,233 @@
+"""The sidebar and what a page needs from it: the model and text a session chose (`Selection`), the default
+model per language, and `require(...)`, which stops a page whose model lacks what it needs.
+
+Pages call `selection()` / `require_trace()` / `require()`; `app.py` draws the sidebar once, before the
+page runs, so the checkpoint and text widgets keep their state across pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from viz.i18n import N_, current_lang, t
+from viz.ui import lm_models
+from viz.ui.heap import freeze_heap_once
+from viz.ui.models import capabilities, checkpoint_names, get_trace, load_ckpt, session_models
+from viz.ui.render import show_error
+from viz.ui.state import _KEPT, MAX_URL_TEXT, seed_from_query, write_query
+from viz.ui.text import stop_note, target_unk_note, text_problems, unk_note
+
+PREFERRED = ("dates", "zh-en", "reverse")  # default checkpoint: attention is readable on these
+LANG_DEFAULT = {"zh": "zh-en"}  # a Chinese UI opens on the Chinese model (its example: 我爱机器学习)
+_SEL_KEY = "_al_selection"
+
+
+@dataclass(frozen=True)
+class Selection:
+    name: str  # checkpoint name
+    text: str  # source text, exactly as typed
+    target: str | None  # teacher-forced target, None = the model's greedy output
+
+    @property
+    def ckpt(self):
+        return load_ckpt(self.name)
+
+
+def default_checkpoint(names: list[str], lang: str | None = None) -> str:
+    """The model a session opens on: the language's own model (zh -> zh-en), else the first of PREFERRED."""
+    own = LANG_DEFAULT.get(lang or "")
+    if own in names:
+        return own
+    return next((n for n in PREFERRED if n in names), names[0])
+
+
+def _on_checkpoint_change() -> None:
+    # A new model has a new vocabulary: start from its own example sentence.
+    try:
+        st.session_state["source_text"] = load_ckpt(st.session_state["checkpoint"]).example
+    except ValueError:
+        return  # a broken checkpoint: sidebar() shows why on this rerun
+    st.session_state["target_text"] = ""
+
+
+def model_label(name: str) -> str:
+    """How the model list shows a model: toy checkpoints by name, real models with what they are."""
+    if name in lm_models.BUILTIN:
+        return {"smollm2": t("SmolLM2-135M (language model)"), "minilm": t("MiniLM (pretrained encoder)")}[name]
+    if name in lm_models.server_models():
+        return t("{name} (started with the server)", name=name)
+    return name
+
+
+def sidebar() -> Selection | None:
+    """Checkpoint select, source text and figure-export format, in the sidebar. Call once per run
+    (app.py does), before the page. Returns None (after showing why) if no model can be loaded."""
+    st.session_state[_SEL_KEY] = None
+    try:
+        names = checkpoint_names()
+    except Exception as e:  # any failure here must still leave a page with a message
+        show_error(t("No trained checkpoints could be listed: {err}", err=e))
+        return None
+    if not names:
+        show_error(t("No trained checkpoints are installed (model/checkpoints is empty)."))
+        return None
+    sb = st.sidebar
+    for key in ("checkpoint", _KEPT + "checkpoint"):  # e.g. a checkpoint directory removed
+        if st.session_state.get(key) not in (None, *names):
+            del st.session_state[key]
+    seed_from_query("checkpoint", "checkpoint", default_checkpoint(names, current_lang()),
+                    valid=lambda v: v in names)
+    name = sb.selectbox(t("Model (checkpoint)"), names, key="checkpoint", on_change=_on_checkpoint_change,
+                        format_func=model_label,
+                        help=t("A small Transformer trained on a toy task, shipped with the app (or trained "
+                               "on the Training page in this session), or a real pretrained model: SmolLM2 "
+                               "(a language model), MiniLM (an encoder) and those the server was started with."))
+    if name in session_models():
+        sb.caption(t("Trained on the Training page in this session: only you see it, until the session ends."))
+    real = lm_models.is_real(name) and name not in session_models()
+    try:
+        with st.spinner(t("Loading {name}…", name=name)):
+            example = load_ckpt(name).example
+    except ValueError as e:
+        show_error(e)
+        return None
+    seed_from_query("source_text", "text", example)
+    seed_from_query("target_text", "target", "")
+    if real:  # one text in, no target: a real model reads the text as it is (no teacher forcing here)
+        text = sb.text_area(t("Prompt"), key="source_text", height=90,
+                            help=t("The model reads this text, as typed. One model input; every page shows its "
+                                   "tensors."))
+        target = ""
+    else:
+        text = sb.text_area(t("Source text"), key="source_text", height=90,
+                            help=t("The encoder reads this. One model input; every page shows its tensors."))
+        with sb.expander(t("Target (teacher forcing)")):
+            target = st.text_input(
+                t("Target text"), key="target_text",
+                help=t("Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
+                       "text in one parallel pass under the look-ahead mask (teacher forcing)."))
+    long = [label for label, s in ((t("source text"), text), (t("target text"), target)) if len(s) > MAX_URL_TEXT]
+    if long:
+        sb.caption(t("The {what} is longer than {n} characters, so the page's link does not carry it: "
+                     "a copied link opens on the model's example instead.", what=t(" and ").join(long),
+                     n=f"{MAX_URL_TEXT:,}"))
+    sb.radio(t("Figure download format"), ["png", "svg"], key="export_format", horizontal=True,
+             help=t("What the camera button in each figure's toolbar saves."))
+    # Long texts stay out of the URL: a reload would send them in the request line.
+    write_query(checkpoint=name, text=text if len(text) <= MAX_URL_TEXT else None,
+                target=(target or None) if len(target) <= MAX_URL_TEXT else None)
+    sel = Selection(name, text, target or None)
+    st.session_state[_SEL_KEY] = sel
+    freeze_heap_once()
+    return sel
+
+
+def selection() -> Selection | None:
+    """The sidebar's choice for this run: app.py draws the sidebar before every page; a page
+    run on its own (`streamlit run viz/pages/x.py`) draws it here."""
+    if _SEL_KEY not in st.session_state:
+        return sidebar()
+    return st.session_state[_SEL_KEY]
+
+
+def require_trace(sel: Selection | None = None):
+    """(Selection, Trace) for the page, or a clear message and `st.stop()` for bad input."""
+    sel = sel or selection()
+    if sel is None:
+        st.stop()
+    problem = text_problems(sel.text)
+    if problem is None and sel.target is not None:
+        problem = text_problems(sel.target)
+        problem = problem and t("Target: ") + problem
+    if problem:
+        show_error(problem)
+        st.stop()
+    ckpt = sel.ckpt
+    try:
+        notes = [] if isinstance(ckpt, lm_models.RealModel) else [  # byte-level BPE has no [UNK]
+            unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text), target_unk_note(ckpt, sel.target)]
+        with st.spinner(t("Running the model…")):
+            trace = get_trace(sel.name, sel.text, sel.target)
+    except ValueError as e:  # too long, unknown ids, capture over budget, ...
+        show_error(e, t("Shorten or change the text in the sidebar."))
+        st.stop()
+    for note in filter(None, notes):
+        st.warning(note, icon="🔤")
+    stop = stop_note(trace.meta)
+    if stop:
+        st.warning(stop, icon="✂️")
+    return sel, trace
+
+
+# ---------------------------------------------------------------- what a page needs from the model
+
+# A page that cannot work with every model calls `require(...)` at its top, before anything else:
+#   sidebar.require("toy")               # a model trained in this lab (task, tokenizers, training run)
+#   sidebar.require("cross_attention")   # an encoder-decoder Transformer
+#   sidebar.require("lm")                # a decoder-only language model
+# Without it, the page says in one sentence what this model lacks, offers a model that has it, and stops.
+# What each model has: models.capabilities (models.CAPABILITIES).
+
+
+def _lacks(need: str, name: str, family: str) -> str:
+    """One sentence: what model `name` (of `family`) lacks for a page that needs `need`."""
+    if need in ("cross_attention", "encoder") and family == "decoder_lm":
+        return t("A decoder-only model has no encoder and no cross-attention, and {model} is one.",
+                 model=model_label(name))
+    if need in ("cross_attention", "decoder") and family == "encoder":
+        return t("An encoder-only model has no decoder and no cross-attention, and {model} is one.",
+                 model=model_label(name))
+    if need == "lm":
+        return t("{model} is not a language model: this page runs a decoder-only LLM.", model=model_label(name))
+    return t("{model} was not trained in this lab: this page needs a toy model's task, tokenizers and "
+             "training run.", model=model_label(name))
+
+
+def _model_with(need: str, names: list[str]) -> str | None:
+    if need == "lm":
+        return next((n for n in ("smollm2", *names) if n in names and lm_models.is_real(n)
+                     and "lm" in capabilities(n)), None)
+    toys = [n for n in names if not lm_models.is_real(n)]
+    return default_checkpoint(toys, current_lang()) if toys else None
+
+
+def switch_model(name: str) -> None:
+    """Choose model `name` in the sidebar (a button's on_click: before the rerun draws the sidebar)."""
+    st.session_state["checkpoint"] = st.session_state[_KEPT + "checkpoint"] = name
+    _on_checkpoint_change()
+
+
+LLM_PAGE = "viz/pages/llm.py"
+LM_VIEWS = {"tokens": N_("See its tokens on the Language model page"),
+            "generate": N_("Generate with it on the Language model page")}
+
+
+def require(*needs: str, lm_view: str | None = None) -> Selection:
+    """The sidebar's selection if its model has every capability in `needs` (see models.CAPABILITIES); else one
+    sentence on what it lacks, a button that opens this page with a model that has it, and st.stop().
+    lm_view: for a language model, also a link to that view of the Language model page (LM_VIEWS)."""
+    sel = selection()
+    if sel is None:
+        st.stop()
+    try:
+        have = capabilities(sel.name)
+    except ValueError as e:
+        show_error(e)
+        st.stop()
+    missing = [n for n in needs if n not in have]
+    if not missing:
+        return sel
+    ckpt = load_ckpt(sel.name)
+    family = ckpt.family if isinstance(ckpt, lm_models.RealModel) else "transformer"
+    need = missing[0]
+    st.info(_lacks(need, sel.name, family), icon="🧩")
+    if lm_view and family == "decoder_lm":
+        st.page_link(LLM_PAGE, label=t(LM_VIEWS[lm_view]), icon=":material/chat:",
+                     query_params={"checkpoint": sel.name, "view": "generate" if lm_view == "generate" else "heads"})
+    other = _model_with(need, checkpoint_names())
+    if other:
+        st.button(t("Open this page with {model}", model=model_label(other)), key="_al_require_switch",
+                  on_click=switch_model, args=(other,), type="primary")
+    st.stop()

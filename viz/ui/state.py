@@ -1,0 +1,132 @@
+"""URL and state (issue 13): the URL carries the view (model, text, page controls) so a link reopens it.
+
+`write_query` is the one place that writes it. Streamlit's frontend *pushes* a history entry for
+every query-string change; `install_history_patch` (app.py, first thing) turns a push that keeps the
+page path into a replace, so only a page change adds an entry and Back leaves a page in one press.
+`seed_from_query` gives a widget its first value: the URL, else the value this session last had
+(so Attention -> Tokens -> Attention keeps the view, and so does an input error), else a default.
+Everything a user chose or uploaded lives in `st.session_state` (per session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from viz.i18n import t
+
+MAX_URL_TEXT = 1000  # characters of source/target text mirrored into the URL
+_KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while it is not drawn
+
+
+# ---------------------------------------------------------------- URL (query string) sync
+
+# Streamlit's frontend calls history.pushState for every query-string change (one entry per
+# click, several per rerun). Keep pushes that change the page path (a page change); turn the
+# others into replaceState. Installed once per browser tab; st.html is not iframed.
+_HISTORY_PATCH = """<script>
+(() => {
+  const h = window.history;
+  if (h.__attentionLabReplace) return;
+  h.__attentionLabReplace = true;
+  const push = h.pushState.bind(h);
+  h.pushState = (state, title, url) => {
+    const next = new URL(url ?? location.href, location.href);
+    return next.pathname === location.pathname ? h.replaceState(state, title, url) : push(state, title, url);
+  };
+})();
+</script>"""
+
+
+def install_history_patch() -> None:
+    """Draw the patch (an invisible script in the sidebar). app.py calls it once per run, before the
+    first URL write (the language switch's ?lang=), so that write replaces the history entry too."""
+    st.sidebar.html(_HISTORY_PATCH, unsafe_allow_javascript=True)
+
+
+_history_patch = install_history_patch  # the name app.py uses
+
+
+def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], Any] = str,
+                    valid: Callable[[Any], bool] | None = None) -> None:
+    """Give widget `key` its starting value when the session has none: the URL's `?param=`,
+    else the value this session last gave it (Streamlit forgets a widget that was not drawn in a
+    run: another page, an input error), else `default`. A link value the page cannot use is
+    replaced, and the page says so once (`note_replaced`).
+    """
+    kept = _KEPT + key
+    if key in st.session_state:
+        # Written back, so the widget tells the browser its value (set_value): after a run that did not
+        # draw it (an input error stopped the page; a fragment's widgets outlive such runs) the browser
+        # builds it anew and would show its default beside a chart and URL that show this value.
+        st.session_state[key] = st.session_state[kept] = st.session_state[key]
+        return
+    candidates = []
+    raw = st.query_params.get(param)
+    url_ok = False
+    if raw is not None:
+        try:
+            candidates.append(cast(raw))
+            url_ok = valid is None or bool(valid(candidates[0]))
+        except (TypeError, ValueError):
+            pass
+    if kept in st.session_state:
+        candidates.append(st.session_state[kept])
+    value = next((v for v in candidates if valid is None or valid(v)), default)
+    if raw is not None and not url_ok:
+        note_replaced(param, raw, value)
+    st.session_state[key] = st.session_state[kept] = value
+
+
+_NOTED = "_al_noted"  # (what, value) pairs this session was already told about
+
+
+def note_replaced(what: str, given: Any, used: Any, lo: Any = None, hi: Any = None) -> None:
+    """Say, once per session and value, that a link's `what=given` could not be used and which value
+    the page shows instead (`lo`..`hi`: the widget's range, when that is the reason)."""
+    noted = st.session_state.setdefault(_NOTED, set())
+    if (what, str(given)) in noted:
+        return
+    noted.add((what, str(given)))
+    given = str(given).replace("`", "'")  # shown in a code span: the value exactly as the link has it
+    given = given if len(given) <= 60 else given[:60] + "…"
+    if lo is not None and hi is not None:
+        msg = t("This link's `{what}={given}` is outside the range {lo} to {hi}, so the page uses {used}.",
+                what=what, given=given, lo=lo, hi=hi, used=used)
+    else:
+        msg = t("This link's `{what}={given}` is not possible here, so the page uses {used}.",
+                what=what, given=given, used=used)
+    st.warning(msg, icon="🔗")
+
+
+def write_query(**params: Any) -> None:
+    """Mirror the current view into the URL so it can be shared (None removes a parameter).
+
+    The one place that writes the URL: one message per call, none when nothing changed, and a
+    replaced (not pushed) history entry, see `install_history_patch`."""
+    current = {k: st.query_params.get_all(k) for k in st.query_params}
+    new = {k: v[-1] if len(v) == 1 else v for k, v in current.items()}
+    for k, v in params.items():
+        if v is None:
+            new.pop(k, None)
+        else:
+            new[k] = str(v)
+    if new != {k: v[-1] if len(v) == 1 else v for k, v in current.items()}:
+        st.query_params.from_dict(new)
+
+
+def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and lo <= v <= hi
+
+
+def clamp_state(key: str, lo: int, hi: int, what: str | None = None) -> None:
+    """Keep a remembered widget value inside its current range (e.g. after switching to a
+    smaller model), instead of letting the widget raise. `what` names a value that came from a
+    link: its replacement is then said (`note_replaced`)."""
+    v = st.session_state.get(key)
+    if isinstance(v, int | float) and not lo <= v <= hi:
+        st.session_state[key] = min(max(v, lo), hi)
+        if what:
+            note_replaced(what, v, st.session_state[key], lo, hi)
