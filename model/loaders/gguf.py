@@ -417,34 +417,81 @@ def unpermute_rows(raw: np.ndarray, rows: int, n_head: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- names and config
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# GGUF architecture (general.architecture) -> Hugging Face model_type. Mistral files say "llama": llama.cpp's
+# converter writes them as llama and runs them without a sliding window, which is what we load.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
+                 "gemma3": "gemma3_text", "phi3": "phi3", "olmo2": "olmo2", "gptneox": "gpt_neox",
+                 "qwen2moe": "qwen2_moe"}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+            "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+            "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+# blk.N.<gguf> -> model.layers.N.<hf>, as gguf-py's tensor_mapping.py pairs them (llama first, then what differs)
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_SANDWICH = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+             "post_ffw_norm": "post_feedforward_layernorm"}  # gemma2/3: a norm before and after each sublayer
+_ARCH_LAYER_NAMES = {
+    "llama": _LAYER_NAMES, "qwen2": _LAYER_NAMES, "gemma": _LAYER_NAMES,
+    "qwen3": _LAYER_NAMES | _QK_NORM,
+    "gemma2": _LAYER_NAMES | _SANDWICH,
+    "gemma3": _LAYER_NAMES | _SANDWICH | _QK_NORM,
+    "olmo2": {k: v for k, v in _LAYER_NAMES.items() if not k.endswith("_norm")} | _QK_NORM  # norms after sublayers
+    | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    # phi3 keeps q, k, v fused and gate, up fused, as HF's Phi3 does
+    "phi3": {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "self_attn.qkv_proj",
+             "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
+    "gptneox": {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
+                "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+    "qwen2moe": {k: v for k, v in _LAYER_NAMES.items() if not k.startswith("ffn_") or k == "ffn_norm"}
+    | {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+       "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+       "ffn_down_shexp": "mlp.shared_expert.down_proj",
+       # stacked [experts, rows, cols]: split into one tensor per expert, the names save_pretrained writes
+       "ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
+       "ffn_down_exps": "mlp.experts.{}.down_proj"},
+}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+# llama.cpp's converter permutes q/k rows only where llama.cpp rotates interleaved pairs (rope type NORM)
+_PERMUTED = {"llama"}
+# and adds 1 to every gemma RMSNorm weight (HF's gemma norm computes x * (1 + w)); transformers subtracts it again
+_NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """GGUF tensor name -> Hugging Face llama name (None: a tensor the model does not use)."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """GGUF tensor name -> Hugging Face name for `arch` (None: a tensor the model does not use).
+    Stacked expert tensors get a '{}' where the expert's number goes."""
     base, _, kind = gguf_name.rpartition(".")
     if kind not in ("weight", "bias"):
         return None
-    if base in _TOP_NAMES:
-        return f"{_TOP_NAMES[base]}.{kind}"
+    top = _NEOX_TOP if arch == "gptneox" else _TOP_NAMES
+    if base in top:
+        return f"{top[base]}.{kind}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{kind}"
+    layer = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer:
+        prefix = "gpt_neox.layers" if arch == "gptneox" else "model.layers"
+        return f"{prefix}.{int(parts[1])}.{layer[parts[2]]}.{kind}"
     return None
 
 
 def _meta(g: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     value = g.metadata.get(key, default)
     if value is ...:
-        raise GGUFError(f"{g.path.name}: the metadata has no {key!r}; a llama-family GGUF needs it.")
+        raise GGUFError(f"{g.path.name}: the metadata has no {key!r}; a {g.metadata.get('general.architecture')} "
+                        "GGUF needs it.")
     if value is not None and value is not default and (isinstance(value, bool) or not isinstance(value, kind)):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
         raise GGUFError(f"{g.path.name}: metadata {key!r} = {value!r} has the wrong type.")
     return value
 
@@ -455,16 +502,56 @@ def _tensor_shape(g: GGUFFile, name: str) -> tuple[int, ...]:
     return g.tensors[name].shape
 
 
+def _llama3_rope(g: GGUFFile, factors: np.ndarray, theta: float, head_dim: int, rope_dims: int) -> dict:
+    """HF's llama3 rope parameters from the rope_freqs tensor llama.cpp's converter writes for Llama 3.1+.
+
+    The converter stores, per frequency, the divisor llama3 scaling applies (1 for high frequencies,
+    `factor` for low ones, a smooth blend between). HF's formula depends on original_max_position_embeddings
+    (O), low_freq_factor (lf) and high_freq_factor (hf) only through the blend's line s = O/(2*pi) * f - ...,
+    so we try Llama 3's own values (8192, 1, 4) first, else fit the line through the blended frequencies;
+    either way the parameters must reproduce every stored factor, or the file is refused.
+    """
+    inv = 1.0 / theta ** (np.arange(0, rope_dims, 2, dtype=np.float64) / rope_dims)
+    if factors.shape != inv.shape or not np.isfinite(factors).all() or (factors < 1 - 1e-6).any():
+        raise GGUFError(f"{g.path.name}: rope_freqs holds {factors.size} factors for {inv.size} rotary "
+                        "frequencies (or values below 1): not llama3 RoPE scaling.")
+    factor = float(factors.max())
+    wavelen = 2 * np.pi / inv
+
+    def factors_of(old: float, lo: float, hi: float) -> np.ndarray:
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = 1 / ((1 - smooth) / factor + smooth)
+        return np.where(wavelen < old / hi, 1.0, np.where(wavelen > old / lo, factor, mid))
+
+    old = float(_meta(g, f"{g.metadata['general.architecture']}.rope.scaling.original_context_length", int, 8192))
+    candidates = [(old, 1.0, 4.0)]
+    mid = (factors > 1 + 1e-6) & (factors < factor - 1e-6 * factor)
+    if mid.sum() >= 2:
+        # the blend s = (O / wavelen - lf) / (hf - lf) is a line a / wavelen + b; with Llama 3's lf = 1,
+        # hf - lf = -1 / b and O = -a / b
+        s = (1 / factors[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(1 / wavelen[mid], s, 1)
+        if a > 0 > b:
+            candidates.append((float(np.round(-a / b, 6)), 1.0, float(np.round(1 - 1 / b, 6))))
+    for o, lo, hi in candidates:
+        if hi > lo > 0 and np.allclose(factors_of(o, lo, hi), factors, rtol=1e-5, atol=0):
+            return {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": lo,
+                    "high_freq_factor": hi, "original_max_position_embeddings": int(o) if o == int(o) else o}
+    raise GGUFError(f"{g.path.name}: the rope_freqs tensor does not follow Llama 3's RoPE scaling; "
+                    "other per-frequency RoPE factors are not supported.")
+
+
 def hf_config(g: GGUFFile) -> dict:
-    """A Hugging Face config dict (LlamaConfig / Qwen2Config keys) from the file's metadata.
+    """A Hugging Face config dict (the keys transformers 5 writes in config.json) from the file's metadata.
 
     Every size is checked against the tensors the file really holds, so absurd metadata is refused
     before any memory is spent on it.
     """
     arch = _meta(g, "general.architecture", str)
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise GGUFError(f"{g.path.name}: architecture {arch!r} is not supported; supported: "
                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    model_type = ARCHITECTURES[arch]
     p = f"{arch}."
     n_layers = _meta(g, p + "block_count", int)
     d_model = _meta(g, p + "embedding_length", int)
@@ -473,29 +560,58 @@ def hf_config(g: GGUFFile) -> dict:
     d_ff = _meta(g, p + "feed_forward_length", int)
     head_dim = _meta(g, p + "attention.key_length", int, d_model // max(n_heads, 1))
     vocab, d_embed = _tensor_shape(g, "token_embd.weight")
+    fused = f"blk.{n_layers - 1}.attn_qkv.weight" in g.tensors  # phi3, gpt-neox
+    q_name = "attn_qkv" if fused else "attn_q"
+    n_experts = _meta(g, p + "expert_count", int, 0) if arch == "qwen2moe" else 0
+    if fused:
+        heads_ok = n_heads >= 1 and _tensor_shape(g, "blk.0.attn_qkv.weight") == ((n_heads + 2 * n_kv) * head_dim,
+                                                                                   d_model)
+        kv_ok = n_kv >= 1 and n_heads % n_kv == 0
+    else:
+        heads_ok = n_heads >= 1 and _tensor_shape(g, "blk.0.attn_q.weight") == (n_heads * head_dim, d_model)
+        kv_ok = (n_kv >= 1 and n_heads % n_kv == 0
+                 and _tensor_shape(g, "blk.0.attn_k.weight") == (n_kv * head_dim, d_model))
+    if arch == "qwen2moe":
+        d_ff_ok = True  # the dense MLP size is unused when every layer routes to experts; experts checked below
+    else:
+        d_ff_ok = _tensor_shape(g, "blk.0.ffn_up.weight") == ((2 if arch == "phi3" else 1) * d_ff, d_model)
     checks = {
-        "block_count": (n_layers, 1 <= n_layers and f"blk.{n_layers - 1}.attn_q.weight" in g.tensors
-                        and f"blk.{n_layers}.attn_q.weight" not in g.tensors),
+        "block_count": (n_layers, 1 <= n_layers and f"blk.{n_layers - 1}.{q_name}.weight" in g.tensors
+                        and f"blk.{n_layers}.{q_name}.weight" not in g.tensors),
         "embedding_length": (d_model, d_model == d_embed),
-        "attention.head_count": (n_heads, n_heads >= 1
-                                 and _tensor_shape(g, "blk.0.attn_q.weight") == (n_heads * head_dim, d_model)),
-        "attention.head_count_kv": (n_kv, n_kv >= 1 and n_heads % n_kv == 0
-                                    and _tensor_shape(g, "blk.0.attn_k.weight") == (n_kv * head_dim, d_model)),
-        "feed_forward_length": (d_ff, _tensor_shape(g, "blk.0.ffn_up.weight") == (d_ff, d_model)),
+        "attention.head_count": (n_heads, heads_ok),
+        "attention.head_count_kv": (n_kv, kv_ok),
+        "feed_forward_length": (d_ff, d_ff_ok),
     }
     for key, (value, ok) in checks.items():
         if not ok:
             raise GGUFError(f"{g.path.name}: metadata {p}{key} = {value} does not match the tensors in the file.")
-    if _meta(g, p + "rope.scaling.type", str, None) not in (None, "none"):
-        raise GGUFError(f"{g.path.name}: rope scaling ({g.metadata[p + 'rope.scaling.type']}) is not supported.")
+    theta = float(_meta(g, p + "rope.freq_base", float, 10000.0))
     rope_dims = _meta(g, p + "rope.dimension_count", int, head_dim)
-    if rope_dims != head_dim:
-        raise GGUFError(f"{g.path.name}: partial rotary ({rope_dims} of {head_dim} dims) is not supported.")
+    if not (0 < rope_dims <= head_dim and rope_dims % 2 == 0):
+        raise GGUFError(f"{g.path.name}: metadata {p}rope.dimension_count = {rope_dims} does not fit heads of "
+                        f"{head_dim} dimensions.")
+    if rope_dims != head_dim and arch not in ("gptneox", "phi3"):
+        raise GGUFError(f"{g.path.name}: partial rotary ({rope_dims} of {head_dim} dims) is not supported for {arch}.")
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    scaling = _meta(g, p + "rope.scaling.type", str, None)
+    if scaling == "linear":
+        rope = {"rope_type": "linear", "rope_theta": theta, "factor": float(_meta(g, p + "rope.scaling.factor", float))}
+    elif scaling not in (None, "none"):
+        raise GGUFError(f"{g.path.name}: RoPE scaling {scaling!r} is not supported (plain, linear and Llama 3's are).")
+    if "rope_freqs.weight" in g.tensors:
+        if arch != "llama":
+            raise GGUFError(f"{g.path.name}: per-frequency RoPE factors (rope_freqs) are supported for llama only.")
+        rope = _llama3_rope(g, g.dequantize("rope_freqs.weight").numpy().astype(np.float64), theta, head_dim,
+                            rope_dims)
+    if any(n.startswith("rope_factors_") for n in g.tensors):
+        raise GGUFError(f"{g.path.name}: long-context RoPE (rope_factors_long/short, Phi-3 128k) is not supported.")
     tied = "output.weight" not in g.tensors
-    bias = "blk.0.attn_q.bias" in g.tensors  # qwen2 has q/k/v biases
-    config = {
-        "model_type": arch,
-        "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+    eps_key = p + ("attention.layer_norm_epsilon" if arch == "gptneox" else "attention.layer_norm_rms_epsilon")
+    eps = float(_meta(g, eps_key, float, 1e-5 if arch == "gptneox" else 1e-6))
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        "architectures": [_CLASSES[model_type]],
         "vocab_size": vocab,
         "hidden_size": d_model,
         "intermediate_size": d_ff,
@@ -505,13 +621,70 @@ def hf_config(g: GGUFFile) -> dict:
         "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": _meta(g, p + "context_length", int, 2048),
-        "rms_norm_eps": float(_meta(g, p + "attention.layer_norm_rms_epsilon", float, 1e-6)),
-        "rope_theta": float(_meta(g, p + "rope.freq_base", float, 10000.0)),
+        "rms_norm_eps": eps,
+        "rope_parameters": rope,
         "tie_word_embeddings": tied,
-        "attention_bias": bias,
+        "attention_bias": f"blk.0.{q_name}.bias" in g.tensors,
         "mlp_bias": False,
-        "torch_dtype": "float32",
+        "dtype": "float32",
     }
+    window = _meta(g, p + "attention.sliding_window", int, 0)
+    if arch in ("gemma", "gemma2", "gemma3"):
+        config["hidden_act" if arch == "gemma" else "hidden_activation"] = "gelu_pytorch_tanh"
+        if arch == "gemma":
+            config.pop("attention_bias")
+    if arch in ("gemma2", "gemma3"):
+        config.pop("hidden_act")
+        # llama.cpp scales queries by 1/sqrt(head_dim), except for the 27B models (46 or 62 layers):
+        # 1/sqrt(d_model / n_heads); GGUF does not store HF's query_pre_attn_scalar
+        big = n_layers == (46 if arch == "gemma2" else 62)
+        config["query_pre_attn_scalar"] = d_model // n_heads if big else head_dim
+        config["attn_logit_softcapping"] = _meta(g, p + "attn_logit_softcapping", float, None)
+        config["final_logit_softcapping"] = _meta(g, p + "final_logit_softcapping", float, None)
+        every = 2 if arch == "gemma2" else 6  # llama.cpp's swa pattern: the last layer of every group is global
+        pattern = g.metadata.get(p + "attention.sliding_window_pattern")
+        if isinstance(pattern, list) and len(pattern) == n_layers:
+            sliding = [bool(x) for x in pattern]
+        else:
+            sliding = [(i + 1) % every != 0 for i in range(n_layers)]
+        config["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+        config["sliding_window"] = window or None
+        if arch == "gemma3":
+            local = float(_meta(g, p + "rope.freq_base_swa", float, 10000.0))
+            config["rope_parameters"] = {"full_attention": rope,
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+    if arch == "qwen2":
+        config["use_sliding_window"] = False
+    if arch == "phi3":
+        config["rope_parameters"] = rope | {"partial_rotary_factor": rope_dims / head_dim}
+        config["original_max_position_embeddings"] = _meta(g, p + "rope.scaling.original_context_length", int,
+                                                           config["max_position_embeddings"])
+        config["sliding_window"] = window or None
+        config.pop("attention_bias")
+        config.pop("mlp_bias")
+    if arch == "gptneox":
+        config |= {"hidden_act": "gelu", "layer_norm_eps": eps, "attention_bias": True,
+                   "use_parallel_residual": bool(_meta(g, p + "use_parallel_residual", bool, True)),
+                   "rope_parameters": rope | {"partial_rotary_factor": rope_dims / head_dim}}
+        for key in ("rms_norm_eps", "num_key_value_heads", "head_dim", "mlp_bias"):
+            config.pop(key)
+    if arch == "qwen2moe":
+        used = _meta(g, p + "expert_used_count", int)
+        d_exp = _meta(g, p + "expert_feed_forward_length", int)
+        d_shared = _meta(g, p + "expert_shared_feed_forward_length", int, 0)
+        for i in range(n_layers):
+            if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors:
+                raise GGUFError(f"{g.path.name}: layer {i} has no router (dense layers among MoE layers are not "
+                                "supported).")
+        if not (1 <= used <= n_experts and _tensor_shape(g, "blk.0.ffn_gate_exps.weight") == (n_experts, d_exp,
+                                                                                              d_model)):
+            raise GGUFError(f"{g.path.name}: metadata {p}expert_count / expert_used_count / "
+                            "expert_feed_forward_length do not match the tensors in the file.")
+        config |= {"num_experts": n_experts, "num_experts_per_tok": used, "moe_intermediate_size": d_exp,
+                   "shared_expert_intermediate_size": d_shared, "norm_topk_prob":
+                   bool(_meta(g, p + "expert_weights_norm", bool, False)), "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "qkv_bias": config.pop("attention_bias"), "use_sliding_window": False}
+        config.pop("mlp_bias")
     for key, meta_key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
         token_id = g.metadata.get(f"tokenizer.ggml.{meta_key}_token_id")
         config[f"{key}_token_id"] = int(token_id) if isinstance(token_id, int) and 0 <= token_id < vocab else None
@@ -519,17 +692,33 @@ def hf_config(g: GGUFFile) -> dict:
 
 
 def hf_tensors(g: GGUFFile, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor the model uses, one at a time."""
-    permute = config["model_type"] == "llama"
+    """(Hugging Face name, float32 tensor) for every tensor the model uses, one at a time.
+
+    Undoes what llama.cpp's converter did to each family: llama's q/k row permutation, gemma's +1 on norm
+    weights, gpt-neox's regrouping of the fused qkv rows (HF interleaves q, k, v per head; GGUF stacks all
+    q rows, then k, then v), qwen2moe's stacking of the experts."""
+    arch = g.metadata["general.architecture"]
     for name, info in g.tensors.items():
-        target = hf_name(name)
+        target = hf_name(name, arch)
         if target is None:
             continue
         raw = g.raw(name)
-        if permute and (".attn_q." in name or ".attn_k." in name):
+        if arch in _PERMUTED and (".attn_q." in name or ".attn_k." in name):  # weights and biases alike
             heads = config["num_attention_heads"] if ".attn_q." in name else config["num_key_value_heads"]
             raw = unpermute_rows(raw, info.shape[0], heads)
-        yield target, dequantize(raw, info.ggml_type, info.shape)
+        t = dequantize(raw, info.ggml_type, info.shape)
+        if arch in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+            t -= 1.0
+        if arch == "gptneox" and ".attn_qkv." in name:
+            n, hd = config["num_attention_heads"], config["hidden_size"] // config["num_attention_heads"]
+            t = t.reshape(3, n, hd, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
+        if "{}" in target:  # one tensor per expert
+            for j in range(t.shape[0]):
+                yield target.format(j), t[j]
+            continue
+        if name.endswith("ffn_gate_inp_shexp.weight") and t.dim() == 1:
+            t = t.unsqueeze(0)  # HF's shared_expert_gate is a Linear(d_model, 1)
+        yield target, t
 
 
 # ---------------------------------------------------------------- a model's parts, with a dequantized cache
