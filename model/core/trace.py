@@ -170,7 +170,9 @@ class Trace(Mapping):
             order = []
         if isinstance(order, list) and sorted(map(str, order)) == sorted(tensors):  # restore computation order
             tensors = {n: tensors[n] for n in order}
-        return (LazyTrace if cls is Trace and "lazy" in meta else cls)(tensors, meta)  # a saved long trace
+        if cls is Trace and _is_lazy(tensors, meta):  # a saved long trace: still lazy
+            return LazyTrace(tensors, meta)
+        return cls(tensors, meta)
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "upload", **kw) -> Trace:
@@ -430,8 +432,17 @@ def compare_traces(
 
 # ---------------------------------------------------------------- lazy traces (long inputs)
 
-LAZY_ROLES = ("scores", "mask", "weights", "z")  # computed from q, k, v when asked, never stored
+LAZY_ROLES = ("scores", "scores_capped", "mask", "weights", "z")  # computed from q, k, v when asked
 STORED_ROLES = ("q", "k", "v")  # O(T·d) per layer: what a lazy trace keeps of each attention module
+
+
+def _is_lazy(tensors: Mapping, meta: Mapping) -> bool:
+    """A LazyTrace's file: meta["lazy"] names its modules, and their q, k, v are all there (a trace
+    materialized from a lazy one, e.g. by the snapshot plugin, keeps the meta but maybe not q, k, v)."""
+    lazy = meta.get("lazy")
+    if not isinstance(lazy, Mapping) or not isinstance(lazy.get("modules"), Mapping) or not lazy["modules"]:
+        return False
+    return all(f"{m}.{r}" in tensors for m in lazy["modules"] for r in STORED_ROLES)
 
 
 class LazyTrace(Trace):
@@ -455,7 +466,8 @@ class LazyTrace(Trace):
         self._modules: dict[str, dict] = lazy["modules"]
         self._order: list[str] = lazy["names"]
         self.budget_bytes: int | None = lazy.get("budget_bytes")
-        self._served = {f"{m}.{r}" for m in self._modules for r in LAZY_ROLES if f"{m}.{r}" not in self._tensors}
+        self._served = {f"{m}.{r}" for m, p in self._modules.items() for r in LAZY_ROLES
+                        if r != "scores_capped" or p.get("softcap") is not None}
         if self._modules:
             self._served.add("masks.causal")
         self._served -= set(self._tensors)
@@ -523,7 +535,7 @@ class LazyTrace(Trace):
         columns: [rows, cols] (or [H, rows, cols]). what: "weights" (softmax, each full row sums to 1)
         or "scores" (before masking). Rows are computed over all keys, so a tile's weights equal the
         whole matrix's cells (≤ 1e-6; bit for bit where the matmul kernel agrees)."""
-        from model.core.attention import attention_scores, attention_weights
+        from model.core.attention import attention_weights
 
         module = self.module(layer)
         T = self.n_tokens
@@ -538,13 +550,11 @@ class LazyTrace(Trace):
             q, k = q[:, head:head + 1], k[:, head // (H // Hkv):head // (H // Hkv) + 1]
         elif Hkv != H:
             k = k.repeat_interleave(H // Hkv, dim=1)
-        scores = attention_scores(q, k, self._modules[module].get("scale"))  # (1, h, R, T)
-        if what == "scores":
-            out = scores
-        elif what == "weights":
-            out = attention_weights(scores, self._mask_rows(module, slice(r0, r1)))
-        else:
+        params = self._modules[module]
+        if what not in ("weights", "scores"):
             raise ValueError(f"what must be 'weights' or 'scores', got {what!r}")
+        scores = scores_of(q, k, params, capped=what == "weights")  # (1, h, R, T)
+        out = scores if what == "scores" else attention_weights(scores, self._mask_rows(module, slice(r0, r1)))
         out = out[0, :, :, cols or slice(None)]
         return out[0] if head is not None else out
 
@@ -595,7 +605,7 @@ class LazyTrace(Trace):
 
     def _compute(self, module: str, role: str) -> torch.Tensor:
         """A whole module's tensor, exactly as MultiHeadAttention.forward computes it."""
-        from model.core.attention import attention_scores, attention_weights
+        from model.core.attention import attention_weights
 
         q, k = self._tensors[f"{module}.q"], self._tensors[f"{module}.k"]
         B, H, T, _ = q.shape
@@ -605,9 +615,16 @@ class LazyTrace(Trace):
         r = H // k.shape[1]
         if r != 1:
             k = k.repeat_interleave(r, dim=1)
-        scores = attention_scores(q, k, self._modules[module].get("scale"))
+        params = self._modules[module]
+        scores = scores_of(q, k, params, capped=False)
         if role == "scores":
             return scores
+        if params.get("softcap") is not None:
+            from model.core.attention import softcap
+
+            scores = softcap(scores, params["softcap"])
+            if role == "scores_capped":
+                return scores
         weights = attention_weights(scores, mask)
         if role == "weights":
             return weights
@@ -615,47 +632,68 @@ class LazyTrace(Trace):
         return weights @ (v.repeat_interleave(r, dim=1) if r != 1 else v)  # z
 
 
-def recompute_params(info: Mapping) -> dict:
-    """{"scale", "window"} of an attention module's description entry, as attention_scores takes them:
-    scale None (absent, or the default 1/√d_head) is the forward's own division by √d_head."""
+def recompute_params(info: Mapping, module=None) -> dict:
+    """{"scale", "softcap", "window"} of an attention module as its forward uses them: the module's own
+    switches when the module is given (scale None = divide by √d_head, as the forward does), else its
+    description entry (a "scale" equal to 1/√d_head is that same division)."""
+    window = info.get("window")
+    if module is not None:
+        return {"scale": getattr(module, "scale", None), "softcap": getattr(module, "softcap", None),
+                "window": window}
     scale = info.get("scale")
-    scale = None if scale is None or scale == 1 / math.sqrt(info["d_head"]) else float(scale)
-    return {"scale": scale, "window": info.get("window")}
+    if scale is not None and math.isclose(scale, info["d_head"] ** -0.5, rel_tol=1e-12):
+        scale = None
+    return {"scale": scale, "softcap": info.get("softcap"), "window": window}
+
+
+def scores_of(q: torch.Tensor, k: torch.Tensor, params: Mapping, capped: bool = True) -> torch.Tensor:
+    """The forward's scores (attention.attention_scores), soft-capped as the forward does when the module
+    caps them (Gemma 2) and `capped`."""
+    from model.core.attention import attention_scores
+
+    s = attention_scores(q, k, params.get("scale"))
+    if capped and params.get("softcap") is not None:
+        from model.core.attention import softcap
+
+        s = softcap(s, params["softcap"])
+    return s
 
 
 def last_row(q: torch.Tensor, k: torch.Tensor, params: Mapping) -> torch.Tensor:
     """Where the newest position looks, from its query q (H, hs) and every key k (H_kv, T, hs) (a KV
     cache): softmax over keys of attention_scores, [H, T]; keys out of a sliding window get 0."""
-    from model.core.attention import attention_scores, attention_weights
+    from model.core.attention import attention_weights
 
     H, (Hkv, T, hs) = q.shape[0], k.shape
     qg = q.reshape(Hkv, H // Hkv, hs)[None]  # (1, H_kv, r, hs): a K/V head's query heads together
-    scores = attention_scores(qg, k[None], params.get("scale"))  # (1, H_kv, r, T), no K/V copy
+    scores = scores_of(qg, k[None], params)  # (1, H_kv, r, T), no K/V copy
     mask = None
     if params.get("window"):
         mask = (torch.arange(T) <= T - 1 - params["window"])[None, None, None]
     return attention_weights(scores, mask).reshape(H, T)
 
 
-def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], names, hooked: set[str]
-              ) -> tuple[list[str], dict[str, dict]]:
+def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], names, hooked: set[str],
+              modules: Mapping | None = None) -> tuple[list[str], dict[str, dict]]:
     """What a lazy trace stores and which attention modules it serves on demand.
 
     shapes: every capture name -> shape (computation order); attention: the model description's
     attention entries (self-attention ones are served lazily); names: globs of extra O(T·d) names to
-    store (None: none); hooked: capture names with a hook. A module whose scores/mask/weights/z are
+    store (None: none); hooked: capture names with a hook; modules: name -> the attention module (its
+    own switches: scale, softcap). A module whose scores/mask/weights/z are
     hooked cannot be recomputed from q, k, v (the hook changed them): it is stored whole."""
     from model.core.recorder import select_names
 
     extra = set(select_names(list(shapes), names)) if names is not None else set()
+    modules = modules or {}
     lazy: dict[str, dict] = {}
     stored: set[str] = set()
     for m, info in attention.items():
         inside = {f"{m}.{r}" for r in LAZY_ROLES}
-        if info.get("kind") == "cross" or inside & hooked or info.get("softcap"):  # not recomputed here
+        if info.get("kind") == "cross" or inside & hooked:  # not recomputed from q, k, v
             stored |= {n for n in shapes if n.startswith(m + ".")} & (inside | {f"{m}.{r}" for r in STORED_ROLES})
             continue
-        lazy[m] = recompute_params(info)
+        lazy[m] = recompute_params(info, modules.get(m))
         stored |= {f"{m}.{r}" for r in STORED_ROLES}
         extra -= inside
     extra.discard("masks.causal")
@@ -674,7 +712,9 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
     shapes = model.capture_names(B, T)
     resolved = model.resolve_hooks(hooks)
     desc = model.describe()
-    wanted, lazy = lazy_plan(shapes, desc["attention"], names, set(resolved))
+    mods = dict(model.named_modules())
+    mods = {m: mods[m] for m in desc["attention"] if m in mods}
+    wanted, lazy = lazy_plan(shapes, desc["attention"], names, set(resolved), mods)
     itemsize = next(model.parameters()).element_size()
     n_bytes = recorder.estimate_bytes(shapes, wanted, itemsize)
     if budget_bytes is not None and n_bytes > budget_bytes:
@@ -682,7 +722,7 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
         while lo < hi:
             mid = (lo + hi + 1) // 2
             s = model.capture_names(B, mid)
-            w, _ = lazy_plan(s, desc["attention"], names, {n for n in s if n in resolved})
+            w, _ = lazy_plan(s, desc["attention"], names, {n for n in s if n in resolved}, mods)
             lo, hi = (mid, hi) if recorder.estimate_bytes(s, w, itemsize) <= budget_bytes else (lo, mid - 1)
         raise recorder.CaptureBudgetError(
             f"a lazy trace of {T} tokens needs about {n_bytes / 2**20:.1f} MiB, over the budget of "
@@ -691,7 +731,8 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
     with (recorder.hooking(resolved), recorder.fast_attention(fast),
           recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec):
         out = model(ids)
-    served = {f"{m}.{r}" for m in lazy for r in LAZY_ROLES} | ({"masks.causal"} if lazy else set())
+    served = {f"{m}.{r}" for m, p in lazy.items() for r in LAZY_ROLES
+              if r != "scores_capped" or p["softcap"] is not None} | ({"masks.causal"} if lazy else set())
     info = {"config": model.cfg.to_dict(), "model": desc, "tgt_ids": ids.tolist(),
             "mask_convention": "True = blocked (attention not allowed)", "training": model.training,
             "dtype": str(out.dtype).removeprefix("torch."), "fast_attention": bool(fast)}
