@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.core.layers import apply_rotary
+from model.core.layers import RMSNorm, apply_rotary
 from model.core.recorder import fast_attention_allowed, hook, keep, record
 
 
@@ -23,14 +23,27 @@ def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return ids == pad_id
 
 
-def causal_mask(n_query: int, n_key: int | None = None, offset: int = 0, device=None) -> torch.Tensor:
+def causal_mask(n_query: int, n_key: int | None = None, offset: int = 0, device=None,
+                window: int | None = None) -> torch.Tensor:
     """(Lq, Lk) bool, True above the diagonal: query i (at absolute position offset + i) cannot see later keys.
 
     With a key/value cache, the new queries start at `offset` and the keys at 0.
+    window (sliding-window attention: Mistral, Gemma 2/3 local layers): the query at position p also
+    cannot see keys at p - window or earlier, so it sees the `window` positions p - window + 1 .. p
+    (itself included), as Hugging Face's sliding_window_overlay (kv_idx > q_idx - window).
     """
     n_key = n_query + offset if n_key is None else n_key
     ones = torch.ones(n_query, n_key, dtype=torch.bool, device=device)
-    return torch.triu(ones, diagonal=offset + 1)
+    mask = torch.triu(ones, diagonal=offset + 1)
+    if window is not None:
+        mask |= torch.tril(ones, diagonal=offset - window)  # key j blocked when (offset + i) - j >= window
+    return mask
+
+
+def softcap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """Soft-capping (Gemma 2): cap · tanh(scores / cap), smooth and bounded to (-cap, cap); near 0 it is
+    the identity, so only large logits are squeezed."""
+    return torch.tanh(scores / cap) * cap
 
 
 def attention_mask(key_pad: torch.Tensor, n_query: int, causal: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,11 +71,19 @@ def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
     if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
         # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
         bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
-        weights = F.softmax(scores + bias, dim=-1)
+        weights = _softmax(scores + bias)
         if bool(mask.all(dim=-1).any()):  # a row with no visible key: softmax gives NaN; make it 0
             weights = weights.masked_fill(mask, 0.0)
         return weights
-    return F.softmax(scores, dim=-1)
+    return _softmax(scores)
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys; in bfloat16/float16 computed in float32 and cast back (as Hugging Face's eager
+    attention), in float32 the plain softmax (the same bits as before)."""
+    if x.dtype == torch.float32:
+        return F.softmax(x, dim=-1)
+    return F.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -92,10 +113,20 @@ class MultiHeadAttention(nn.Module):
       g*r .. g*r + r - 1 (r = n_heads / n_kv_heads). `.k`/`.v` keep the model's own n_kv_heads.
     - qkv_bias / out_bias: biases of W^Q, W^K, W^V and of W^O (Llama has none, Qwen2 only on Q/K/V).
     - rotary: forward's `angles` rotate q and k (RoPE); `.q_unrot`/`.k_unrot` record them before.
+    And the 2024-2026 mechanisms, each one switch (off by default):
+    - scale: the query scale scores = q·kᵀ × scale (Gemma 2/3: query_pre_attn_scalar^-0.5); None = 1/√d_k;
+    - softcap: scores -> softcap · tanh(scores / softcap) before the mask (Gemma 2); `.scores` is before
+      the cap, `.scores_capped` after;
+    - qk_norm: RMSNorm of q and k before RoPE, "head" (over each head's d_head: Qwen3, Gemma 3) or "full"
+      (over the whole projection, before the split into heads: OLMo 2, OLMoE); modules `q_norm`, `k_norm`
+      record `<attn>.q_norm.in/.out`, `<attn>.k_norm.in/.out`. `.q_unrot`/`.k_unrot` are after the norm.
+    The sliding window is in the mask the layer is given (causal_mask(..., window=W)).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_kv_heads: int | None = None,
-                 d_head: int | None = None, qkv_bias: bool = True, out_bias: bool = True):
+                 d_head: int | None = None, qkv_bias: bool = True, out_bias: bool = True,
+                 scale: float | None = None, softcap: float | None = None, qk_norm: str | None = None,
+                 norm_eps: float = 1e-6, norm_style: str = "llama"):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads
         self.n_kv_heads = n_kv_heads or n_heads
@@ -108,11 +139,28 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, self.n_kv_heads * hs, bias=qkv_bias)
         self.w_o = nn.Linear(n_heads * hs, d_model, bias=out_bias)
         self.dropout = nn.Dropout(dropout)
+        self.scale, self.softcap, self.qk_norm = scale, softcap, qk_norm
+        if qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'full', got {qk_norm!r}")
+        full = qk_norm == "full"
+        self.q_norm = RMSNorm(n_heads * hs if full else hs, norm_eps, norm_style) if qk_norm else None
+        self.k_norm = RMSNorm(self.n_kv_heads * hs if full else hs, norm_eps, norm_style) if qk_norm else None
         self.name = "attn"  # set to the module path (e.g. "encoder.layers.0.self_attn") by the model
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape
         return x.view(B, L, -1, self.d_head).transpose(1, 2)  # (B, L, H*hs) -> (B, H, L, hs)
+
+    def project(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        """(B, L, D) -> (B, heads, L, hs): W^Q or W^K ("q" / "k"), split into heads, with the q/k norm."""
+        h = (self.w_q if which == "q" else self.w_k)(x)
+        norm = self.q_norm if which == "q" else self.k_norm
+        if norm is not None and self.qk_norm == "full":  # OLMo 2: one RMSNorm over all heads together
+            h = norm(h)
+        h = self.split_heads(h)
+        if norm is not None and self.qk_norm == "head":  # Qwen3, Gemma 3: each head's vector on its own
+            h = norm(h)
+        return h
 
     def kv_head_of(self, head: int) -> int:
         """The key/value head that query head `head` reads (grouped-query attention)."""
@@ -129,18 +177,18 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         n = self.name
         if angles is None:
-            q = record(f"{n}.q", self.split_heads(self.w_q(x_q)))  # (B, H, Lq, hs)
+            q = record(f"{n}.q", self.project(x_q, "q"))  # (B, H, Lq, hs)
         else:  # `.q` is the rotated query, so scores = q·kᵀ/√d_k holds for every family
-            q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.split_heads(self.w_q(x_q))), angles))
+            q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.project(x_q, "q")), angles))
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]  # cross-attention: hooked once, when first computed
         else:
             # Hooks see the keys/values computed in this call (with a cache: only the new positions),
             # so a position-wise hook acts once per position, as in a full teacher-forced pass.
             if angles is None:
-                k = hook(f"{n}.k", self.split_heads(self.w_k(x_kv)))  # (B, H_kv, Lk, hs)
+                k = hook(f"{n}.k", self.project(x_kv, "k"))  # (B, H_kv, Lk, hs)
             else:
-                k_unrot = hook(f"{n}.k_unrot", self.split_heads(self.w_k(x_kv)))
+                k_unrot = hook(f"{n}.k_unrot", self.project(x_kv, "k"))
                 k = hook(f"{n}.k", apply_rotary(k_unrot, angles))
                 if cache is not None and "k_unrot" in cache:
                     k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
@@ -155,15 +203,17 @@ class MultiHeadAttention(nn.Module):
             cache["k"], cache["v"] = k, v
         keep(f"{n}.k", k)
         keep(f"{n}.v", v)
-        if not self.training and fast_attention_allowed(n):  # the named fast path (recorder.fast_attention)
-            z = record(f"{n}.z", fused_attention(q, k, v, mask))  # (B, H, Lq, hs)
+        if not self.training and self.softcap is None and fast_attention_allowed(n):  # the named fast path
+            z = record(f"{n}.z", fused_attention(q, k, v, mask, self.scale))  # (B, H, Lq, hs)
             B, H, Lq, hs = z.shape
             return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))
         if self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
             r = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
 
-        scores = record(f"{n}.scores", attention_scores(q, k))  # (B, H, Lq, Lk)
+        scores = record(f"{n}.scores", attention_scores(q, k, self.scale))  # (B, H, Lq, Lk)
+        if self.softcap is not None:  # Gemma 2: bounded logits, before the mask
+            scores = record(f"{n}.scores_capped", softcap(scores, self.softcap))
         if mask is not None:
             mask = record(f"{n}.mask", mask)
         # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
@@ -181,6 +231,12 @@ class MultiHeadAttention(nn.Module):
         if rotary:  # recorded in this order by forward
             q = {f"{n}.q_unrot": (B, H, Lq, hs)} | q
             kv = {f"{n}.k_unrot": (B, Hkv, Lk, hs)} | kv
-        return q | kv | {f"{n}.scores": (B, H, Lq, Lk), f"{n}.mask": (B, 1, Lq, Lk),
-                         f"{n}.weights": (B, H, Lq, Lk), f"{n}.z": (B, H, Lq, hs),
-                         f"{n}.out": (B, Lq, self.w_o.out_features)}
+        if self.qk_norm:  # (B, H, L, hs) per head; (B, L, H*hs) over the whole projection
+            qs, ks = ((B, H, Lq, hs), (B, Hkv, Lk, hs)) if self.qk_norm == "head" else ((B, Lq, H * hs),
+                                                                                     (B, Lk, Hkv * hs))
+            q = {f"{n}.q_norm.in": qs, f"{n}.q_norm.out": qs} | q
+            kv = {f"{n}.k_norm.in": ks, f"{n}.k_norm.out": ks} | kv
+        capped = {f"{n}.scores_capped": (B, H, Lq, Lk)} if self.softcap is not None else {}
+        return q | kv | {f"{n}.scores": (B, H, Lq, Lk)} | capped | {
+            f"{n}.mask": (B, 1, Lq, Lk), f"{n}.weights": (B, H, Lq, Lk), f"{n}.z": (B, H, Lq, hs),
+            f"{n}.out": (B, Lq, self.w_o.out_features)}

@@ -12,6 +12,28 @@ parsing capture names:
 
 Kinds: "encoder_self", "decoder_self" (masked: a query sees only earlier keys) and "cross" (queries
 from the decoder, keys and values from the encoder output).
+
+Decoder LMs (model/families/lm.py) add, per attention entry, what it takes to recompute the layer's
+weights from its recorded q and k (`<attn>.q` is after q/k norm and RoPE, so these are all that is left):
+
+    "scale":   float, the real query scale: scores = q·kᵀ × scale (1/√d_head, or Gemma 2/3's
+               query_pre_attn_scalar^-0.5)
+    "softcap": float | None, scores -> softcap · tanh(scores / softcap), after the scale, before the mask
+    "window":  int | None, sliding window W: the query at position p sees keys p-W+1 .. p (blocked when
+               p - j >= W, as Hugging Face's sliding_window_overlay); None = plain causal
+    "rope":    None, or {"base", "scaling" ("default" | "linear" | "llama3"), "factor", ("low_freq_factor",
+               "high_freq_factor", "original_max_len" for llama3), "rotary_dim" (< d_head: partial rotary,
+               only the first rotary_dim dims turn), "angles" (the capture name of this layer's angles:
+               "decoder.rope.angles" or, for Gemma 3's local layers, "decoder.rope.angles_local")}
+    "qk_norm": bool (RMSNorm on q and k before RoPE); "qk_norm_over": "head" | "full" | None
+    "layer_type": "full" | "sliding"
+
+    weights = softmax(mask(softcap(q·kᵀ × scale)))  with the window in the mask, per query head
+    (query head h reads K/V head h // (n_heads / n_kv_heads)); softmax in float32 for bf16/fp16 models.
+
+and in "blocks": "norm_position" ("pre" | "sandwich" | "post"), "post_norms", "parallel_residual",
+"embed_scale" (√d_model or None), "final_softcap", "sliding_window", "moe" (None or {"n_experts",
+"top_k", "d_ff", "norm_topk", "shared", "shared_d_ff", "shared_gate", "layers"}).
 """
 
 from __future__ import annotations
@@ -23,12 +45,12 @@ SIDES = {"encoder": "src_tokens", "decoder": "tgt_tokens"}  # the trace.meta key
 
 
 def attention_entry(kind: str, stack: str, layer: int, n_heads: int, d_head: int,
-                    n_kv_heads: int | None = None) -> dict:
-    """One attention module's description."""
+                    n_kv_heads: int | None = None, **mechanisms) -> dict:
+    """One attention module's description (`mechanisms`: the decoder LMs' keys documented above)."""
     query = SIDES[stack]
     return {"kind": kind, "stack": stack, "layer": layer, "causal": kind == "decoder_self",
             "query_tokens": query, "key_tokens": SIDES["encoder"] if kind == "cross" else query,
-            "n_heads": n_heads, "n_kv_heads": n_kv_heads or n_heads, "d_head": d_head}
+            "n_heads": n_heads, "n_kv_heads": n_kv_heads or n_heads, "d_head": d_head, **mechanisms}
 
 
 def describe_transformer(cfg: Mapping) -> dict:

@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from model.core.recorder import record
+from model.core.recorder import record, wanted
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -25,19 +27,56 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     return pe.float()
 
 
-def rotary_angles(n: int, d_head: int, base: float, offset: int = 0) -> torch.Tensor:
+ROPE_SCALINGS = ("default", "linear", "llama3")
+
+
+def rope_inv_freq(dim: int, base: float, scaling: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_len: int | None = None) -> torch.Tensor:
+    """RoPE frequencies (dim/2,): pair i turns by base^(-2i/dim) per position, in float32 as Hugging Face.
+
+    Scaling for long context (transformers' modeling_rope_utils, same formulas):
+    - "linear": every frequency / factor (positions squeezed factor times: Gemma 3's global layers);
+    - "llama3" (Llama 3.1+): wavelengths longer than original_max_len / low_freq_factor are divided by
+      factor, shorter than original_max_len / high_freq_factor kept, in between a smooth blend."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if scaling == "linear":
+        return inv_freq / factor
+    if scaling == "llama3":
+        low_wavelen = original_max_len / low_freq_factor
+        high_wavelen = original_max_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    if scaling != "default":
+        raise ValueError(f"RoPE scaling must be one of {ROPE_SCALINGS}, got {scaling!r}")
+    return inv_freq
+
+
+def rotary_angles(n: int, d_head: int, base: float, offset: int = 0, inv_freq: torch.Tensor | None = None,
+                  device=None) -> torch.Tensor:
     """RoPE angles (n, d_head/2): position p rotates dimension pair i by p / base^(2i/d_head).
 
     Computed in float32 like Hugging Face's Llama (`inv_freq`, then positions x inv_freq), so the
-    rotated q/k agree with the reference to float32 rounding."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+    rotated q/k agree with the reference to float32 rounding. `inv_freq` (from rope_inv_freq):
+    scaled or partial-rotary frequencies instead of the plain ones."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
     pos = torch.arange(offset, offset + n, dtype=torch.int64).float()
-    return pos[:, None] * inv_freq[None, :]
+    angles = pos[:, None] * inv_freq[None, :]
+    return angles if device is None else angles.to(device)
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, hs) by angles (T, hs/2). Pairs are (i, i + hs/2) ("rotate half", the
-    Hugging Face layout; GGUF's interleaved pairs are un-permuted by the loader)."""
+    """Rotate (B, H, T, hs) by angles (T, r/2). Pairs are (i, i + r/2) ("rotate half", the
+    Hugging Face layout; GGUF's interleaved pairs are un-permuted by the loader). Partial rotary
+    (GPT-NeoX, r < hs): only the first r dimensions turn, the rest pass through unchanged."""
+    r = 2 * angles.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :r], angles), x[..., r:]), dim=-1)
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     half = x.shape[-1] // 2
@@ -59,21 +98,39 @@ class LayerNorm(nn.LayerNorm):
         return {f"{self.name}.in": (B, L, D), f"{self.name}.out": (B, L, D)}
 
 
+RMS_STYLES = ("llama", "gemma", "olmo")
+
+
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) * weight: LayerNorm without the mean and the bias (Llama, Qwen2)."""
+    """x / sqrt(mean(x²) + eps) * weight: LayerNorm without the mean and the bias (Llama, Qwen2).
+
+    Normalized in float32 (as Hugging Face); the styles differ only in where the weight applies,
+    which matters in bfloat16 (in float32 all three are the same numbers for the same weight):
+    - "llama": cast back to the input dtype, then × weight;
+    - "gemma": × (1 + weight) in float32, then cast (the stored weight is an offset from 1);
+    - "olmo": × weight in float32, then cast."""
 
     name = "norm"
 
-    def __init__(self, d_model: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, eps: float = 1e-6, style: str = "llama"):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model))
+        if style not in RMS_STYLES:
+            raise ValueError(f"RMSNorm style must be one of {RMS_STYLES}, got {style!r}")
+        self.weight = nn.Parameter(torch.ones(d_model) if style != "gemma" else torch.zeros(d_model))
         self.eps = eps
+        self.style = style
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = record(f"{self.name}.in", x)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # as HF: in float32
-        return record(f"{self.name}.out", self.weight * h.to(x.dtype))
+        if self.style == "gemma":
+            h = (h * (1.0 + self.weight.float())).to(x.dtype)
+        elif self.style == "olmo":
+            h = (self.weight * h).to(x.dtype)
+        else:
+            h = self.weight * h.to(x.dtype)
+        return record(f"{self.name}.out", h)
 
     def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
         D = self.weight.shape[0]
@@ -120,3 +177,90 @@ class FeedForward(nn.Module):
         d_ff = self.linear1.out_features
         gate = {} if self.gate is None else {f"{self.name}.gate": (B, L, d_ff)}
         return gate | {f"{self.name}.hidden": (B, L, d_ff), f"{self.name}.out": (B, L, self.linear2.out_features)}
+
+
+class Expert(nn.Module):
+    """One expert of a mixture: a gated FFN, linear2(act(gate(x)) * linear1(x)), run only on the
+    positions routed to it. It records nothing itself: `MoEFeedForward` records its output."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_kind: str = "silu", bias: bool = False):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # up
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # down
+        self.act = activation(activation_kind)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (n, D) -> (n, D)
+        return self.linear2(self.act(self.gate(x)) * self.linear1(x))
+
+
+class MoEFeedForward(nn.Module):
+    """Mixture of experts in place of the FFN (Mixtral, Qwen2-MoE, OLMoE), per position x:
+
+        p = softmax(router(x))                   over the n_experts, in float32 (as Hugging Face)
+        the top_k experts by p, weights w = their p (renormalized to sum 1 when norm_topk: Mixtral)
+        out = Σ_j w_j · expert_{e_j}(x)  (+ sigmoid(shared_gate(x)) · shared_expert(x): Qwen2-MoE)
+
+    Capture points (<ffn> = decoder.layers.{i}.ffn), each also a hook point:
+      <ffn>.router.logits        (B, T, E)   router output
+      <ffn>.router.probs         (B, T, E)   softmax, float32
+      <ffn>.router.topk_ids      (B, T, k)   int64, the chosen experts, most probable first
+      <ffn>.router.topk_weights  (B, T, k)   their weights (the model's dtype)
+      <ffn>.experts.{e}.out      (B, T, D)   expert e's output before its weight, at the positions routed
+                                             to it, 0 elsewhere; formed only when recorded or hooked (a
+                                             hook that zeroes it removes expert e from those positions)
+      <ffn>.shared_expert.{gate, hidden, out}, <ffn>.shared_gate (B, T, 1)   (shared expert, if any)
+      <ffn>.out                  (B, T, D)
+    """
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, d_ff: int, activation_kind: str = "silu",
+                 norm_topk: bool = False, shared_d_ff: int = 0, shared_gate: bool = False):
+        super().__init__()
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d_model, d_ff, activation_kind) for _ in range(n_experts))
+        self.shared_expert = (FeedForward(d_model, shared_d_ff, activation_kind, 0.0, bias=False, gated=True)
+                              if shared_d_ff else None)
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_d_ff and shared_gate else None
+        self.top_k, self.norm_topk, self.d_model = top_k, norm_topk, d_model
+        self.name = "ffn"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.name
+        B, T, D = x.shape
+        logits = record(f"{n}.router.logits", self.router(x))  # (B, T, E)
+        probs = record(f"{n}.router.probs", torch.softmax(logits, dim=-1, dtype=torch.float32))
+        top_w, top_ids = probs.topk(self.top_k, dim=-1)  # (B, T, k)
+        if self.norm_topk:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        top_ids = record(f"{n}.router.topk_ids", top_ids)
+        top_w = record(f"{n}.router.topk_weights", top_w.to(x.dtype))
+        flat, ids, w = x.reshape(B * T, D), top_ids.reshape(B * T, -1), top_w.reshape(B * T, -1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            tok, slot = (ids == e).nonzero(as_tuple=True)  # the positions routed to e, and which of their k picks
+            name = f"{n}.experts.{e}.out"
+            if not wanted(name):
+                if tok.numel():
+                    out.index_add_(0, tok, expert(flat[tok]) * w[tok, slot, None])
+                continue
+            dense = flat.new_zeros(B * T, D).index_copy_(0, tok, expert(flat[tok]))
+            y = record(name, dense.view(B, T, D)).reshape(B * T, D)[tok]
+            out.index_add_(0, tok, y * w[tok, slot, None])
+        out = out.view(B, T, D)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_gate is not None:
+                shared = record(f"{n}.shared_gate", torch.sigmoid(self.shared_gate(x))) * shared
+            out = out + shared
+        return record(f"{n}.out", out)
+
+    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
+        n, E, k, D = self.name, len(self.experts), self.top_k, self.d_model
+        pts = {f"{n}.router.logits": (B, L, E), f"{n}.router.probs": (B, L, E),
+               f"{n}.router.topk_ids": (B, L, k), f"{n}.router.topk_weights": (B, L, k)}
+        pts |= {f"{n}.experts.{e}.out": (B, L, D) for e in range(E)}
+        if self.shared_expert is not None:
+            pts |= self.shared_expert.capture_points(B, L)
+            if self.shared_gate is not None:
+                pts[f"{n}.shared_gate"] = (B, L, 1)
+        return pts | {f"{n}.out": (B, L, D)}

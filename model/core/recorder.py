@@ -223,6 +223,13 @@ def recording() -> bool:
     return _RECORDER.get() is not None
 
 
+def wanted(name: str) -> bool:
+    """True when `name` is recorded or hooked in this call: a point that costs extra work to form
+    (a mixture-of-experts expert's output spread over all positions) is built only then."""
+    rec, hooks = _RECORDER.get(), _HOOKS.get()
+    return (rec is not None and name in rec.wanted) or (hooks is not None and name in hooks)
+
+
 _INSIDE = (".scores", ".mask", ".weights")  # what a fused attention kernel never materializes
 
 

@@ -13,7 +13,27 @@ capture names follow the decoder's (every view that reads `decoder.*` works):
 
 One config (`LMConfig`, in the style of nanoGPT / TransformerLens's HookedTransformerConfig) holds
 every switch: positions learned or rotary, n_kv_heads (grouped-query attention), norm, plain or gated
-FFN, activation, biases, tied embeddings.
+FFN, activation, biases, tied embeddings. The 2024-2026 families are the same code with one named
+switch per mechanism (all off by default):
+
+    rope_scaling (+ rope_factor...)  long-context RoPE: "linear", "llama3" (Llama 3.1+)
+    rotary_dim                       partial rotary: only the first dims of each head turn (GPT-NeoX)
+    sliding_window, layer_types      local attention on "sliding" layers (Mistral, Gemma 2/3, Phi-3)
+    rope_local_base                  the sliding layers' own RoPE base (Gemma 3)
+    query_scale                      scores = q·kᵀ × query_scale (Gemma 2/3), not 1/√d_k
+    attn_softcap, final_softcap      cap · tanh(x / cap) on the scores / the logits (Gemma 2)
+    qk_norm                          RMSNorm of q and k, per head (Qwen3, Gemma 3) or whole (OLMo 2)
+    embed_scale                      token embedding × √d_model (Gemma)
+    norm ("rmsnorm_gemma", ...)      (1 + w) RMSNorm (Gemma), w applied in float32 (OLMo 2)
+    norm_position                    "pre"; "sandwich": also a norm after each sublayer (Gemma 2/3);
+                                     "post": only after each sublayer (OLMo 2)
+    parallel_residual                x + Attn(Norm1(x)) + FFN(Norm2(x)) (GPT-NeoX / Pythia)
+    n_experts, moe_top_k, ...        mixture-of-experts FFN with a router (Mixtral, Qwen2-MoE, OLMoE)
+
+Extra modules and their capture names: `<layer>.norm_post_attn`, `<layer>.norm_post_ffn` (in/out);
+`<attn>.q_norm`, `<attn>.k_norm` (in/out); `<attn>.scores_capped`; `decoder.rope.angles_local` (the
+sliding layers' angles when their base differs); `masks.sliding`; `logits_uncapped`; the MoE points
+of model/core/layers.py's MoEFeedForward. describe() says which layer uses which (model/core/describe.py).
 """
 
 from __future__ import annotations
@@ -26,15 +46,26 @@ import torch
 from torch import nn
 
 from model.core import recorder
-from model.core.attention import MultiHeadAttention, causal_mask
+from model.core.attention import MultiHeadAttention, causal_mask, softcap
 from model.core.config import DictConfig
 from model.core.describe import SIDES, attention_entry
-from model.core.layers import ACTIVATIONS, FeedForward, LayerNorm, RMSNorm, rotary_angles
+from model.core.layers import (
+    ACTIVATIONS,
+    ROPE_SCALINGS,
+    FeedForward,
+    LayerNorm,
+    MoEFeedForward,
+    RMSNorm,
+    rope_inv_freq,
+    rotary_angles,
+)
 from model.core.recorder import CaptureError, Hook, record
 from model.core.trace import Trace, run_lazy
 
 POSITIONALS = ("learned", "rotary")
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_gemma", "rmsnorm_olmo")
+NORM_POSITIONS = ("pre", "sandwich", "post")
+LAYER_TYPES = ("full", "sliding")
 FFNS = ("plain", "gated")
 
 
@@ -61,8 +92,35 @@ class LMConfig(DictConfig):
     bos_id: int | None = None
     eos_id: int | None = None
     pad_id: int | None = None
+    # ---- 2024-2026 mechanisms (see the module docstring); the defaults change nothing
+    rope_scaling: str = "default"  # "linear" | "llama3"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3 only
+    rope_high_freq_factor: float = 4.0  # llama3 only
+    rope_original_max_len: int | None = None  # llama3 only: the pre-training context
+    rotary_dim: int | None = None  # None = all of d_head
+    rope_local_base: float | None = None  # sliding layers' base; None = rope_base (and the same scaling)
+    sliding_window: int | None = None  # a query sees itself and the window - 1 positions before it
+    layer_types: tuple[str, ...] | None = None  # "full" | "sliding" per layer; None = all sliding iff a window
+    query_scale: float | None = None  # None = 1/sqrt(d_head)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    qk_norm: str | None = None  # None | "head" | "full"
+    embed_scale: bool = False
+    norm_position: str = "pre"
+    parallel_residual: bool = False
+    n_experts: int = 0  # 0 = dense FFN everywhere
+    moe_top_k: int = 0
+    moe_d_ff: int = 0  # each expert's hidden size
+    moe_norm_topk: bool = False  # renormalize the top-k weights to sum 1 (Mixtral)
+    moe_shared_d_ff: int = 0  # shared expert's hidden size (Qwen2-MoE); 0 = none
+    moe_shared_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE)
+    moe_layers: tuple[int, ...] | None = None  # layers with the MoE FFN; None = all (others: dense d_ff)
 
     def __post_init__(self) -> None:
+        for f in ("layer_types", "moe_layers"):  # JSON gives lists; a frozen config must stay hashable
+            if isinstance(getattr(self, f), list):
+                object.__setattr__(self, f, tuple(getattr(self, f)))
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -92,6 +150,82 @@ class LMConfig(DictConfig):
             v = getattr(self, f)
             if v is not None and v >= self.vocab_size:
                 raise ValueError(f"{f} ({v}) must be below vocab_size ({self.vocab_size})")
+        self._check_mechanisms()
+
+    def _check_mechanisms(self) -> None:
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling must be one of {ROPE_SCALINGS}, got {self.rope_scaling!r}")
+        if not self.rope_factor > 0:
+            raise ValueError(f"rope_factor must be > 0, got {self.rope_factor!r}")
+        if self.rope_scaling == "llama3" and (self.rope_original_max_len is None
+                                              or not self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
+            raise ValueError("llama3 RoPE scaling needs rope_original_max_len and "
+                             "rope_high_freq_factor > rope_low_freq_factor > 0")
+        if self.rotary_dim is not None and (self.rotary_dim <= 0 or self.rotary_dim % 2
+                                            or self.rotary_dim > self.head_dim):
+            raise ValueError(f"rotary_dim must be even and in (0, d_head={self.head_dim}], got {self.rotary_dim!r}")
+        for f in ("sliding_window", "rope_original_max_len", "n_experts", "moe_top_k", "moe_d_ff",
+                  "moe_shared_d_ff"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{f} must be a non-negative integer, got {v!r}")
+        if self.sliding_window == 0:
+            raise ValueError("sliding_window must be a positive integer or None")
+        for f in ("rope_local_base", "query_scale", "attn_softcap", "final_softcap"):
+            v = getattr(self, f)
+            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"{f} must be a positive number or None, got {v!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.n_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+                raise ValueError(f"layer_types must give one of {LAYER_TYPES} for each of the {self.n_layers} "
+                                 f"layers, got {self.layer_types!r}")
+            if "sliding" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding layers but sliding_window is not set")
+        if self.qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'full', got {self.qk_norm!r}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
+        if self.parallel_residual and self.norm_position != "pre":
+            raise ValueError("parallel_residual needs norm_position='pre' (GPT-NeoX)")
+        if self.n_experts:
+            if not 0 < self.moe_top_k <= self.n_experts or self.moe_d_ff <= 0:
+                raise ValueError(f"a mixture of experts needs 0 < moe_top_k <= n_experts ({self.n_experts}) "
+                                 f"and moe_d_ff > 0, got moe_top_k={self.moe_top_k}, moe_d_ff={self.moe_d_ff}")
+            if self.ffn != "gated":
+                raise ValueError("the experts are gated FFNs: a mixture of experts needs ffn='gated'")
+            if self.moe_layers is not None and any(not 0 <= i < self.n_layers for i in self.moe_layers):
+                raise ValueError(f"moe_layers must be layer indices below {self.n_layers}, got {self.moe_layers!r}")
+
+    def layer_type(self, i: int) -> str:
+        """"full" or "sliding" (its attention sees only the last sliding_window positions)."""
+        if self.layer_types is not None:
+            return self.layer_types[i]
+        return "sliding" if self.sliding_window is not None else "full"
+
+    def is_moe(self, i: int) -> bool:
+        return self.n_experts > 0 and (self.moe_layers is None or i in self.moe_layers)
+
+    def rope_of(self, i: int) -> dict:
+        """Layer i's RoPE: base, scaling and its factors, rotary dims, and the angles' capture name."""
+        local = self.layer_type(i) == "sliding" and self.rope_local_base is not None
+        rope = {"base": self.rope_local_base if local else self.rope_base,
+                "scaling": "default" if local else self.rope_scaling,
+                "rotary_dim": self.rotary_dim or self.head_dim,
+                "angles": "decoder.rope.angles_local" if local else "decoder.rope.angles"}
+        if rope["scaling"] != "default":
+            rope["factor"] = self.rope_factor
+        if rope["scaling"] == "llama3":
+            rope |= {"low_freq_factor": self.rope_low_freq_factor, "high_freq_factor": self.rope_high_freq_factor,
+                     "original_max_len": self.rope_original_max_len}
+        return rope
+
+    def inv_freq(self, local: bool = False) -> torch.Tensor:
+        """The RoPE frequencies of the global layers (or, local=True, of the sliding layers)."""
+        dim = self.rotary_dim or self.head_dim
+        if local and self.rope_local_base is not None:
+            return rope_inv_freq(dim, self.rope_local_base)
+        return rope_inv_freq(dim, self.rope_base, self.rope_scaling, self.rope_factor, self.rope_low_freq_factor,
+                             self.rope_high_freq_factor, self.rope_original_max_len)
 
     @property
     def kv_heads(self) -> int:
@@ -106,17 +240,27 @@ class LMConfig(DictConfig):
         D, F, V, hs = self.d_model, self.d_ff, self.vocab_size, self.head_dim
         H, Hkv = self.n_heads, self.kv_heads
         attn = D * hs * (2 * H + 2 * Hkv) + (hs * (H + 2 * Hkv) if self.qkv_bias else 0) + (D if self.out_bias else 0)
+        attn += {None: 0, "head": 2 * hs, "full": (H + Hkv) * hs}[self.qk_norm]
         ffn = (3 if self.ffn == "gated" else 2) * D * F + ((2 if self.ffn == "gated" else 1) * F + D
                                                           if self.ffn_bias else 0)
+        moe = (self.n_experts * (3 * D * self.moe_d_ff + D) + 3 * D * self.moe_shared_d_ff
+               + (D if self.moe_shared_gate and self.moe_shared_d_ff else 0))
         norm = D * (2 if self.norm == "layernorm" else 1)
-        per_layer = attn + ffn + 2 * norm
+        n_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_position]
+        total = sum(attn + (moe if self.is_moe(i) else ffn) + n_norms * norm for i in range(self.n_layers))
         embed = V * D + (self.max_len * D if self.positional == "learned" else 0)
-        return self.n_layers * per_layer + embed + norm + (0 if self.tie_embeddings else V * D)
+        return total + embed + norm + (0 if self.tie_embeddings else V * D)
 
+
+
+def _rms_style(cfg: LMConfig) -> str:
+    return {"rmsnorm_gemma": "gemma", "rmsnorm_olmo": "olmo"}.get(cfg.norm, "llama")
 
 
 def _norm(cfg: LMConfig) -> nn.Module:
-    return LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "layernorm" else RMSNorm(cfg.d_model, cfg.norm_eps)
+    if cfg.norm == "layernorm":
+        return LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    return RMSNorm(cfg.d_model, cfg.norm_eps, _rms_style(cfg))
 
 
 class LMEmbeddings(nn.Module):
@@ -127,9 +271,13 @@ class LMEmbeddings(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positional == "learned" else None
+        self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
 
     def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        x = record("decoder.embed.tok", self.tok(ids))  # (B, T, D)
+        x = self.tok(ids)  # (B, T, D)
+        if self.scale is not None:  # Gemma: × √d_model, rounded to the weights' dtype as Hugging Face
+            x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
+        x = record("decoder.embed.tok", x)
         if self.pos is not None:
             x = x + record("decoder.embed.pos", self.pos.weight[offset:offset + ids.shape[1]])  # (T, D)
         return record("decoder.embed.out", x)
@@ -141,35 +289,61 @@ class LMEmbeddings(nn.Module):
 
 
 class LMBlock(nn.Module):
-    """Pre-LN decoder layer without cross-attention: x + Attn(Norm1(x)), then + FFN(Norm2(x))."""
+    """A decoder layer without cross-attention. Pre-LN (GPT-2, Llama): x + Attn(Norm1(x)), then
+    + FFN(Norm2(x)). The switches of LMConfig give the other arrangements:
+    - norm_position="sandwich" (Gemma 2/3): x + NormPostAttn(Attn(Norm1(x))), then + NormPostFFN(FFN(Norm2(x)));
+    - norm_position="post" (OLMo 2): x + NormPostAttn(Attn(x)), then + NormPostFFN(FFN(x)) (no norm before);
+    - parallel_residual (GPT-NeoX): x + Attn(Norm1(x)) + FFN(Norm2(x)), both read the same x."""
 
-    def __init__(self, cfg: LMConfig):
+    def __init__(self, cfg: LMConfig, i: int = 0):
         super().__init__()
-        self.norm1 = _norm(cfg)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, 0.0, n_kv_heads=cfg.kv_heads,
-                                            d_head=cfg.head_dim, qkv_bias=cfg.qkv_bias, out_bias=cfg.out_bias)
-        self.norm2 = _norm(cfg)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, 0.0, cfg.ffn_bias, gated=cfg.ffn == "gated")
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        self.norm1 = _norm(cfg) if pre else None
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, 0.0, n_kv_heads=cfg.kv_heads, d_head=cfg.head_dim, qkv_bias=cfg.qkv_bias,
+            out_bias=cfg.out_bias, scale=cfg.query_scale, softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg))
+        self.norm_post_attn = _norm(cfg) if post else None
+        self.norm2 = _norm(cfg) if pre else None
+        if cfg.is_moe(i):
+            self.ffn = MoEFeedForward(cfg.d_model, cfg.n_experts, cfg.moe_top_k, cfg.moe_d_ff, cfg.activation,
+                                      cfg.moe_norm_topk, cfg.moe_shared_d_ff, cfg.moe_shared_gate)
+        else:
+            self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, 0.0, cfg.ffn_bias, gated=cfg.ffn == "gated")
+        self.norm_post_ffn = _norm(cfg) if post else None
         self.rotary = cfg.positional == "rotary"
+        self.parallel = cfg.parallel_residual
+        self.d_model = cfg.d_model
         self.name = "decoder.layers.?"
 
+    @staticmethod
+    def _maybe(norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+        return x if norm is None else norm(x)
+
     def forward(self, x, mask, angles=None, cache: dict | None = None) -> torch.Tensor:
-        h = self.norm1(x)
-        x = x + self.self_attn(h, h, mask, cache, angles=angles)
-        x = x + self.ffn(self.norm2(x))
+        h = self._maybe(self.norm1, x)
+        a = self._maybe(self.norm_post_attn, self.self_attn(h, h, mask, cache, angles=angles))
+        if self.parallel:  # GPT-NeoX: the FFN reads the layer's input, not x + attention
+            x = self.ffn(self.norm2(x)) + a + x  # Hugging Face's order of the sum
+        else:
+            x = x + a
+            x = x + self._maybe(self.norm_post_ffn, self.ffn(self._maybe(self.norm2, x)))
         return record(f"{self.name}.out", x)
 
     def capture_points(self, B: int, T: int) -> dict[str, tuple[int, ...]]:
-        return (self.norm1.capture_points(B, T) | self.self_attn.capture_points(B, T, T, self.rotary)
-                | self.norm2.capture_points(B, T) | self.ffn.capture_points(B, T)
-                | {f"{self.name}.out": (B, T, self.ffn.linear2.out_features)})
+        def pts(norm):
+            return {} if norm is None else norm.capture_points(B, T)
+
+        return (pts(self.norm1) | self.self_attn.capture_points(B, T, T, self.rotary) | pts(self.norm_post_attn)
+                | pts(self.norm2) | self.ffn.capture_points(B, T) | pts(self.norm_post_ffn)
+                | {f"{self.name}.out": (B, T, self.d_model)})
 
 
 class LMDecoder(nn.Module):
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.embed = LMEmbeddings(cfg)
-        self.layers = nn.ModuleList(LMBlock(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(LMBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = _norm(cfg)
 
 
@@ -185,8 +359,13 @@ class DecoderLM(nn.Module):
         if not self.decoder.embed.tok.weight.is_meta:
             self._init_weights()
         self.tie()
+        self._sliding = any(cfg.layer_type(i) == "sliding" for i in range(cfg.n_layers))
+        # RoPE frequencies are recomputed each forward (tiny; a model built on the meta device has none):
+        # plain RoPE keeps rotary_angles' own formula, as before the switches existed
+        self._plain_rope = cfg.rope_scaling == "default" and cfg.rotary_dim in (None, cfg.head_dim)
+        self._local_rope = cfg.positional == "rotary" and cfg.rope_local_base is not None and self._sliding
         for path, module in self.named_modules():  # capture names = module path + role
-            if isinstance(module, MultiHeadAttention | FeedForward | LMBlock | LayerNorm | RMSNorm):
+            if isinstance(module, MultiHeadAttention | FeedForward | MoEFeedForward | LMBlock | LayerNorm | RMSNorm):
                 module.name = path
 
     def _init_weights(self) -> None:  # GPT-2's init; real models overwrite it
@@ -208,18 +387,33 @@ class DecoderLM(nn.Module):
         last_only: logits of the last position only, (B, 1, V) (generation: a long prompt's other rows
         would cost T × d_model × vocab for nothing)."""
         self._check_ids(ids, offset)
+        c = self.cfg
+        device = self.decoder.embed.tok.weight.device
+        ids = ids.to(device)
         T = ids.shape[1]
         B = ids.shape[0]
-        future = record("masks.causal", causal_mask(T, offset=offset, device=ids.device))  # (T, offset + T)
-        mask = future[None, None].expand(B, 1, T, offset + T)
+        future = record("masks.causal", causal_mask(T, offset=offset, device=device))  # (T, offset + T)
+        masks = {"full": future[None, None].expand(B, 1, T, offset + T)}
+        if self._sliding:  # a local layer's query also cannot see keys sliding_window or more positions back
+            local = record("masks.sliding", causal_mask(T, offset=offset, device=device, window=c.sliding_window))
+            masks["sliding"] = local[None, None].expand(B, 1, T, offset + T)
         x = self.decoder.embed(ids, offset)
-        angles = None
-        if self.cfg.positional == "rotary":
-            angles = record("decoder.rope.angles", rotary_angles(T, self.cfg.head_dim, self.cfg.rope_base, offset))
+        angles = {"full": None, "sliding": None}
+        if c.positional == "rotary":
+            angles["full"] = angles["sliding"] = record(
+                "decoder.rope.angles", rotary_angles(T, c.head_dim, c.rope_base, offset,
+                                                     None if self._plain_rope else c.inv_freq(), device))
+            if self._local_rope:  # Gemma 3: the sliding layers turn with their own base
+                angles["sliding"] = record("decoder.rope.angles_local", rotary_angles(
+                    T, c.head_dim, c.rope_base, offset, c.inv_freq(local=True), device))
         for i, layer in enumerate(self.decoder.layers):
-            x = layer(x, mask, angles, None if cache is None else cache[i])
+            kind = c.layer_type(i)
+            x = layer(x, masks[kind], angles[kind], None if cache is None else cache[i])
         x = record("decoder.out", self.decoder.norm(x))
-        return record("logits", self.generator(x[:, -1:] if last_only else x))
+        logits = self.generator(x[:, -1:] if last_only else x)
+        if c.final_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
+            logits = softcap(record("logits_uncapped", logits), c.final_softcap)
+        return record("logits", logits)
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in range(self.cfg.n_layers)]
@@ -243,13 +437,19 @@ class DecoderLM(nn.Module):
     def capture_names(self, B: int = 1, T: int = 1) -> dict[str, tuple[int, ...]]:
         """Every capture (and hook) point of a forward pass on (B, T) ids, in computation order, with
         its shape: walked from the module tree, each module listing its own."""
-        pts = {"masks.causal": (T, T)} | self.decoder.embed.capture_points(B, T)
-        if self.cfg.positional == "rotary":
-            pts["decoder.rope.angles"] = (T, self.cfg.head_dim // 2)
+        c = self.cfg
+        pts = {"masks.causal": (T, T)} | ({"masks.sliding": (T, T)} if self._sliding else {})
+        pts |= self.decoder.embed.capture_points(B, T)
+        if c.positional == "rotary":
+            pts["decoder.rope.angles"] = (T, (c.rotary_dim or c.head_dim) // 2)
+            if self._local_rope:
+                pts["decoder.rope.angles_local"] = (T, (c.rotary_dim or c.head_dim) // 2)
         for layer in self.decoder.layers:
             pts |= layer.capture_points(B, T)
-        return pts | self.decoder.norm.capture_points(B, T) | {"decoder.out": (B, T, self.cfg.d_model),
-                                                              "logits": (B, T, self.cfg.vocab_size)}
+        pts |= self.decoder.norm.capture_points(B, T) | {"decoder.out": (B, T, c.d_model)}
+        if c.final_softcap is not None:
+            pts["logits_uncapped"] = (B, T, c.vocab_size)
+        return pts | {"logits": (B, T, c.vocab_size)}
 
     def resolve_hooks(self, hooks: Mapping[str, Hook | list[Hook]] | None) -> dict[str, list[Hook]]:
         """{glob: fn} -> {capture name: [fn]}; a glob that matches no point is an error listing them."""
@@ -336,16 +536,32 @@ class DecoderLM(nn.Module):
     # ------------------------------------------------------------------ description
 
     def describe(self) -> dict:
-        """The model's own description (see model/core/describe.py), recorded in trace.meta["model"]."""
+        """The model's own description (see model/core/describe.py), recorded in trace.meta["model"].
+        Each attention entry carries its layer's score->weights math (scale, softcap, window, rope,
+        qk_norm), so a page or a lazy trace can recompute the weights from q and k alone."""
         c = self.cfg
-        attention = {f"decoder.layers.{i}.self_attn": attention_entry("decoder_self", "decoder", i, c.n_heads,
-                                                                      c.head_dim, c.kv_heads)
-                     for i in range(c.n_layers)}
-        blocks = {"positional": c.positional, "norm": c.norm, "norm_first": True, "ffn": c.ffn,
-                  "activation": c.activation, "tied_embeddings": c.tie_embeddings, "d_model": c.d_model,
-                  "d_ff": c.d_ff, "vocab_size": c.vocab_size}
+        attention = {}
+        for i in range(c.n_layers):
+            sliding = c.layer_type(i) == "sliding"
+            attention[f"decoder.layers.{i}.self_attn"] = attention_entry(
+                "decoder_self", "decoder", i, c.n_heads, c.head_dim, c.kv_heads,
+                scale=c.query_scale if c.query_scale is not None else c.head_dim ** -0.5,
+                softcap=c.attn_softcap, window=c.sliding_window if sliding else None,
+                rope=c.rope_of(i) if c.positional == "rotary" else None, qk_norm=c.qk_norm is not None,
+                qk_norm_over=c.qk_norm, layer_type=c.layer_type(i))
+        blocks = {"positional": c.positional, "norm": c.norm, "norm_first": c.norm_position != "post",
+                  "ffn": c.ffn, "activation": c.activation, "tied_embeddings": c.tie_embeddings, "d_model": c.d_model,
+                  "d_ff": c.d_ff, "vocab_size": c.vocab_size, "norm_position": c.norm_position,
+                  "post_norms": c.norm_position != "pre", "parallel_residual": c.parallel_residual,
+                  "embed_scale": c.d_model ** 0.5 if c.embed_scale else None, "final_softcap": c.final_softcap,
+                  "sliding_window": c.sliding_window, "moe": None}
         if c.positional == "rotary":
             blocks["rope_base"] = c.rope_base
+        if c.n_experts:
+            blocks["moe"] = {"n_experts": c.n_experts, "top_k": c.moe_top_k, "d_ff": c.moe_d_ff,
+                             "norm_topk": c.moe_norm_topk, "shared": c.moe_shared_d_ff > 0,
+                             "shared_d_ff": c.moe_shared_d_ff, "shared_gate": c.moe_shared_gate,
+                             "layers": [i for i in range(c.n_layers) if c.is_moe(i)]}
         return {"family": "decoder_lm", "stacks": {"decoder": {"layers": c.n_layers, "tokens": SIDES["decoder"]}},
                 "attention": attention, "blocks": blocks}
 

@@ -41,22 +41,50 @@ def _key(name_or_path: str | os.PathLike) -> tuple[str, tuple]:
     raise ValueError(f"{s}: not a model this lab loads; give a Hugging Face directory or a .gguf file")
 
 
-def load_model(name_or_path: str | os.PathLike):
+def load_model(name_or_path: str | os.PathLike, dtype: str | None = None, device: str | None = None):
     """A LanguageModel (decoder-only) or, for "minilm" and BERT directories, the encoder wrapper.
-    Cached per process: the same file gives the same instance."""
+    dtype: "float32" (default) | "bfloat16" | "float16"; device: "cpu" (default) | "cuda" | "mps"
+    (refused with a sentence where absent). Cached per process: the same file, dtype and device give the
+    same instance."""
+    from model.loaders.hf import resolve_device, resolve_dtype
+
     kind, ident = _key(name_or_path)
-    key = (kind, ident)
+    dt, dev = resolve_dtype(dtype), resolve_device(device)
+    key = (kind, ident) if (dt, dev.type) == (resolve_dtype(None), "cpu") else (kind, ident, str(dt), str(dev))
     with _GUARD:
         if key in _LOADED:
             return _LOADED[key]
         lock = _LOCKS.setdefault(key, threading.Lock())
     with lock:  # two sessions asking at once load it once
         if key not in _LOADED:
-            _LOADED[key] = _load(kind, ident[0])
+            _LOADED[key] = _load(kind, ident[0], dt, dev)
         return _LOADED[key]
 
 
-def _load(kind: str, where: str):
+def _load(kind: str, where: str, dtype=None, device=None):
+    import torch
+
+    default = dtype in (None, torch.float32) and (device is None or device.type == "cpu")
+    if kind == "hf":
+        from model.loaders.hf import load_hf_dir
+
+        return load_hf_dir(where, dtype, device)
+    if default:
+        return _load_default(kind, where)
+    if kind == "minilm":
+        from model.loaders.hf import ModelLoadError
+
+        raise ModelLoadError("the MiniLM encoder loads in float32 on the CPU only")
+    from model.loaders.hf import check_runs
+
+    lm = _load_default(kind, where)  # GGUF: dequantized to float32, then converted
+    lm.model = lm.model.to(dtype=dtype, device=device)
+    if dtype != torch.float32:
+        check_runs(lm.model, dtype, device)
+    return lm
+
+
+def _load_default(kind: str, where: str):
     if kind == "minilm":
         from model.loaders.minilm import load_minilm
 
@@ -69,9 +97,7 @@ def _load(kind: str, where: str):
         from model.loaders.gguf import load_gguf
 
         return load_gguf(where)
-    from model.loaders.hf import load_hf_dir
-
-    return load_hf_dir(where)
+    raise AssertionError(kind)
 
 
 def clear_cache() -> None:

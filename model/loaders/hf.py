@@ -21,14 +21,20 @@ import torch
 
 from model.families.lm import DecoderLM, LMConfig
 
-SUPPORTED = ("llama", "qwen2", "gpt2", "bert")
+# Decoder-only model types, each tested against transformers (tests/test_families.py, test_hf_fidelity.py).
+LM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox",
+            "qwen2_moe", "olmoe", "mixtral", "gpt2")
+ENCODER_TYPES = ("bert", "roberta", "distilbert")  # -> model.loaders.minilm.PretrainedEncoder
+SUPPORTED = LM_TYPES + ENCODER_TYPES
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB
 LIMITS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "d_ff": 1 << 18,
           "max_len": 1 << 21}
 # Tensors a checkpoint may hold that are not parameters of ours (buffers HF used to save).
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", ".attention.bias",
+                    ".attention.masked_bias")
 CONVERT = ('python -c "from transformers import AutoModel; '
            "AutoModel.from_pretrained('{d}').save_pretrained('{d}', safe_serialization=True)\"")
 
@@ -52,12 +58,73 @@ def _ids(v) -> list[int]:
     return [x for x in vals if isinstance(x, int) and not isinstance(x, bool) and x >= 0]
 
 
+def _unsupported(kind) -> str:
+    return (f"model type {kind!r} is not supported; this lab opens these decoder-only types: "
+            f"{', '.join(LM_TYPES)} (and the encoders {', '.join(ENCODER_TYPES)})")
+
+
+def _rope(hf: Mapping, params, where: str = "") -> dict:
+    """A rope_parameters dict (transformers 5; 4.x wrote rope_theta + rope_scaling) -> LMConfig fields."""
+    legacy = hf.get("rope_scaling")
+    if not isinstance(params, dict) or (legacy is not None and not isinstance(legacy, dict)):
+        raise ModelLoadError("config.json: rope_parameters / rope_scaling must be JSON objects")
+    p = {**(legacy or {}), **params}
+    kind = p.get("rope_type") or p.get("type") or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise ModelLoadError(f"config.json: RoPE scaling {kind!r}{where} is not supported; supported: default, "
+                             "linear, llama3")
+    theta = p.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or not 0 < theta < 1e12:
+        raise ModelLoadError(f"config.json: rope_theta must be a positive number, got {theta!r}")
+    out = {"rope_base": float(theta), "rope_scaling": kind}
+    try:
+        if kind != "default":
+            out["rope_factor"] = float(p["factor"])
+        if kind == "llama3":
+            out |= {"rope_low_freq_factor": float(p["low_freq_factor"]),
+                    "rope_high_freq_factor": float(p["high_freq_factor"]),
+                    "rope_original_max_len": int(p.get("original_max_position_embeddings")
+                                                 or hf.get("max_position_embeddings"))}
+    except (KeyError, TypeError, ValueError):
+        raise ModelLoadError(f"config.json: RoPE scaling {kind!r} lacks its factors ({p!r})") from None
+    prf = p.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    if not isinstance(prf, int | float) or not 0 < prf <= 1:
+        raise ModelLoadError(f"config.json: partial_rotary_factor must be in (0, 1], got {prf!r}")
+    out["partial"] = float(prf)
+    return out
+
+
+def _layer_types(kind: str, hf: Mapping, n_layers: int, window: int | None) -> tuple[str, ...] | None:
+    """Which layers attend through a sliding window, as transformers 5.24 decides for each family."""
+    if window is None:
+        return None
+    types = hf.get("layer_types")
+    if types is not None:
+        names = {"full_attention": "full", "sliding_attention": "sliding"}
+        if not isinstance(types, list) or len(types) != n_layers or any(t not in names for t in types):
+            raise ModelLoadError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for "
+                                 f"each of the {n_layers} layers, got {types!r}")
+        return tuple(names[t] for t in types)
+    if kind == "gemma2":  # 4.x configs: every other layer, the first sliding
+        return tuple("sliding" if (i + 1) % 2 else "full" for i in range(n_layers))
+    if kind == "gemma3_text":
+        k = _int(hf, "sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        return tuple("sliding" if (i + 1) % k else "full" for i in range(n_layers))
+    if kind in ("qwen2", "qwen3", "qwen2_moe"):
+        if not hf.get("use_sliding_window"):
+            return None
+        first = hf.get("max_window_layers", 0)
+        return tuple("sliding" if i >= first else "full" for i in range(n_layers))
+    return ("sliding",) * n_layers  # mistral, phi3, mixtral: every layer
+
+
 def config_from_hf(hf: Mapping) -> LMConfig:
-    """A Hugging Face config (llama, qwen2 or gpt2) -> LMConfig. Absurd sizes are refused here,
-    before any memory is spent: each size has a ceiling, and the whole model must fit in RAM."""
+    """A Hugging Face config dict of a decoder-only type (LM_TYPES) -> LMConfig. Absurd sizes are refused
+    here, before any memory is spent: each size has a ceiling, and the whole model must fit in RAM
+    (in float32: call check_fits(cfg, dtype) for another dtype)."""
     kind = hf.get("model_type")
-    if kind not in ("llama", "qwen2", "gpt2"):
-        raise ModelLoadError(f"model_type {kind!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    if kind not in LM_TYPES:
+        raise ModelLoadError(_unsupported(kind))
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         D = _int(hf, "n_embd")
@@ -70,30 +137,7 @@ def config_from_hf(hf: Mapping) -> LMConfig:
                         ffn="plain", qkv_bias=True, out_bias=True, ffn_bias=True,
                         tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
     else:
-        act = hf.get("hidden_act", "silu")
-        rope = hf.get("rope_parameters") or {}  # transformers 5; 4.x wrote rope_theta + rope_scaling
-        scaling = hf.get("rope_scaling") or rope
-        if not isinstance(rope, dict) or not isinstance(scaling, dict):
-            raise ModelLoadError("config.json: rope_parameters / rope_scaling must be JSON objects")
-        if (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
-            raise ModelLoadError(f"config.json: RoPE scaling {scaling!r} is not supported (plain RoPE only)")
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        if not isinstance(theta, int | float) or isinstance(theta, bool) or not 0 < theta < 1e12:
-            raise ModelLoadError(f"config.json: rope_theta must be a positive number, got {theta!r}")
-        if kind == "qwen2" and hf.get("use_sliding_window"):
-            raise ModelLoadError("config.json: use_sliding_window=true is not supported (full causal attention only)")
-        heads = _int(hf, "num_attention_heads")
-        sizes = dict(vocab_size=_int(hf, "vocab_size"), d_model=_int(hf, "hidden_size"),
-                     n_layers=_int(hf, "num_hidden_layers"), n_heads=heads,
-                     d_ff=_int(hf, "intermediate_size"), max_len=_int(hf, "max_position_embeddings", 2048))
-        bias = bool(hf.get("attention_bias", False))
-        switches = dict(n_kv_heads=_int(hf, "num_key_value_heads", heads),
-                        d_head=_int(hf, "head_dim") if hf.get("head_dim") else None,
-                        positional="rotary", rope_base=float(theta), norm="rmsnorm",
-                        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), ffn="gated",
-                        qkv_bias=True if kind == "qwen2" else bias, out_bias=False if kind == "qwen2" else bias,
-                        ffn_bias=bool(hf.get("mlp_bias", False)),
-                        tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+        sizes, switches, act = _rotary_family(kind, hf)
     if act not in ACTIVATIONS:
         raise ModelLoadError(f"config.json: activation {act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
     for key, v in sizes.items():
@@ -111,6 +155,85 @@ def config_from_hf(hf: Mapping) -> LMConfig:
     return cfg
 
 
+def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
+    """Sizes, switches and activation of the RoPE families (everything but GPT-2), from transformers
+    5.24's modeling files: which norms, where the scale and caps apply, which layers slide."""
+    gemma = kind in ("gemma", "gemma2", "gemma3_text")
+    act = hf.get("hidden_activation") if kind in ("gemma2", "gemma3_text") else None
+    act = act or hf.get("hidden_act", "gelu" if kind == "gpt_neox" else "silu")
+    heads = _int(hf, "num_attention_heads")
+    n_layers = _int(hf, "num_hidden_layers")
+    sizes = dict(vocab_size=_int(hf, "vocab_size"), d_model=_int(hf, "hidden_size"), n_layers=n_layers,
+                 n_heads=heads, d_ff=_int(hf, "intermediate_size"),
+                 max_len=_int(hf, "max_position_embeddings", 2048))
+    d_head = _int(hf, "head_dim") if hf.get("head_dim") else None
+    params = hf.get("rope_parameters") or {}
+    local = None
+    if isinstance(params, dict) and "full_attention" in params:  # Gemma 3: one RoPE per layer type
+        local = _rope(hf, params.get("sliding_attention") or {}, " (sliding layers)")
+        if local["rope_scaling"] != "default":
+            raise ModelLoadError("config.json: RoPE scaling on the sliding layers is not supported")
+        params = params["full_attention"]
+    rope = _rope(hf, params)
+    hs = d_head or sizes["d_model"] // heads
+    partial = rope.pop("partial")
+    rotary_dim = int(hs * partial) if partial < 1 else None
+    window = hf.get("sliding_window") if kind in ("mistral", "phi3", "mixtral", "qwen2", "qwen3", "qwen2_moe",
+                                                  "gemma2", "gemma3_text") else None
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
+        raise ModelLoadError(f"config.json: sliding_window must be a positive integer or null, got {window!r}")
+    layer_types = _layer_types(kind, hf, n_layers, window or None)
+    if layer_types is not None and "sliding" not in layer_types:
+        layer_types = None
+    window = window if layer_types is not None else None
+    bias = bool(hf.get("attention_bias", kind == "gpt_neox"))
+    qkv_bias, out_bias = {"qwen2": (True, False), "qwen2_moe": (bool(hf.get("qkv_bias", True)), False)}.get(
+        kind, (bias, bias))
+    tie_default = gemma
+    switches = dict(n_kv_heads=heads if kind == "gpt_neox" else _int(hf, "num_key_value_heads", heads),
+                    d_head=d_head, positional="rotary", **rope, rotary_dim=rotary_dim,
+                    norm="rmsnorm_gemma" if gemma else "rmsnorm_olmo" if kind == "olmo2" else "rmsnorm",
+                    norm_eps=float(hf.get("rms_norm_eps", 1e-6)), ffn="gated", qkv_bias=qkv_bias,
+                    out_bias=out_bias, ffn_bias=bool(hf.get("mlp_bias", False)),
+                    tie_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),
+                    sliding_window=window, layer_types=layer_types, embed_scale=gemma)
+    if local is not None and layer_types is not None:
+        switches["rope_local_base"] = local["rope_base"]
+    if kind in ("gemma2", "gemma3_text"):
+        scalar = hf.get("query_pre_attn_scalar", hs)
+        if not isinstance(scalar, int | float) or isinstance(scalar, bool) or scalar <= 0:
+            raise ModelLoadError(f"config.json: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+        switches |= dict(query_scale=float(scalar) ** -0.5, attn_softcap=hf.get("attn_logit_softcapping"),
+                         final_softcap=hf.get("final_logit_softcapping"), norm_position="sandwich")
+    if kind in ("qwen3", "gemma3_text"):
+        switches["qk_norm"] = "head"
+    if kind in ("olmo2", "olmoe"):
+        switches["qk_norm"] = "full"
+    if kind == "olmo2":
+        switches["norm_position"] = "post"
+    if kind == "olmoe" and hf.get("clip_qkv") is not None:
+        raise ModelLoadError("config.json: OLMoE's clip_qkv is not supported")
+    if kind == "gpt_neox":
+        switches |= dict(norm="layernorm", norm_eps=float(hf.get("layer_norm_eps", 1e-5)), ffn="plain",
+                         ffn_bias=True, parallel_residual=bool(hf.get("use_parallel_residual", True)))
+    if kind in ("qwen2_moe", "olmoe", "mixtral"):
+        n_exp = _int(hf, "num_local_experts" if kind == "mixtral" else "num_experts")
+        switches |= dict(n_experts=n_exp, moe_top_k=_int(hf, "num_experts_per_tok"),
+                         moe_norm_topk=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)))
+        if kind == "qwen2_moe":
+            step, dense = hf.get("decoder_sparse_step", 1), hf.get("mlp_only_layers") or []
+            if not isinstance(step, int) or step < 1 or not isinstance(dense, list):
+                raise ModelLoadError("config.json: decoder_sparse_step / mlp_only_layers are malformed")
+            moe_layers = tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
+            shared = hf.get("shared_expert_intermediate_size") or 0
+            switches |= dict(moe_d_ff=_int(hf, "moe_intermediate_size"), moe_shared_d_ff=int(shared),
+                             moe_shared_gate=bool(shared),
+                             moe_layers=None if len(moe_layers) == n_layers else moe_layers)
+        else:
+            switches["moe_d_ff"] = sizes["d_ff"]
+    return sizes, switches, act
+
+
 def available_bytes() -> int:
     """Memory this process may still allocate (MemAvailable), or 64 GiB where /proc is absent."""
     try:
@@ -123,60 +246,128 @@ def available_bytes() -> int:
     return 64 << 30
 
 
-def check_fits(cfg: LMConfig) -> None:
+def check_fits(cfg: LMConfig, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse, before anything is allocated, a model whose weights in `dtype` exceed the memory available."""
     n = cfg.num_parameters()
-    need = 4 * n  # float32
+    size = torch.empty(0, dtype=dtype).element_size()
+    need = size * n
     have = available_bytes()
     if need > have:
+        name = str(dtype).removeprefix("torch.")
         raise ModelLoadError(f"this config describes a model of {n:,} parameters ({need / 2**30:.1f} GiB in "
-                             f"float32); this machine has {have / 2**30:.1f} GiB available. Refused before loading.")
+                             f"{name}); this machine has {have / 2**30:.1f} GiB available. Refused before loading.")
 
 
 # ---------------------------------------------------------------- tensor names
 
 
+# Tensors split at load (HF stores them fused): our pseudo-names end in one of these.
+SPLITS = (".w_qkv", ".w_qkv_heads", ".gate_up", ".experts_gate_up", ".experts_down")
+
+
 def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
-    """Hugging Face tensor name (prefix 'model.' / 'transformer.' removed) -> our parameter name."""
+    """Hugging Face tensor name (prefix 'model.' / 'transformer.' / 'gpt_neox.' removed) -> our parameter
+    name. A fused tensor maps to a pseudo-name ending in one of SPLITS, split apart by `_split`."""
     m: dict[str, str] = {}
     if kind == "gpt2":
         m |= {"wte.weight": "decoder.embed.tok.weight", "wpe.weight": "decoder.embed.pos.weight",
               "ln_f.weight": "decoder.norm.weight", "ln_f.bias": "decoder.norm.bias"}
-        parts = {"ln_1": "norm1", "ln_2": "norm2", "attn.c_proj": "self_attn.w_o", "mlp.c_fc": "ffn.linear1",
-                 "mlp.c_proj": "ffn.linear2"}  # attn.c_attn (q, k, v side by side) is split apart
-        for i in range(cfg.n_layers):
-            for p in ("weight", "bias"):
-                m[f"h.{i}.attn.c_attn.{p}"] = f"decoder.layers.{i}.self_attn.w_qkv.{p}"
-                for theirs, ours in parts.items():
-                    m[f"h.{i}.{theirs}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
+        parts = {"ln_1": "norm1", "ln_2": "norm2", "attn.c_attn": "self_attn.w_qkv", "attn.c_proj": "self_attn.w_o",
+                 "mlp.c_fc": "ffn.linear1", "mlp.c_proj": "ffn.linear2"}  # c_attn: q, k, v side by side
+        prefix = "h"
+    elif kind == "gpt_neox":
+        m |= {"embed_in.weight": "decoder.embed.tok.weight", "final_layer_norm.weight": "decoder.norm.weight",
+              "final_layer_norm.bias": "decoder.norm.bias", "embed_out.weight": "generator.weight"}
+        parts = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2",
+                 "attention.query_key_value": "self_attn.w_qkv_heads",  # per head: [q_h, k_h, v_h]
+                 "attention.dense": "self_attn.w_o", "mlp.dense_h_to_4h": "ffn.linear1",
+                 "mlp.dense_4h_to_h": "ffn.linear2"}
+        prefix = "layers"
     else:
         m |= {"embed_tokens.weight": "decoder.embed.tok.weight", "norm.weight": "decoder.norm.weight"}
-        parts = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2", "self_attn.q_proj": "self_attn.w_q",
-                 "self_attn.k_proj": "self_attn.w_k", "self_attn.v_proj": "self_attn.w_v",
-                 "self_attn.o_proj": "self_attn.w_o", "mlp.gate_proj": "ffn.gate", "mlp.up_proj": "ffn.linear1",
-                 "mlp.down_proj": "ffn.linear2"}
-        for i in range(cfg.n_layers):
-            for theirs, ours in parts.items():
-                for p in ("weight", "bias"):
-                    m[f"layers.{i}.{theirs}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
-    m["lm_head.weight"] = "generator.weight"
+        after_attn = "norm2" if cfg.norm_position == "pre" else "norm_post_attn"
+        parts = {"input_layernorm": "norm1", "post_attention_layernorm": after_attn,
+                 "pre_feedforward_layernorm": "norm2", "post_feedforward_layernorm": "norm_post_ffn",
+                 "self_attn.q_proj": "self_attn.w_q", "self_attn.k_proj": "self_attn.w_k",
+                 "self_attn.v_proj": "self_attn.w_v", "self_attn.o_proj": "self_attn.w_o",
+                 "self_attn.qkv_proj": "self_attn.w_qkv",  # Phi-3: [q | k | v]
+                 "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
+                 "mlp.gate_proj": "ffn.gate", "mlp.up_proj": "ffn.linear1", "mlp.down_proj": "ffn.linear2",
+                 "mlp.gate_up_proj": "ffn.gate_up"}  # Phi-3: [gate | up]
+        if cfg.n_experts:
+            for moe in ("mlp", "block_sparse_moe"):  # Mixtral's older name
+                parts |= {f"{moe}.gate": "ffn.router", f"{moe}.shared_expert_gate": "ffn.shared_gate",
+                          f"{moe}.experts.gate_up_proj": "ffn.experts_gate_up",  # transformers 5's fused (E, 2F, D)
+                          f"{moe}.experts.down_proj": "ffn.experts_down"}  # (E, D, F)
+                for role, ours in (("gate_proj", "gate"), ("up_proj", "linear1"), ("down_proj", "linear2")):
+                    parts[f"{moe}.shared_expert.{role}"] = f"ffn.shared_expert.{ours}"
+                for e in range(cfg.n_experts):
+                    for theirs, ours in (("gate_proj", "gate"), ("up_proj", "linear1"), ("down_proj", "linear2"),
+                                         ("w1", "gate"), ("w3", "linear1"), ("w2", "linear2")):
+                        parts[f"{moe}.experts.{e}.{theirs}"] = f"ffn.experts.{e}.{ours}"
+        prefix = "layers"
+    for i in range(cfg.n_layers):
+        for theirs, ours in parts.items():
+            for p in ("weight", "bias"):
+                m[f"{prefix}.{i}.{theirs}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
+            if theirs.endswith(("experts.gate_up_proj", "experts.down_proj")):  # bare parameters
+                m[f"{prefix}.{i}.{theirs}"] = f"decoder.layers.{i}.{ours}.weight"
+    m.setdefault("lm_head.weight", "generator.weight")
     return m
 
 
 def _strip(name: str) -> str:
-    for prefix in ("model.", "transformer."):
+    for prefix in ("model.", "transformer.", "gpt_neox."):
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
 
 
-def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> DecoderLM:
-    """A Hugging Face llama / qwen2 / gpt2 config (dict) and its tensors under HF names (a mapping, or
-    (name, tensor) pairs streamed one at a time) -> DecoderLM in eval mode, float32.
+def _split(ours: str, t: torch.Tensor, cfg: LMConfig) -> list[tuple[str, torch.Tensor]]:
+    """A fused Hugging Face tensor -> our parameters (row slices are views: no copy)."""
+    base, p = ours.rsplit(".", 1)
+    base, fused = base.rsplit(".", 1)
+    H, Hkv, hs = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    if fused == "w_qkv":  # GPT-2's c_attn, Phi-3's qkv_proj: rows [q (H hs) | k (Hkv hs) | v (Hkv hs)]
+        parts = t.split([H * hs, Hkv * hs, Hkv * hs], dim=0)
+        return [(f"{base}.w_{x}.{p}", c) for x, c in zip("qkv", parts, strict=True)]
+    if fused == "w_qkv_heads":  # GPT-NeoX: rows per head [q_h | k_h | v_h], h = 0 .. H-1
+        per_head = t.reshape(H, 3, hs, *t.shape[1:])
+        return [(f"{base}.w_{x}.{p}", per_head[:, j].reshape(H * hs, *t.shape[1:])) for j, x in enumerate("qkv")]
+    if fused == "gate_up":  # Phi-3's gate_up_proj: rows [gate | up]
+        gate, up = t.chunk(2, dim=0)
+        return [(f"{base}.gate.{p}", gate), (f"{base}.linear1.{p}", up)]
+    if fused == "experts_gate_up":  # (E, 2F, D): expert e's [gate | up]
+        return [(f"{base}.experts.{e}.{n}.weight", c) for e in range(t.shape[0])
+                for n, c in zip(("gate", "linear1"), t[e].chunk(2, dim=0), strict=True)]
+    if fused == "experts_down":  # (E, D, F)
+        return [(f"{base}.experts.{e}.linear2.weight", t[e]) for e in range(t.shape[0])]
+    raise AssertionError(ours)
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """"float32" | "bfloat16" | "float16" (or the torch dtype) -> torch dtype; None = float32."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+               dtype=None) -> DecoderLM:
+    """A Hugging Face config (dict) of a type in LM_TYPES and its tensors under HF names (a mapping, or
+    (name, tensor) pairs streamed one at a time) -> DecoderLM in eval mode, in `dtype` (default float32).
 
     The module tree is built on the meta device and the tensors are assigned into it, so the weights
-    are held once. Every parameter must be filled with a tensor of its shape; unknown tensors are an
-    error naming them."""
+    are held once: a tensor already in `dtype` (a memory-mapped safetensors slice) becomes the
+    parameter itself. Every parameter must be filled with a tensor of its shape; unknown tensors are
+    an error naming them."""
+    dtype = resolve_dtype(dtype)
     cfg = config_from_hf(config)
+    check_fits(cfg, dtype)
     kind = config["model_type"]
     names = key_map(kind, cfg)
     with torch.device("meta"):
@@ -186,22 +377,19 @@ def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[t
     unknown: list[str] = []
     pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
     for theirs, t in pairs:
-        ours = names.get(_strip(theirs))
+        ours = names.get(_strip(theirs), names.get(theirs))
         if ours is None:
             if not theirs.endswith(IGNORED_SUFFIXES):
                 unknown.append(theirs)
             continue
         if ours == "generator.weight" and cfg.tie_embeddings:
             continue  # tied: the token table is the output projection
-        t = t.to(torch.float32)
+        t = t.to(dtype)
         if kind == "gpt2" and t.dim() == 2 and ".c_" in theirs:
             t = t.t()  # GPT-2's Conv1D (c_attn, c_proj, c_fc) stores (in, out); nn.Linear wants (out, in)
-        if ours.endswith(".w_qkv.weight") or ours.endswith(".w_qkv.bias"):
-            base, p = ours.rsplit(".w_qkv.", 1)
-            for part, chunk in zip(("w_q", "w_k", "w_v"), t.chunk(3, dim=0), strict=True):
-                state[f"{base}.{part}.{p}"] = chunk.contiguous()
-            continue
-        state[ours] = t.contiguous()
+        parts = _split(ours, t, cfg) if ours.rsplit(".", 1)[0].endswith(SPLITS) else [(ours, t)]
+        for name, part in parts:
+            state[name] = part.contiguous()
     if unknown:
         raise ModelLoadError(f"the checkpoint has tensors this {kind} loader does not map: {unknown[:6]}"
                              f"{' ...' if len(unknown) > 6 else ''}")
@@ -239,15 +427,45 @@ def read_config(d: Path) -> dict:
         raise ModelLoadError(f"{path} is not a JSON object")
     if hf.get("model_type") not in SUPPORTED:
         arch = hf.get("model_type") or hf.get("architectures")
-        raise ModelLoadError(f"{d.name}: model type {arch!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        raise ModelLoadError(f"{d.name}: {_unsupported(arch)}")
     return hf
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def _indexed_shards(d: Path) -> list[Path] | None:
+    """The shards a model.safetensors.index.json names (None without one), each a plain file name
+    inside the directory and present; else a sentence saying which."""
+    index = d / INDEX
+    if not index.is_file():
+        return None
+    weight_map = _json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"{index.name} has no weight_map (tensor name -> shard file)")
+    names = sorted(set(weight_map.values()))
+    root = d.resolve()
+    for name in names:
+        if (not isinstance(name, str) or Path(name).name != name or name in (".", "..")
+                or (d / name).resolve().parent != root):
+            raise ModelLoadError(f"{index.name} names a shard outside the model directory ({name!r}); "
+                                 "shards must be files in the directory itself. Refused.")
+    missing = [n for n in names if not (d / n).is_file()]
+    if missing:
+        raise ModelLoadError(f"{d.name}: {len(missing)} of the {len(names)} weight shards listed in {index.name} "
+                             f"are missing: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}. "
+                             "Download the whole model directory.")
+    return [d / n for n in names]
+
+
 def safetensors_files(d: Path) -> list[Path]:
-    """The directory's weight files, checked from their headers; pickles only -> refused."""
+    """The directory's weight files, checked from their headers; pickles only -> refused. With a shard
+    index, exactly the shards it names (all present, all inside the directory)."""
     from model.core.trace import TraceFileError, check_safetensors_header
 
-    files = sorted(d.glob("*.safetensors"))
+    files = _indexed_shards(d)
+    if files is None:
+        files = sorted(d.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt*"))
         if pickles:
@@ -295,20 +513,59 @@ def chat_template_of(d: Path) -> str | None:
     return t if isinstance(t, str) else None
 
 
-def load_hf_dir(path: str | os.PathLike):
-    """A Hugging Face directory -> LanguageModel (llama, qwen2, gpt2) or, for BERT, the existing
-    encoder wrapper (model.loaders.minilm.PretrainedEncoder). Errors are ModelLoadError with a reason."""
+def resolve_device(device) -> torch.device:
+    """"cpu" | "cuda" | "mps" (None = cpu), refused with a sentence where this machine has no such device."""
+    name = "cpu" if device is None else str(device)
+    kind = name.split(":")[0]
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device must be 'cpu', 'cuda' or 'mps', got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for, but this machine has no CUDA GPU that torch can use "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError("device 'mps' was asked for, but this machine has no Apple GPU that torch can use; "
+                             "use device='cpu'")
+    return torch.device(name)
+
+
+def check_runs(model: DecoderLM, dtype: torch.dtype, device: torch.device) -> None:
+    """One token through the model, so a dtype the device cannot compute (float16 on a CPU whose torch
+    lacks an op) is refused at load with a sentence, not at the first prompt with a traceback."""
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 1, dtype=torch.long, device=device))
+    except (RuntimeError, NotImplementedError) as e:
+        name = str(dtype).removeprefix("torch.")
+        if "not implemented for" in str(e) or "Half" in str(e) or "BFloat16" in str(e):
+            raise ModelLoadError(f"{name} does not run on this {device.type} with this torch: an operation the "
+                                 f"model needs lacks it ({str(e).splitlines()[0][:120]}). Load it with "
+                                 f"dtype='bfloat16' or 'float32' instead.") from None
+        raise
+
+
+def load_hf_dir(path: str | os.PathLike, dtype=None, device=None):
+    """A Hugging Face directory -> LanguageModel (a type in LM_TYPES) or, for BERT, the existing
+    encoder wrapper (model.loaders.minilm.PretrainedEncoder). Errors are ModelLoadError with a reason.
+    dtype: "float32" (default) | "bfloat16" | "float16"; device: "cpu" (default) | "cuda" | "mps"."""
     from model.loaders.lm import LanguageModel
 
     d = Path(path)
     if not d.is_dir():
         raise ModelLoadError(f"{d} is not a directory")
+    torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     hf = read_config(d)
     files = safetensors_files(d)
-    if hf["model_type"] == "bert":
+    if hf["model_type"] in ENCODER_TYPES:
+        if torch_dtype != torch.float32 or torch_device.type != "cpu":
+            raise ModelLoadError("BERT encoders load in float32 on the CPU only")
         return _load_bert(d, hf, files)
     cfg = config_from_hf(hf)  # sizes checked before any tensor is read
-    model = lm_from_hf(hf, _read_tensors(files))
+    check_fits(cfg, torch_dtype)
+    model = lm_from_hf(hf, _read_tensors(files), torch_dtype)
+    if torch_device.type != "cpu":
+        model = model.to(torch_device)
+    if torch_dtype != torch.float32:
+        check_runs(model, torch_dtype, torch_device)
     tokenizer = None
     if (d / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
@@ -337,14 +594,15 @@ def _special_tokens(d: Path) -> dict[str, str]:
 
 
 def _load_bert(d: Path, hf: dict, files: list[Path]):
+    """A BERT, RoBERTa or DistilBERT directory -> the encoder wrapper (model.loaders.minilm.PretrainedEncoder).
+    The tokenizer is tokenizer.json, else vocab.txt (WordPiece) or vocab.json + merges.txt (RoBERTa's BPE);
+    with none of them the encoder opens on token ids and says so (PretrainedEncoder.tokenizer_note)."""
     from model.families.transformer import Transformer
     from model.loaders import minilm
 
-    if len(files) != 1:
-        raise ModelLoadError(f"{d}: a BERT directory must hold one safetensors file, found {len(files)}")
     try:
         cfg = minilm.config_from_bert(hf)
-    except (RuntimeError, KeyError, ValueError) as e:
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise ModelLoadError(f"{d.name}: {e}") from None
     D, F, L = cfg.d_model, cfg.d_ff, cfg.n_encoder_layers
     n = (cfg.src_vocab_size + cfg.max_len + cfg.n_token_types) * D + L * (4 * D * D + 2 * D * F + F + 9 * D)
@@ -352,16 +610,16 @@ def _load_bert(d: Path, hf: dict, files: list[Path]):
             or 4 * n > available_bytes():
         raise ModelLoadError(f"{d.name}: config.json describes a model of {n:,} parameters ({4 * n / 2**30:.1f} GiB "
                              "in float32), more than this lab loads or this machine holds. Refused before loading.")
-    if not (d / "tokenizer.json").is_file():
-        raise ModelLoadError(f"{d} has no tokenizer.json (the BERT encoder needs its WordPiece tokenizer)")
-    from tokenizers import Tokenizer
-
-    model = Transformer(cfg)
     try:
-        minilm.load_bert_weights(model, files[0])
+        tokenizer = minilm.encoder_tokenizer(d, hf)
     except RuntimeError as e:
         raise ModelLoadError(f"{d.name}: {e}") from None
-    tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return minilm.PretrainedEncoder(model, tokenizer, hf, name=d.name, source=d)
+    if tokenizer is not None and tokenizer.get_vocab_size(with_added_tokens=True) > cfg.src_vocab_size:
+        raise ModelLoadError(f"{d.name}: the tokenizer has {tokenizer.get_vocab_size(with_added_tokens=True):,} "
+                             f"tokens, the model's embedding {cfg.src_vocab_size:,} rows: they do not belong together")
+    model = Transformer(cfg)
+    try:
+        ignored = minilm.load_encoder_weights(model, files, hf["model_type"], minilm.position_offset(hf))
+    except RuntimeError as e:
+        raise ModelLoadError(f"{d.name}: {e}") from None
+    return minilm.PretrainedEncoder(model, tokenizer, hf, name=d.name, source=d, ignored_tensors=ignored)
