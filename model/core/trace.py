@@ -701,9 +701,11 @@ def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], nam
 
 
 def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int | None = None,
-             meta: dict | None = None, fast: bool = False) -> tuple[torch.Tensor, LazyTrace]:
+             meta: dict | None = None, fast: bool = False, last_only: bool = False
+             ) -> tuple[torch.Tensor, LazyTrace]:
     """`model.run_with_trace(ids, lazy=True)`: one forward pass that keeps q, k, v of every attention
-    module (+ the O(T·d) names in `names`), under `recorder.fast_attention()` when `fast`. Refused
+    module (+ the O(T·d) names in `names`), under `recorder.fast_attention()` when `fast`; last_only: the
+    logits of the last position only (a long input's [T, vocab] logits outweigh its whole trace). Refused
     before running, with numbers (CaptureBudgetError), when even that is over `budget_bytes`."""
     from model.core import recorder
 
@@ -730,7 +732,7 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
             n_tokens=T, max_tokens=lo, context_length=getattr(model.cfg, "max_len", None))
     with (recorder.hooking(resolved), recorder.fast_attention(fast),
           recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec):
-        out = model(ids)
+        out = model(ids, last_only=True) if last_only else model(ids)
     served = {f"{m}.{r}" for m, p in lazy.items() for r in LAZY_ROLES
               if r != "scores_capped" or p["softcap"] is not None} | ({"masks.causal"} if lazy else set())
     info = {"config": model.cfg.to_dict(), "model": desc, "tgt_ids": ids.tolist(),

@@ -473,6 +473,7 @@ class DecoderLM(nn.Module):
         meta: dict | None = None,
         lazy: bool = False,
         fast: bool = False,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, Trace]:
         """Forward pass recording the named tensors (None = all; fnmatch globs); same math as forward,
         so the logits are bit-identical. A capture over `budget_bytes` is refused before running, with
@@ -480,9 +481,11 @@ class DecoderLM(nn.Module):
 
         lazy=True (long inputs): a LazyTrace (model/core/trace.py) that stores q, k, v per layer (+ the
         O(T·d) names in `names`) and computes scores/mask/weights/z when asked; fast=True runs it
-        under recorder.fast_attention() (fused attention; logits equal forward's to float rounding)."""
+        under recorder.fast_attention() (fused attention; logits equal forward's to float rounding);
+        last_only=True (lazy only) returns the last position's logits [B, 1, V] (8,192 x a 49k vocabulary
+        is 1.6 GB of logits)."""
         if lazy:
-            return run_lazy(self, ids, names, hooks, budget_bytes, meta, fast)
+            return run_lazy(self, ids, names, hooks, budget_bytes, meta, fast, last_only)
         self._check_ids(ids, 0)
         B, T = ids.shape
         shapes = self.capture_names(B, T)

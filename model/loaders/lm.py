@@ -135,7 +135,8 @@ class LanguageModel:
 
     def run_with_trace(self, text_or_ids, names: str | Sequence[str] | None = None, hooks=None,
                        budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
-                       chat: bool = False, lazy: bool = False, fast: bool = False) -> tuple[torch.Tensor, Trace]:
+                       chat: bool = False, lazy: bool = False, fast: bool = False,
+                       last_only: bool = False) -> tuple[torch.Tensor, Trace]:
         """Logits [1, T, V] and the trace of the named tensors; meta has tgt_tokens, tgt_ids and the
         model's description, so every view that reads decoder.* works. lazy/fast: a LazyTrace for long
         inputs (DecoderLM.run_with_trace)."""
@@ -145,7 +146,7 @@ class LanguageModel:
             meta["tgt_tokens"] = self.tokens(ids[0])
         with torch.no_grad():
             return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta,
-                                             lazy=lazy, fast=fast)
+                                             lazy=lazy, fast=fast, last_only=last_only)
 
     def run_with_hooks(self, text_or_ids, hooks=None, chat: bool = False) -> torch.Tensor:
         with torch.no_grad():
