@@ -100,7 +100,7 @@ def test_warm_up_imports_pandas_before_sessions_draw():
     lock). The warm-up imports it first, so no session imports it concurrently."""
     import subprocess
 
-    code = ("import sys; from viz import warmup; warmup.warm(); p = sys.modules.get('pandas'); "
+    code = ("import sys; from viz.ui import warmup; warmup.warm(); p = sys.modules.get('pandas'); "
             "print('pandas ready' if p is not None and hasattr(p, 'Series') else 'pandas missing')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().endswith("pandas ready"), out.stdout + out.stderr[-2000:]
