@@ -98,7 +98,7 @@ def llama3_rope_factors(rope: dict, head_dim: int, old_context_len: float) -> np
     return torch.tensor(out, dtype=torch.float32).numpy()
 
 
-def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F32, name: str = "tiny"):
+def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F32, name: str = "tiny", **extra):
     """Write `sd` as llama.cpp's converter would for this family; 2-D weights in `qtype`."""
     _, arch, _, _ = FAMILIES[family]
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -166,7 +166,7 @@ def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F
                p + "expert_shared_feed_forward_length": hf["shared_expert_intermediate_size"]}
     if arch == "phi3":
         kv[p + "rope.scaling.original_context_length"] = hf["original_max_position_embeddings"]
-    return write_gguf(path, tensors, kv, arch=arch)
+    return write_gguf(path, tensors, kv | extra, arch=arch)
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +257,32 @@ def test_an_unsupported_architecture_lists_the_supported_ones(tmp_path):
         load_model(path)
     assert str(e.value) == ("x.gguf: architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, gemma, "
                             "gemma2, gemma3, phi3, olmo2, gptneox, qwen2moe.")
+
+
+@pytest.mark.parametrize("template, sentence", [
+    ("{{ raise_exception('Only user and assistant roles are supported!') }}",
+     "tiny-chat's chat template failed: Only user and assistant roles are supported!"),
+    ("{{ messages[0]['content'] / 0 }}", "tiny-chat's chat template failed: unsupported operand type(s) for /: "
+                                         "'str' and 'int'"),
+    ("{% for m in messages %}{{ m.content }}", "tiny-chat's chat template failed: Unexpected end of template."),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "tiny-chat's chat template failed: it calls itself "
+                                                        "without end"),
+    ("{{ 'x' * 10 ** 12 }}", "tiny-chat's chat template failed: the template repeats a value 1,000,000,000,000 times"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{{ messages }}{% endfor %}{% endfor %}",
+     "tiny-chat's chat template produces more than 1,048,576 characters; it was stopped there"),
+], ids=["raise_exception", "python-error", "syntax", "recursion", "huge-value", "huge-output"])
+def test_a_chat_template_that_raises_gives_one_sentence_and_bounded_memory(made, template, sentence, tmp_path,
+                                                                          monkeypatch):
+    import resource
+
+    monkeypatch.setenv("ATTENTION_LAB_CACHE", str(tmp_path / "cache"))
+    d, hf, sd, _ = made("llama")
+    path = convert("llama", hf, sd, tmp_path / "tiny-chat.gguf", **{"tokenizer.chat_template": template})
+    lm = load_model(path)
+    assert lm.chat_template == template
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError) as e:
+        lm.encode("the heat", chat=True)
+    assert str(e.value).startswith(sentence) and "Traceback" not in str(e.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB
+    assert lm.encode("the heat").shape == (1, 6)  # the model still opens and runs without the template
