@@ -126,7 +126,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_kv_heads: int | None = None,
                  d_head: int | None = None, qkv_bias: bool = True, out_bias: bool = True,
                  scale: float | None = None, softcap: float | None = None, qk_norm: str | None = None,
-                 norm_eps: float = 1e-6, norm_style: str = "llama"):
+                 norm_eps: float = 1e-6, norm_style: str = "llama", rope_float32: bool = False):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads
         self.n_kv_heads = n_kv_heads or n_heads
@@ -140,6 +140,7 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(n_heads * hs, d_model, bias=out_bias)
         self.dropout = nn.Dropout(dropout)
         self.scale, self.softcap, self.qk_norm = scale, softcap, qk_norm
+        self.rope_float32 = rope_float32  # OLMo 2 rotates bfloat16 q/k with float32 cos/sin
         if qk_norm not in (None, "head", "full"):
             raise ValueError(f"qk_norm must be None, 'head' or 'full', got {qk_norm!r}")
         full = qk_norm == "full"
@@ -179,7 +180,8 @@ class MultiHeadAttention(nn.Module):
         if angles is None:
             q = record(f"{n}.q", self.project(x_q, "q"))  # (B, H, Lq, hs)
         else:  # `.q` is the rotated query, so scores = q·kᵀ/√d_k holds for every family
-            q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.project(x_q, "q")), angles))
+            q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.project(x_q, "q")), angles,
+                                                 self.rope_float32))
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]  # cross-attention: hooked once, when first computed
         else:
@@ -189,7 +191,7 @@ class MultiHeadAttention(nn.Module):
                 k = hook(f"{n}.k", self.project(x_kv, "k"))  # (B, H_kv, Lk, hs)
             else:
                 k_unrot = hook(f"{n}.k_unrot", self.project(x_kv, "k"))
-                k = hook(f"{n}.k", apply_rotary(k_unrot, angles))
+                k = hook(f"{n}.k", apply_rotary(k_unrot, angles, self.rope_float32))
                 if cache is not None and "k_unrot" in cache:
                     k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
                 if cache is not None:

@@ -70,14 +70,20 @@ def rotary_angles(n: int, d_head: int, base: float, offset: int = 0, inv_freq: t
     return angles if device is None else angles.to(device)
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False) -> torch.Tensor:
     """Rotate (B, H, T, hs) by angles (T, r/2). Pairs are (i, i + r/2) ("rotate half", the
     Hugging Face layout; GGUF's interleaved pairs are un-permuted by the loader). Partial rotary
-    (GPT-NeoX, r < hs): only the first r dimensions turn, the rest pass through unchanged."""
+    (GPT-NeoX, r < hs): only the first r dimensions turn, the rest pass through unchanged.
+    in_float32 (OLMo 2): a bfloat16 x is rotated with float32 cos/sin, then cast back."""
     r = 2 * angles.shape[-1]
     if r < x.shape[-1]:
-        return torch.cat((apply_rotary(x[..., :r], angles), x[..., r:]), dim=-1)
+        return torch.cat((apply_rotary(x[..., :r], angles, in_float32), x[..., r:]), dim=-1)
     emb = torch.cat((angles, angles), dim=-1)
+    if in_float32 and x.dtype != torch.float32:
+        cos, sin = emb.cos(), emb.sin()
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos + rotated * sin).to(x.dtype)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -116,6 +116,7 @@ class LMConfig(DictConfig):
     moe_shared_d_ff: int = 0  # shared expert's hidden size (Qwen2-MoE); 0 = none
     moe_shared_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE)
     moe_layers: tuple[int, ...] | None = None  # layers with the MoE FFN; None = all (others: dense d_ff)
+    rope_float32: bool = False  # rotate bfloat16 q/k with float32 cos/sin (OLMo 2; same numbers in float32)
 
     def __post_init__(self) -> None:
         for f in ("layer_types", "moe_layers"):  # JSON gives lists; a frozen config must stay hashable
@@ -302,7 +303,7 @@ class LMBlock(nn.Module):
         self.self_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, 0.0, n_kv_heads=cfg.kv_heads, d_head=cfg.head_dim, qkv_bias=cfg.qkv_bias,
             out_bias=cfg.out_bias, scale=cfg.query_scale, softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm,
-            norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg))
+            norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg), rope_float32=cfg.rope_float32)
         self.norm_post_attn = _norm(cfg) if post else None
         self.norm2 = _norm(cfg) if pre else None
         if cfg.is_moe(i):

@@ -210,7 +210,7 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     if kind in ("olmo2", "olmoe"):
         switches["qk_norm"] = "full"
     if kind == "olmo2":
-        switches["norm_position"] = "post"
+        switches |= dict(norm_position="post", rope_float32=True)
     if kind == "olmoe" and hf.get("clip_qkv") is not None:
         raise ModelLoadError("config.json: OLMoE's clip_qkv is not supported")
     if kind == "gpt_neox":
