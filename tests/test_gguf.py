@@ -322,9 +322,10 @@ def test_not_a_file(tmp_path):
 # ---------------------------------------------------------------- tokenizer metadata
 
 
-def test_tokenizer_needs_byte_level_bpe():
-    with pytest.raises(G.GGUFError, match="'llama' is not supported"):
-        tokenizer_from_gguf({"tokenizer.ggml.model": "llama"})
+def test_tokenizer_needs_byte_level_or_sentencepiece_bpe():
+    with pytest.raises(G.GGUFError, match=r"tokenizer 't5' is not supported \(byte-level BPE, 'gpt2', and "
+                                          r"SentencePiece BPE, 'llama', are\)"):
+        tokenizer_from_gguf({"tokenizer.ggml.model": "t5"})
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": [],
             "tokenizer.ggml.pre": "made-up"}
     with pytest.raises(G.GGUFError, match="pre-tokenizer 'made-up'.*smollm"):
@@ -407,3 +408,34 @@ def test_an_unwritable_cache_only_costs_time(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_LAB_CACHE", str(tmp_path / "blocked"))
     assert set(G.read_model(path).tensors) == set(sd)
     assert not G.read_model(path).from_cache
+
+
+def spm_kv(arch: str) -> dict:
+    """A SentencePiece BPE vocabulary as llama.cpp stores it: <unk> <s> </s>, 256 byte tokens, scored pieces
+    (Gemma's own order: <pad> <eos> <bos> <unk>, and a run of spaces stored as spaces)."""
+    gemma = arch.startswith("gemma")
+    head = ["<pad>", "</s>", "<s>", "<unk>"] if gemma else ["<unk>", "<s>", "</s>"]
+    pieces = ["\u2581", "t", "h", "e", "a", "n", "o", "w", "r", "d", "l", "th", "\u2581t", "\u2581th", "the",
+              "\u2581the", "an", "\u2581a", "\u2581an", "he", "wo", "\u2581wo", "or", "ld", "orld", "\u2581world",
+              "<|user|>"] + (["  ", "   "] if gemma else [])
+    tokens = head + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [3] * len(head) + [6] * 256 + [1] * (len(pieces) - (3 if gemma else 1)) + [3] + ([1, 1] if gemma else [])
+    scores = [0.0] * (len(head) + 256) + [-float(i) * (1.5 if i % 3 else 1.0) for i in range(len(pieces))]
+    ids = {"bos": 2, "eos": 1, "unknown": 3, "padding": 0} if gemma else {"bos": 1, "eos": 2, "unknown": 0}
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.scores": scores} | {f"tokenizer.ggml.{k}_token_id": v for k, v in ids.items()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "phi3"])
+def test_sentencepiece_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, arch):
+    from transformers import AutoTokenizer
+
+    kv = spm_kv(arch)
+    path = write_gguf(tmp_path / f"{arch}.gguf", {"w": (np.zeros(32, np.float32), QT.F32)}, kv, arch=arch)
+    ours = tokenizer_from_gguf(G.read_gguf(path).metadata | {"general.architecture": arch}, path.name)
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["the world", " the  an", "another world!", "h\u00e9llo w\u00f6rld \u4e16", "<|user|>the",
+                 "   three", "tab\tand\nnewline"]:
+        assert ours.encode(text).ids == ref(text)["input_ids"], text
+        assert ours.decode(ours.encode(text).ids, skip_special_tokens=True) == ref.decode(ref(text)["input_ids"],
+                                                                                          skip_special_tokens=True)
