@@ -13,7 +13,7 @@ so the tests can hold each drawn number against the trace and the formula.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -28,9 +28,11 @@ MIB = 2**20
 # ---------------------------------------------------------------------- RoPE vs sinusoidal
 
 
-def rope_angles(n: int, d_head: int, base: float, offset: int = 0) -> np.ndarray:
-    """[n, d_head/2]: position p rotates dimension pair i by p / base^(2i/d_head) radians."""
-    inv = 1.0 / base ** (np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+def rope_angles(n: int, d_head: int, base: float, offset: int = 0, inv: np.ndarray | None = None) -> np.ndarray:
+    """[n, d_head/2]: position p rotates dimension pair i by p / base^(2i/d_head) radians (`inv`: the model's own
+    frequencies instead, e.g. scaled for long context: `inv_freq_of`)."""
+    if inv is None:
+        inv = 1.0 / base ** (np.arange(0, d_head, 2, dtype=np.float64) / d_head)
     return np.arange(offset, offset + n, dtype=np.float64)[:, None] * inv[None, :]
 
 
@@ -42,14 +44,15 @@ def rotate(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
     return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
 
-def rope_scores(q: np.ndarray, k: np.ndarray, base: float, starts: Sequence[int], max_delta: int) -> dict:
+def rope_scores(q: np.ndarray, k: np.ndarray, base: float, starts: Sequence[int], max_delta: int,
+                inv: np.ndarray | None = None) -> dict:
     """{start: [max_delta + 1]}: the score rot(q, start + Δ)·rot(k, start)/√d of one unrotated query and key
     as the query moves Δ positions after the key. RoPE: the curves of every start coincide (q·k depends on Δ)."""
     d = q.shape[-1]
     out = {}
     for n0 in starts:
-        qa = rotate(q[None, :], rope_angles(max_delta + 1, d, base, n0))
-        ka = rotate(k[None, :], rope_angles(1, d, base, n0))
+        qa = rotate(q[None, :], rope_angles(max_delta + 1, d, base, n0, inv))
+        ka = rotate(k[None, :], rope_angles(1, d, base, n0, inv))
         out[n0] = (qa @ ka[0]) / np.sqrt(d)
     return out
 
@@ -213,4 +216,347 @@ def preln_figure(lm_norms: np.ndarray, toy_norms: np.ndarray, lm_name: str, toy_
     fig.update_layout(title=t("Median ‖x‖ of the residual stream after each layer"), height=360,
                       margin=dict(l=50, r=20, t=50, b=50), xaxis=dict(title=t("layer")),
                       yaxis=dict(title="‖x‖", type="log"), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+# ---------------------------------------------------------------------- 2024–2026 mechanisms
+# Each reads the model's description (trace.meta["model"]: model/core/describe.py), never a capture name's
+# shape of words, and draws tensors the trace holds.
+
+
+def plain_scale(info: Mapping) -> float:
+    """1/√d_head: the 2017 query scale."""
+    return 1.0 / float(np.sqrt(info["d_head"]))
+
+
+def mechanisms(info: Mapping) -> dict:
+    """What one attention module does beyond 2017, from its description entry: {"scale": the real query scale,
+    "scale_is_plain": whether it is 1/√d_head, "softcap", "window", "qk_norm"}."""
+    scale = float(info.get("scale") or plain_scale(info))
+    return {"scale": scale, "scale_is_plain": bool(np.isclose(scale, plain_scale(info), rtol=1e-6)),
+            "softcap": info.get("softcap"), "window": info.get("window"), "qk_norm": bool(info.get("qk_norm"))}
+
+
+def is_modern(info: Mapping) -> bool:
+    """Whether an attention module's score pipeline differs from softmax(QKᵀ/√d_k + M)."""
+    m = mechanisms(info)
+    return not m["scale_is_plain"] or bool(m["softcap"]) or bool(m["window"]) or m["qk_norm"]
+
+
+def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap · tanh(x / cap): near x for |x| ≪ cap, never beyond ±cap."""
+    return cap * np.tanh(np.asarray(x, np.float64) / cap)
+
+
+def _arr(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        x = x.float() if x.dtype.is_floating_point else x
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[int, int] | None = None,
+                       labels: tuple[Sequence[str], Sequence[str]] | None = None) -> go.Figure:
+    """The score pipeline as this module computes it: q·kᵀ | × the real scale | soft-cap (when the model caps)
+    | + M (its own mask: look-ahead, and the sliding window on a local layer) | softmax. Every panel is a
+    capture: `.scores` (= q·kᵀ × scale), `.scores_capped`, `.mask`, `.weights`; the first panel is
+    `.scores` / scale (the same numbers as q·kᵀ from `.q` and `.k`)."""
+    m = mechanisms(info)
+    scaled = _arr(trace[f"{name}.scores"])[0, head].astype(np.float64)  # (Lq, Lk)
+    qk = scaled / m["scale"]
+    capped = _arr(trace[f"{name}.scores_capped"])[0, head].astype(np.float64) if m["softcap"] else None
+    blocked = _arr(trace[f"{name}.mask"])[0, 0].astype(bool) if f"{name}.mask" in trace else np.zeros_like(
+        scaled, bool)
+    w = _arr(trace[f"{name}.weights"])[0, head].astype(np.float64)
+    n_q, n_k = scaled.shape
+    y, x = labels if labels is not None else ([str(i) for i in range(n_q)], [str(j) for j in range(n_k)])
+    a, b = rows if rows is not None else (0, n_q)
+    sl = slice(a, b)
+    y = list(y)[sl]
+    last = capped if capped is not None else scaled
+    panels = [(qk, "q·kᵀ"), (scaled, t("× scale {s}", s=f"{m['scale']:.4g}")
+                                      + ("" if m["scale_is_plain"] else " " + t("(not 1/√d_k = {p})",
+                                                                              p=f"{plain_scale(info):.4g}")))]
+    if capped is not None:
+        panels.append((capped, t("soft-cap: {c}·tanh(s/{c})", c=F_num(m["softcap"]))))
+    panels.append((np.where(blocked, np.nan, last), t("+ M (dark = −∞)") if not m["window"]
+                   else t("+ M, window {w} (dark = −∞)", w=m["window"])))
+    titles = [p[1] for p in panels] + [t("softmax → weights")]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.035)
+    r = float(np.nanmax(np.abs(qk))) or 1.0  # one colour range for every score panel: the steps shrink visibly
+    for c, (z, _title) in enumerate(panels, start=1):
+        fig.add_trace(go.Heatmap(z=z[sl].astype(np.float32), x=list(x), y=y, colorscale="RdBu_r", zmin=-r, zmax=r,
+                                 zmid=0, showscale=c == len(panels), colorbar=dict(x=0.78, len=0.8, thickness=10),
+                                 hovertemplate=t("query %{y}<br>key %{x}<br>value %{z:.6g}") + "<extra></extra>"),
+                      1, c)
+    over = np.where(blocked[sl], 1.0, np.nan).astype(np.float32)
+    fig.add_trace(go.Heatmap(z=over, x=list(x), y=y, colorscale=[[0, "#3b3b3b"], [1, "#3b3b3b"]], showscale=False,
+                             hovertemplate=t("query %{y}<br>key %{x}<br>M = −∞ (blocked)") + "<extra></extra>"),
+                  1, len(panels))
+    fig.add_trace(go.Heatmap(z=w[sl].astype(np.float32), x=list(x), y=y, colorscale="Blues", zmin=0, zmax=1,
+                             colorbar=dict(x=1.0, len=0.8, thickness=10),
+                             hovertemplate=t("query %{y}<br>key %{x}<br>weight %{z:.4f}") + "<extra></extra>"),
+                  1, len(titles))
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    fig.update_yaxes(showticklabels=len(y) <= 40, row=1, col=1)
+    fig.update_xaxes(type="category", showticklabels=n_k <= 40, tickangle=-60)
+    fig.update_layout(title=t("{name} · head {head}: softmax(M + {steps})", name=name, head=head,
+                              steps="cap(q·kᵀ × s)" if capped is not None else "q·kᵀ × s"),
+                      height=max(340, min(620, 120 + 12 * len(y))), margin=dict(l=10, r=10, t=80, b=60))
+    return fig
+
+
+def F_num(v: float) -> str:
+    return f"{float(v):.4g}"
+
+
+def window_masks(trace, name: str, info: Mapping) -> dict[str, np.ndarray]:
+    """The masks behind one decoder-LM attention module, each [Lq, Lk] (True = blocked): the look-ahead mask,
+    on a sliding layer the sliding-window mask (`masks.sliding`: look-ahead too, and keys `window` or more
+    positions back), and the mask the module used (`.mask`)."""
+    used = _arr(trace[f"{name}.mask"])[0, 0].astype(bool)
+    n_q, n_k = used.shape
+    out = {}
+    if "masks.causal" in trace:
+        out["look-ahead"] = _arr(trace["masks.causal"]).astype(bool)[:n_q, :n_k]
+    if info.get("window") and "masks.sliding" in trace:
+        out["sliding"] = _arr(trace["masks.sliding"]).astype(bool)[:n_q, :n_k]
+    out["used"] = used
+    return out
+
+
+def window_mask_figure(masks: Mapping[str, np.ndarray], weights: np.ndarray, window: int | None,
+                       labels: tuple[Sequence[str], Sequence[str]], rows: tuple[int, int] | None = None) -> go.Figure:
+    """The look-ahead mask, the sliding-window mask (when the layer has one) and the mask used, beside the
+    weights they produce (one head). Masks: 1 = blocked."""
+    names = {"look-ahead": t("look-ahead (masks.causal)"),
+             "sliding": t("sliding window, W = {w} (masks.sliding)", w=window), "used": t("mask used (.mask)")}
+    y, x = labels
+    a, b = rows if rows is not None else (0, weights.shape[0])
+    titles = [names[k] for k in masks] + [t("weights")]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.04)
+    for c, m in enumerate(masks.values(), start=1):
+        fig.add_trace(go.Heatmap(z=m[a:b].astype(np.float32), x=list(x), y=list(y)[a:b], zmin=0, zmax=1,
+                                 colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
+                                 hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, c)
+    fig.add_trace(go.Heatmap(z=weights[a:b].astype(np.float32), x=list(x), y=list(y)[a:b], colorscale="Blues", zmin=0,
+                             zmax=1, hovertemplate=t("query %{y}<br>key %{x}<br>weight %{z:.4f}") + "<extra></extra>"),
+                  1, len(titles))
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
+    fig.update_xaxes(type="category", showticklabels=weights.shape[1] <= 40, tickangle=-60)
+    fig.update_layout(height=max(320, min(560, 110 + 12 * (b - a))), margin=dict(l=10, r=10, t=70, b=50))
+    return fig
+
+
+# ---- sliding windows: what a token far back can still reach
+
+
+def reach_back(kinds: Sequence[str], windows: Sequence[int | None], distance: int) -> list[int]:
+    """After each layer (index 0 = the embeddings), how far back (in positions) information can have come from,
+    at most, into one position, capped at `distance`: a sliding layer with window W adds W − 1 (a query sees
+    itself and W − 1 keys back), a full layer reaches everything before it."""
+    out, r = [0], 0
+    for kind, w in zip(kinds, windows, strict=True):
+        r = distance if (kind != "sliding" or not w) else min(distance, r + int(w) - 1)
+        out.append(r)
+    return out
+
+
+def live_reach(masks: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Reachability through the layers from the live masks [T, T] (True = blocked): R_0 = I, R_l = R_{l-1} ∘ A_l
+    with A_l = not blocked (a query reads the keys its mask lets through; the residual keeps itself). Returns
+    the R_l [T, T] bool: row p says which positions' tokens can have reached position p after layer l."""
+    T = masks[0].shape[0]
+    r = np.eye(T, dtype=bool)
+    out = [r]
+    for m in masks:
+        a = ~m.astype(bool) | np.eye(T, dtype=bool)
+        r = (a.astype(np.int64) @ r.astype(np.int64)) > 0
+        out.append(r)
+    return out
+
+
+def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[int], distance: int,
+                   labels: Sequence[str], window: int) -> go.Figure:
+    """Left: a sliding layer's live mask (this prompt). Middle: after each layer, which positions can have reached
+    the last token (live, from the masks). Right: how far back information can come from after each layer
+    for a query `distance` positions into a long text (the closed form `reach_back`)."""
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.34, 0.33, 0.33], horizontal_spacing=0.09,
+                        subplot_titles=(t("sliding-window mask, W = {w}", w=window),
+                                        t("what reaches the last token, layer by layer"),
+                                        t("reach back from a token at position {d}", d=f"{distance:,}")))
+    fig.add_trace(go.Heatmap(z=mask.astype(np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
+                             colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
+                             hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, 1)
+    rows = np.stack([r[-1] for r in reach]).astype(np.float32)  # (layers + 1, T)
+    fig.add_trace(go.Heatmap(z=rows, x=list(labels), y=[t("embedding")] + [t("layer {l}", l=i)
+                                                                          for i in range(len(reach) - 1)],
+                             zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2ca02c"]], showscale=False,
+                             hovertemplate="%{y}<br>%{x}<br>" + t("reaches the last token: %{z}") + "<extra></extra>"),
+                  1, 2)
+    fig.add_trace(go.Scatter(x=list(range(len(far))), y=list(far), mode="lines+markers", name=t("reach back"),
+                             line=dict(color="#d62728"), showlegend=False,
+                             hovertemplate=t("after layer %{x}: %{y:,} positions back") + "<extra></extra>"), 1, 3)
+    fig.add_hline(y=distance, line=dict(color="#7f7f7f", dash="dot"), row=1, col=3)
+    fig.update_yaxes(autorange="reversed", type="category", showticklabels=len(labels) <= 40, row=1, col=1)
+    fig.update_yaxes(autorange="reversed", type="category", row=1, col=2)
+    fig.update_xaxes(type="category", showticklabels=False, row=1, col=1)
+    fig.update_xaxes(type="category", showticklabels=False, row=1, col=2)
+    fig.update_xaxes(title_text=t("layer"), row=1, col=3)
+    fig.update_yaxes(title_text=t("positions back"), row=1, col=3)
+    fig.update_layout(height=420, margin=dict(l=50, r=20, t=60, b=50))
+    return fig
+
+
+# ---- q/k norm
+
+
+def vector_norms(x: np.ndarray) -> np.ndarray:
+    """‖·‖ over the last axis, float64."""
+    return np.linalg.norm(np.asarray(x, np.float64), axis=-1)
+
+
+def qk_norm_figure(q_in: np.ndarray, q_out: np.ndarray, k_in: np.ndarray, k_out: np.ndarray,
+                   labels: Sequence[str]) -> go.Figure:
+    """‖q‖ and ‖k‖ of each token before and after the q/k norm (one head, or the whole projection when the
+    model normalizes all heads together): the norm puts every query and key on nearly one length, so the scores
+    cannot grow with the residual stream."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(t("‖q‖ per token"),
+                                                                                t("‖k‖ per token")))
+    for c, (a, b) in enumerate(((q_in, q_out), (k_in, k_out)), start=1):
+        fig.add_trace(go.Scatter(x=list(labels), y=vector_norms(a), mode="lines+markers", name=t("before the norm"),
+                                 line=dict(color="#7f7f7f"), showlegend=c == 1, legendgroup="in"), 1, c)
+        fig.add_trace(go.Scatter(x=list(labels), y=vector_norms(b), mode="lines+markers", name=t("after the norm"),
+                                 line=dict(color="#1f77b4"), showlegend=c == 1, legendgroup="out"), 1, c)
+    fig.update_xaxes(type="category", tickangle=-60, showticklabels=len(labels) <= 40)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(height=360, margin=dict(l=50, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+# ---- soft-capping
+
+
+def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figure:
+    """One head's live scores: after the cap against before (every unmasked cell), on the curve cap·tanh(s/cap),
+    with the identity (no cap) and the bounds ±cap."""
+    before, after = np.asarray(before, np.float64).ravel(), np.asarray(after, np.float64).ravel()
+    lim = max(float(np.abs(before).max(initial=0)), 2.5 * cap)
+    xs = np.linspace(-lim, lim, 201)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name=t("no cap (2017)"),
+                             line=dict(color="#bbbbbb", dash="dot")))
+    fig.add_trace(go.Scatter(x=xs, y=soft_cap(xs, cap), mode="lines", name=t("{c}·tanh(s/{c})", c=F_num(cap)),
+                             line=dict(color="#1f77b4")))
+    fig.add_trace(go.Scatter(x=before, y=after, mode="markers", name=t("this head's scores"),
+                             marker=dict(color="#d62728", size=5, opacity=0.6),
+                             hovertemplate=t("before %{x:.4g}<br>after %{y:.4g}") + "<extra></extra>"))
+    for s in (-1, 1):
+        fig.add_hline(y=s * cap, line=dict(color="#7f7f7f", dash="dash", width=1))
+    fig.update_layout(height=400, margin=dict(l=50, r=20, t=40, b=50), xaxis=dict(title=t("score before the cap")),
+                      yaxis=dict(title=t("score after the cap")), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+# ---- RoPE scaling for long context
+
+
+def rope_inv_freq(dim: int, base: float, scaling: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_len: float | None = None) -> np.ndarray:
+    """RoPE frequencies (dim/2,) in float64, as transformers' modeling_rope_utils: plain base^(−2i/dim);
+    "linear": all / factor; "llama3": wavelengths 2π/θ longer than original_max_len / low_freq_factor divided by
+    factor, shorter than original_max_len / high_freq_factor kept, a smooth blend between."""
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if scaling == "linear":
+        return inv / factor
+    if scaling == "llama3":
+        low, high = original_max_len / low_freq_factor, original_max_len / high_freq_factor
+        wavelen = 2 * np.pi / inv
+        scaled = np.where(wavelen > low, inv / factor, inv)
+        smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high) & (wavelen <= low)
+        return np.where(medium, blended, scaled)
+    return inv
+
+
+def inv_freq_of(rope: Mapping, d_head: int, scaled: bool = True) -> np.ndarray:
+    """The frequencies a layer's description says it turns by (rope entry of describe()); scaled=False: the plain
+    ones of the same base and rotary dims."""
+    dim = int(rope.get("rotary_dim") or d_head)
+    if not scaled:
+        return rope_inv_freq(dim, float(rope["base"]))
+    return rope_inv_freq(dim, float(rope["base"]), rope.get("scaling", "default"), float(rope.get("factor") or 1.0),
+                         float(rope.get("low_freq_factor") or 1.0), float(rope.get("high_freq_factor") or 4.0),
+                         rope.get("original_max_len"))
+
+
+def rope_scaling_figure(plain: np.ndarray, scaled: np.ndarray, original_max_len: float | None = None) -> go.Figure:
+    """Wavelength (positions per full turn, 2π/θ_i) of each dimension pair, plain and as the model scales it
+    (log scale), with the trained context length: pairs that turn less than once over it are the ones scaling
+    stretches."""
+    fig = go.Figure()
+    pairs = list(range(len(plain)))
+    fig.add_trace(go.Scatter(x=pairs, y=2 * np.pi / plain, mode="lines+markers", name=t("plain RoPE"),
+                             line=dict(color="#7f7f7f", dash="dot")))
+    fig.add_trace(go.Scatter(x=pairs, y=2 * np.pi / scaled, mode="lines+markers", name=t("this model (scaled)"),
+                             line=dict(color="#1f77b4")))
+    if original_max_len:
+        fig.add_hline(y=float(original_max_len), line=dict(color="#d62728", dash="dash"),
+                      annotation_text=t("trained context {n}", n=f"{int(original_max_len):,}"))
+    fig.update_layout(height=380, margin=dict(l=50, r=20, t=40, b=50), xaxis=dict(title=t("dimension pair i")),
+                      yaxis=dict(title=t("wavelength (positions per turn)"), type="log"),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+# ---- mixture of experts
+
+
+def expert_load(topk_ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """How many (token, slot) picks each expert got: [E] counts over the tokens' top-k choices."""
+    return np.bincount(np.asarray(topk_ids).ravel().astype(np.int64), minlength=n_experts)
+
+
+def moe_figure(probs: np.ndarray, topk_ids: np.ndarray, loads: np.ndarray, labels: Sequence[str],
+               layer: int) -> go.Figure:
+    """Left: the router's probabilities, tokens × experts, of one layer; a ring marks each token's top-k (the
+    experts that run on it). Right: load per expert (top-k picks) in every layer."""
+    T, E = probs.shape
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+                        subplot_titles=(t("layer {l}: router probabilities (○ = chosen)", l=layer),
+                                        t("load per expert, every layer")))
+    ex = [str(e) for e in range(E)]
+    fig.add_trace(go.Heatmap(z=probs.astype(np.float32), x=ex, y=list(labels), colorscale="Purples", zmin=0,
+                             zmax=float(max(probs.max(initial=0), 1e-6)), colorbar=dict(x=0.5, len=0.85, thickness=10),
+                             hovertemplate=t("token %{y}<br>expert %{x}<br>p = %{z:.4f}") + "<extra></extra>"), 1, 1)
+    ids = np.asarray(topk_ids)  # (T, k)
+    ti, te = np.repeat(np.arange(T), ids.shape[1]), ids.ravel()
+    fig.add_trace(go.Scatter(x=[ex[e] for e in te], y=[labels[i] for i in ti], mode="markers", showlegend=False,
+                             marker=dict(symbol="circle-open", size=11, color="#ff7f0e", line=dict(width=2)),
+                             hoverinfo="skip"), 1, 1)
+    fig.add_trace(go.Heatmap(z=np.asarray(loads, np.float32), x=ex, y=[t("layer {l}", l=i) for i in range(len(loads))],
+                             colorscale="Oranges", colorbar=dict(x=1.0, len=0.85, thickness=10),
+                             hovertemplate="%{y}<br>" + t("expert %{x}: %{z} picks") + "<extra></extra>"), 1, 2)
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category", title_text=t("expert"))
+    fig.update_layout(height=max(340, min(700, 100 + 16 * T)), margin=dict(l=90, r=20, t=50, b=50))
+    return fig
+
+
+def router_choice_figure(probs: np.ndarray, topk_ids: np.ndarray, topk_w: np.ndarray, token: str) -> go.Figure:
+    """One token's router: every expert's probability, the chosen ones coloured and labelled with the weight
+    their output is scaled by."""
+    E = len(probs)
+    chosen = {int(e): float(w) for e, w in zip(topk_ids, topk_w, strict=True)}
+    fig = go.Figure(go.Bar(x=[str(e) for e in range(E)], y=probs.astype(np.float32),
+                           marker_color=["#ff7f0e" if e in chosen else "#c7c7c7" for e in range(E)],
+                           text=[t("w = {w}", w=f"{chosen[e]:.3f}") if e in chosen else "" for e in range(E)],
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate=t("expert %{x}<br>p = %{y:.4f}") + "<extra></extra>"))
+    fig.update_layout(title=t("the router's choice for “{tok}”", tok=show_token(token)), height=320,
+                      margin=dict(l=50, r=20, t=50, b=40), xaxis=dict(title=t("expert"), type="category"),
+                      yaxis=dict(title=t("router probability"), rangemode="tozero"))
     return fig

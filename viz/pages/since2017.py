@@ -97,16 +97,19 @@ if blocks.get("positional") != "rotary":
     st.info(t("{model} does not rotate: its positions are {kind}, added to the embeddings as in 2017.",
               model=lm_label, kind=blocks.get("positional")), icon="🧩")
 else:
-    base = float(blocks.get("rope_base", cfg.rope_base))
-    live = arr("decoder.rope.angles")  # [T, d_head/2]: this prompt's angles, as the model computed them
-    angles = FM.rope_angles(max(T, 64), cfg.d_head, base)  # the same formula over more positions, to see the pattern
+    rope0 = desc["attention"][f"{L}.self_attn"]["rope"]  # this layer's RoPE, as the model describes it
+    base = float(rope0["base"])
+    rd = int(rope0.get("rotary_dim") or cfg.d_head)  # partial rotary (GPT-NeoX): only the first rd dims turn
+    inv = FM.inv_freq_of(rope0, cfg.d_head)
+    live = arr(rope0["angles"])  # [T, rd/2]: this prompt's angles, as the model computed them
+    angles = FM.rope_angles(max(T, 64), rd, base, inv=inv)  # the same formula over more positions
     angle_diff = float(np.abs(angles[:T] - live).max())
     kv = head // (n_heads // cfg.kv_heads)
     key_pos = 1 if pos > 1 else 0
-    q = arr(f"{L}.self_attn.q_unrot")[head, pos]
-    k = arr(f"{L}.self_attn.k_unrot")[kv, key_pos]
+    q = arr(f"{L}.self_attn.q_unrot")[head, pos][:rd]
+    k = arr(f"{L}.self_attn.k_unrot")[kv, key_pos][:rd]
     max_delta = 256
-    rope = FM.rope_scores(q, k, base, [key_pos, key_pos + 200], max_delta)
+    rope = FM.rope_scores(q, k, base, [key_pos, key_pos + 200], max_delta, inv)
     toy_cfg = toy.cfg
     added = None
     if toy_cfg.positional == "sinusoidal" and not toy_cfg.norm_first:
@@ -127,15 +130,14 @@ else:
                                                           k=F.show_token(tokens[key_pos])))
     show_figure(fig, key="s17_rope")
     spread = float(np.abs(rope[key_pos] - rope[key_pos + 200]).max())
-    d = q.shape[-1]
     msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
             "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a position, "
             "the last pair {slow} rad (one turn every {turn} positions); base b = {base}. The picture's first {T} "
             "rows are this prompt's angles as the model computed them (largest difference from the formula: "
             "{adiff}).",
             l=layer, h=head, q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]), diff=f"{spread:.1e}",
-            fast=F.num(float(angles[1, 0]) if len(angles) > 1 else 1.0),
-            slow=f"{base ** (-(d - 2) / d):.2e}", turn=f"{2 * np.pi * base ** ((d - 2) / d):,.0f}", base=f"{base:,.0f}",
+            fast=F.num(float(inv[0])),
+            slow=f"{inv[-1]:.2e}", turn=f"{2 * np.pi / inv[-1]:,.0f}", base=f"{base:,.0f}",
             T=T, adiff=f"{angle_diff:.1e}")
     if added is not None:
         a0, a1 = list(added.values())
@@ -174,12 +176,15 @@ st.header(t("3. RMSNorm: no mean, no bias"))
 st.markdown(t("LayerNorm centres and scales: $\\mathrm{LN}(x) = \\frac{x - \\mu}{\\sigma}\\, g + b$. RMSNorm "
               "drops the mean-centring and the bias: $\\mathrm{RMS}(x) = \\frac{x}{\\sqrt{\\mathrm{mean}(x^2) "
               "+ \\epsilon}}\\, g$. Cheaper, and the model learns to do without them."))
-if blocks.get("norm") != "rmsnorm":
+if not str(blocks.get("norm", "")).startswith("rmsnorm"):
     st.info(t("{model} uses LayerNorm, as in 2017.", model=lm_label), icon="🧩")
 else:
-    x = arr(f"{L}.norm1.in")[pos]
-    rms_out = arr(f"{L}.norm1.out")[pos]
-    g = lm.decoder.layers[layer].norm1.weight.detach().double().numpy()
+    # The layer's first norm: before attention (pre-LN, sandwich), or after it (OLMo 2's post norms).
+    nname = "norm1" if f"{L}.norm1.in" in trace else "norm_post_attn"
+    x = arr(f"{L}.{nname}.in")[pos]
+    rms_out = arr(f"{L}.{nname}.out")[pos]
+    nmod = getattr(lm.decoder.layers[layer], nname)
+    g = nmod.weight.detach().double().numpy() + (1.0 if getattr(nmod, "style", "") == "gemma" else 0.0)  # Gemma: 1 + w
     ln_out = FM.layer_norm(x, g, None, cfg.norm_eps)
     show_figure(FM.norm_figure(x, rms_out, ln_out, tokens[pos]), key="s17_norm")
     rms, mu, sd = float(np.sqrt((x ** 2).mean())), float(x.mean()), float(x.std())
@@ -206,14 +211,21 @@ st.markdown(t("2017: $\\mathrm{FFN}(x) = W_2\\, \\mathrm{ReLU}(W_1 x)$. SwiGLU m
               "learned gate: $\\mathrm{FFN}(x) = W_2\\,(\\mathrm{SiLU}(W_g x) \\odot W_1 x)$, "
               "$\\mathrm{SiLU}(z) = z\\,\\sigma(z)$. Each hidden unit's gate decides, token by token, how much of "
               "its up projection passes."))
-if blocks.get("ffn") != "gated":
+if blocks.get("moe"):
+    st.info(t("The feed-forward network of {model} is a mixture of experts, each expert a SwiGLU network: section 10 "
+              "shows which experts each token uses.", model=lm_label), icon="🧩")
+elif blocks.get("ffn") != "gated":
     st.info(t("{model} has a plain feed-forward network, as in 2017.", model=lm_label), icon="🧩")
 else:
     gate = arr(f"{L}.ffn.gate")
     hidden = arr(f"{L}.ffn.hidden")
     ffn = lm.decoder.layers[layer].ffn
     with torch.no_grad():
-        up = ffn.linear1(trace[f"{L}.norm2.out"][0]).double().numpy()
+        # The FFN's input: the norm before it (pre-LN, sandwich), or the residual stream after attention (post norms).
+        ffn_in = (trace[f"{L}.norm2.out"][0] if f"{L}.norm2.out" in trace else
+                  trace[f"decoder.layers.{layer - 1}.out" if layer else "decoder.embed.out"][0]
+                  + trace[f"{L}.norm_post_attn.out"][0])
+        up = ffn.linear1(ffn_in).double().numpy()
     units = sorted(np.argsort(-np.abs(hidden).mean(0), kind="stable")[:32].tolist())
     show_figure(FM.swiglu_figure(gate, up, tokens, units), key="s17_swiglu")
     shut = float((np.abs(gate) < 0.05).mean())
@@ -230,6 +242,16 @@ st.markdown(t("2017 (post-LN): $x \\leftarrow \\mathrm{LN}(x + \\mathrm{sublayer
               "is normalised after every sublayer. Today (pre-LN): $x \\leftarrow x + \\mathrm{sublayer}"
               "(\\mathrm{LN}(x))$: the stream itself is never normalised (one final norm before the output), "
               "which keeps a clean path for gradients and trains without a warmup's care."))
+wiring = {"sandwich": t("{model} is pre-LN with a second norm after each sublayer (a sandwich: "
+                        "x + Norm(sublayer(Norm(x)))), so what each sublayer adds is normalised too.", model=lm_label),
+          "post": t("{model} puts its norms after the sublayers, inside the residual branch: x + Norm(sublayer(x)). "
+                    "The stream itself is still never normalised, unlike 2017's Norm(x + sublayer(x)).",
+                    model=lm_label)}.get(blocks.get("norm_position"))
+if blocks.get("parallel_residual"):
+    wiring = t("{model} runs attention and the feed-forward network side by side on the same input: "
+               "x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (parallel residual).", model=lm_label)
+if wiring:
+    st.markdown(wiring)
 lm_outs = [arr("decoder.embed.out")] + [arr(f"decoder.layers.{i}.out") for i in range(n_layers)]
 toy_n = toy.cfg.n_encoder_layers
 toy_outs = [toy_trace["encoder.embed.out"][0].double().numpy()] + [
@@ -243,3 +265,157 @@ st.markdown(t("In {lm} the stream's median norm grows from {a} after the embeddi
 st.page_link("viz/pages/layer.py", label=t("Inside a layer: post-LN vs pre-LN wiring, and both trained with and "
                                            "without warmup"), icon=":material/layers:",
              query_params={"checkpoint": toy_name})
+
+# ---------------------------------------------------------------- 6.–10. the 2024–2026 mechanisms
+# Each section reads the model's own description (trace.meta["model"]): it draws a mechanism where the model has
+# it, and says in one sentence when it has not.
+
+FAR = 5000  # "a token this many positions back": what can it still reach through the layers?
+infos = [desc["attention"][f"decoder.layers.{i}.self_attn"] for i in range(n_layers)]
+info_l = infos[layer]
+labels = F.token_labels(tokens, T)
+A = f"{L}.self_attn"
+
+st.header(t("6. Sliding windows: attention with a horizon"))
+st.markdown(t("A sliding-window layer lets the query at position p see only the W keys p − W + 1 … p, so its cost "
+              "grows with W, not with the whole text. What lies further back is not lost: each layer can pass it on "
+              "W − 1 positions, so after L sliding layers information can have travelled L·(W − 1) positions, and "
+              "one full (global) layer reaches everything before it."))
+windows = [i.get("window") for i in infos]
+kinds = [i.get("layer_type") or ("sliding" if i.get("window") else "full") for i in infos]
+if not any(windows):
+    st.info(t("{model} has no sliding window: every layer's query sees every earlier token.", model=lm_label),
+            icon="🧩")
+else:
+    W = next(w for w in windows if w)
+    first = next(i for i, w in enumerate(windows) if w)
+    masks = [FM._arr(trace[f"decoder.layers.{i}.self_attn.mask"])[0, 0].astype(bool) for i in range(n_layers)]
+    reach = FM.live_reach(masks)
+    far = FM.reach_back(kinds, windows, FAR)
+    show_figure(FM.sliding_figure(masks[first], reach, far, FAR, labels, W), key="s17_window")
+    earliest = int(np.flatnonzero(reach[-1][-1])[0])  # the earliest position that reaches the last token
+    n_sl = sum(k == "sliding" for k in kinds)
+    full = [i for i, k in enumerate(kinds) if k != "sliding"]
+    msg = t("{model}: {s} of its {l} layers slide with a window of W = {w} tokens (layer {first} on the left: each "
+            "row sees {w} keys at most). On this prompt, after all the layers, the last token has been reached by "
+            "positions {a} to {b}.", model=lm_label, s=n_sl, l=n_layers, w=W, first=first, a=earliest, b=T - 1)
+    if full:
+        msg += " " + t("Its full layers ({layers}) read every earlier token directly, so a token {far:,} positions "
+                       "back reaches the present in one step there.", layers=", ".join(map(str, full)), far=FAR)
+    else:
+        msg += " " + t("Every layer slides, so a token can travel at most {l} × (W − 1) = {r:,} positions through "
+                       "the stack: a token {far:,} positions back {verdict}.", l=n_layers, r=n_layers * (W - 1),
+                       far=FAR, verdict=t("can still reach the last one") if n_layers * (W - 1) >= FAR
+                       else t("cannot reach the last one at all"))
+    st.markdown(msg)
+
+st.header(t("7. q/k norm: queries and keys of one length"))
+st.markdown(t("A norm on each query and key (RMSNorm with a learned gain, before RoPE) bounds their lengths, so the "
+              "scores q·k cannot blow up as the residual stream grows, a cause of unstable training in large "
+              "models."))
+if not info_l.get("qk_norm"):
+    st.info(t("{model} does not normalise q and k: its scores grow with their lengths, as in 2017.", model=lm_label),
+            icon="🧩")
+else:
+    qi, qo = FM._arr(trace[f"{A}.q_norm.in"])[0], FM._arr(trace[f"{A}.q_norm.out"])[0]
+    ki, ko = FM._arr(trace[f"{A}.k_norm.in"])[0], FM._arr(trace[f"{A}.k_norm.out"])[0]
+    per_head = qi.ndim == 3  # (H, T, d_head) per head; (T, H·d_head) when the whole projection is normalised
+    kv = head // (n_heads // info_l["n_kv_heads"])
+    if per_head:
+        qi, qo, ki, ko = qi[head], qo[head], ki[kv], ko[kv]
+    show_figure(FM.qk_norm_figure(qi, qo, ki, ko, labels), key="s17_qknorm")
+    nq_in, nq_out = FM.vector_norms(qi), FM.vector_norms(qo)
+    st.markdown(t("Layer {l}, {what}: before the norm the queries' lengths range from {a} to {b} ({x}×); after it "
+                  "from {c} to {d} ({y}×), set by the learned gain alone.", l=layer,
+                  what=t("head {h}", h=head) if per_head else t("all heads together (one norm over the whole "
+                                                                 "projection)"),
+                  a=F.num(float(nq_in.min())), b=F.num(float(nq_in.max())),
+                  x=F.num(float(nq_in.max() / max(nq_in.min(), 1e-12))), c=F.num(float(nq_out.min())),
+                  d=F.num(float(nq_out.max())), y=F.num(float(nq_out.max() / max(nq_out.min(), 1e-12)))))
+
+st.header(t("8. Soft-capping: scores that cannot run away"))
+st.markdown(t("Soft-capping passes each score through c·tanh(s / c): almost unchanged while |s| ≪ c, never beyond "
+              "±c. Gemma 2 caps attention scores (c = 50) and the final logits (c = 30), so no single score can "
+              "dominate a softmax however large it grows."))
+cap = info_l.get("softcap")
+final_cap = blocks.get("final_softcap")
+if not cap and not final_cap:
+    st.info(t("{model} does not cap its scores: softmax reads them as they are, as in 2017.", model=lm_label),
+            icon="🧩")
+if cap:
+    before = FM._arr(trace[f"{A}.scores"])[0, head].astype(np.float64)
+    after = FM._arr(trace[f"{A}.scores_capped"])[0, head].astype(np.float64)
+    open_ = ~FM._arr(trace[f"{A}.mask"])[0, 0].astype(bool)
+    show_figure(FM.softcap_figure(before[open_], after[open_], float(cap)), key="s17_softcap")
+    bent = float((np.abs(after[open_] - before[open_]) > 0.01 * np.abs(before[open_])).mean())
+    st.markdown(t("Layer {l}, head {h}: cap c = {c}. The largest score before the cap is {b}, after it {a}; {p} of "
+                  "the visible cells moved by more than 1%.", l=layer, h=head, c=F.num(float(cap)),
+                  b=F.num(float(np.abs(before[open_]).max())), a=F.num(float(np.abs(after[open_]).max())),
+                  p=f"{bent:.0%}"))
+if final_cap:
+    st.markdown(t("The final logits are capped too, at c = {c}: `logits_uncapped` holds them before.",
+                  c=F.num(float(final_cap))))
+
+st.header(t("9. RoPE scaling for long context"))
+st.markdown(t("A model trained on a context of n tokens has RoPE pairs whose angle never made a full turn over n "
+              "positions. To read longer texts, scaling slows those pairs down: \"linear\" divides every frequency by "
+              "a factor; Llama 3's scaling divides only the slow pairs (wavelength above n / low_freq_factor), keeps "
+              "the fast ones (below n / high_freq_factor) and blends between, so nearby word order stays sharp."))
+scaled_layers = [i for i, info in enumerate(infos) if (info.get("rope") or {}).get("scaling", "default") != "default"]
+if not scaled_layers:
+    st.info(t("{model} uses plain RoPE, no scaling for long context.", model=lm_label), icon="🧩")
+else:
+    sl_i = layer if layer in scaled_layers else scaled_layers[0]
+    rope = infos[sl_i]["rope"]
+    inv_s, inv_p = FM.inv_freq_of(rope, cfg.d_head), FM.inv_freq_of(rope, cfg.d_head, scaled=False)
+    show_figure(FM.rope_scaling_figure(inv_p, inv_s, rope.get("original_max_len")), key="s17_ropescale")
+    live = FM._arr(trace[rope["angles"]]).astype(np.float64)
+    diff = float(np.abs(live - np.arange(live.shape[0])[:, None] * inv_s[None, :]).max())
+    ratio = inv_p / inv_s
+    st.markdown(t("Layer {l}: {kind} scaling, factor {f}. {n_k} of its {n} pairs keep their speed, {n_s} turn {f}× "
+                  "slower, {n_b} in between. This prompt's angles are position × the scaled frequencies (largest "
+                  "difference {d}).", l=sl_i, kind=rope["scaling"], f=F.num(float(rope.get("factor") or 1)),
+                  n=len(ratio), n_k=int(np.isclose(ratio, 1).sum()),
+                  n_s=int(np.isclose(ratio, float(rope.get("factor") or 1)).sum()),
+                  n_b=int((~np.isclose(ratio, 1) & ~np.isclose(ratio, float(rope.get("factor") or 1))).sum()),
+                  d=f"{diff:.1e}"))
+
+st.header(t("10. Mixture of experts: a router picks the FFN"))
+st.markdown(t("In a mixture-of-experts layer the one feed-forward network becomes E experts. A router scores them "
+              "for each token, p = softmax(W_r x); only the top k run, and their outputs are summed with weights "
+              "from p. Parameters grow with E, the compute per token only with k."))
+moe = blocks.get("moe")
+if not moe:
+    st.info(t("{model} has one dense feed-forward network per layer: every token goes through all of it.",
+              model=lm_label), icon="🧩")
+else:
+    E, k = int(moe["n_experts"]), int(moe["top_k"])
+    moe_layers = [i for i in moe.get("layers", range(n_layers)) if f"decoder.layers.{i}.ffn.router.probs" in trace]
+    ml = layer if layer in moe_layers else moe_layers[0]
+    R = f"decoder.layers.{ml}.ffn.router"
+    probs = FM._arr(trace[f"{R}.probs"])[0].astype(np.float64)  # (T, E)
+    ids = FM._arr(trace[f"{R}.topk_ids"])[0].astype(np.int64)  # (T, k)
+    wts = FM._arr(trace[f"{R}.topk_weights"])[0].astype(np.float64)
+    loads = np.stack([FM.expert_load(FM._arr(trace[f"decoder.layers.{i}.ffn.router.topk_ids"])[0], E)
+                      for i in moe_layers])
+
+    def _pick_token() -> None:  # a click on the map picks that token (before the rerun: the select may change)
+        pts = ((st.session_state.get("s17_moe") or {}).get("selection") or {}).get("points") or []
+        if pts and isinstance(pts[0].get("y"), str) and pts[0]["y"] in labels:
+            st.session_state["s17_pos"] = labels.index(pts[0]["y"])
+
+    show_figure(FM.moe_figure(probs, ids, loads, labels, ml), key="s17_moe", on_select=_pick_token,
+                selection_mode="points")
+    show_figure(FM.router_choice_figure(probs[pos], ids[pos], wts[pos], tokens[pos]), key="s17_router")
+    load = loads[moe_layers.index(ml)]
+    msg = t("Layer {l}: {E} experts, each token runs {k}. On this prompt expert {busy} takes {nb} of the {n} picks "
+            "and expert {idle} {ni}. “{tok}” (click a row, or pick the token above) goes to experts {chosen} with "
+            "weights {w}.", l=ml, E=E, k=k, busy=int(load.argmax()), nb=int(load.max()), n=int(load.sum()),
+            idle=int(load.argmin()), ni=int(load.min()), tok=F.show_token(tokens[pos]),
+            chosen=", ".join(str(int(e)) for e in ids[pos]), w=", ".join(f"{x:.3f}" for x in wts[pos]))
+    if moe.get("shared"):
+        g = f"decoder.layers.{ml}.ffn.shared_gate"
+        msg += " " + (t("A shared expert runs on every token as well, scaled by its own gate (here {g} for this "
+                        "token).", g=f"{float(FM._arr(trace[g])[0, pos, 0]):.3f}") if g in trace
+                      else t("A shared expert runs on every token as well."))
+    st.markdown(msg)
