@@ -64,6 +64,15 @@ def test_lazy_equals_full_bit_for_bit(model, T):
     assert lazy.nbytes() < full.nbytes() or T == 1
 
 
+def test_last_only_logits(model):
+    ids = ids_of(40)
+    with torch.no_grad():
+        full = model(ids)
+        last, lazy = model.run_with_trace(ids, lazy=True, last_only=True)
+    assert last.shape == (1, 1, 50) and (last[0, 0] - full[0, -1]).abs().max() <= 1e-6  # one row: BLAS may round apart
+    assert "logits" not in lazy
+
+
 def test_fast_path_recomputes_the_step_by_step_weights(model):
     """Under the named fast path (fused attention), logits move by float rounding only, and the weights
     computed from the recorded q, k are still the step-by-step function of them."""
@@ -154,6 +163,9 @@ def test_extra_names_and_save_load_roundtrip(tmp_path):
     assert back.stored() == lazy.stored()
     for n in lazy:
         assert torch.equal(back[n], full[n]), n
+    relabelled = back.with_meta({**back.meta, "checkpoint": "x"})
+    assert isinstance(relabelled, LazyTrace) and relabelled.meta["checkpoint"] == "x"
+    assert relabelled.stored() == back.stored() and relabelled.names() == back.names()
     mat = back.materialize("*.weights")
     assert type(mat) is Trace and "lazy" not in mat.meta
     assert all(torch.equal(mat[n], full[n]) for n in mat)

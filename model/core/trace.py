@@ -118,6 +118,14 @@ class Trace(Mapping):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors.values())
 
+    def with_meta(self, meta: Mapping) -> Trace:
+        """The same tensors (not copied, nothing computed) under another metadata dict; a LazyTrace stays
+        lazy (its meta["lazy"] is kept). Use this, not Trace(trace, meta), which reads every name."""
+        meta = dict(meta)
+        if "lazy" in self._meta:
+            meta["lazy"] = self._meta["lazy"]
+        return type(self)(self._tensors, meta)
+
     def __repr__(self) -> str:
         return f"Trace({len(self)} names, {self.nbytes() / 2**20:.2f} MiB)"
 
