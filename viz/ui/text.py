@@ -1,0 +1,114 @@
+"""Input checks and escaping: why a text cannot run, tokens shortened for a message, Markdown escaping,
+the model's English errors said again in the UI language, and notes on [UNK] tokens and unfinished output."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from viz.i18n import t
+
+# C0/C1 controls (tab, newline and carriage return allowed) and invisible direction/format marks.
+# ZWJ/ZWNJ (U+200C/D) are allowed: emoji sequences and some scripts need them.
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+MAX_SHOWN = 24  # characters of one token shown in a message (a 5,000-character word is cut)
+
+
+def text_problems(text: str) -> str | None:
+    """Why `text` cannot be run, in words a student understands; None when it can."""
+    if not text:
+        return t("The input is empty: type a sentence in the sidebar.")
+    if not text.strip():
+        return t("The input is only whitespace: type a sentence in the sidebar.")
+    bad = _CONTROL.search(text)
+    if bad:
+        ch = bad.group()
+        name = unicodedata.name(ch, "control character")
+        return t("The input contains an invisible control character U+{code} ({name}) at position {pos}. "
+                 "Remove it (it was probably pasted) and try again.",
+                 code=f"{ord(ch):04X}", name=name, pos=bad.start())
+    return None
+
+
+def shorten(s: str, limit: int = MAX_SHOWN, markdown: bool = False) -> str:
+    """`s` for a message: at most `limit` characters, the rest counted, never silently dropped.
+    markdown=True: the characters of `s` are escaped for a Markdown message (see `md_escape`)."""
+    from viz.figures.attention import show_token
+
+    shown = md_escape if markdown else (lambda x: x)
+    if len(s) <= limit:
+        return shown(show_token(s))
+    return t("{start}… ({n} characters)", start=shown(show_token(s[:limit])), n=len(s))
+
+
+def unk_note(pieces, text: str | None = None) -> str | None:
+    """A warning listing what the tokenizer could not represent (e.g. emoji -> [UNK]), by the
+    original characters of `text` (the text `pieces` were cut from), at most 8 of them."""
+    unk = [p for p in pieces if p.is_unk]
+    if not unk:
+        return None
+    shown = ", ".join(f"'{shorten(_original(p, text), markdown=True)}'" for p in unk[:8])
+    shown += ", …" if len(unk) > 8 else ""
+    return t("{n} token(s) are not in this model's vocabulary and became [UNK]: {shown}. "
+             "The model still runs, but it sees only the [UNK] embedding there.", n=len(unk), shown=shown)
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:])")  # ":" too: Streamlit's :emoji: and :red[…]
+
+
+def md_escape(s: str) -> str:
+    """`s` shown literally in a Markdown message (st.warning, st.error): "*", "_", "`", "<"… would
+    otherwise format the message or vanish."""
+    return _MARKDOWN.sub(r"\\\1", s)
+
+
+def _original(piece, text: str | None) -> str:
+    a, b = piece.span
+    if text is not None and 0 <= a < b <= len(text):
+        return text[a:b]
+    return piece.token if piece.token != "[UNK]" else f"[UNK]@{a}"
+
+
+# Input errors the model raises in English, said again in the UI language (one sentence, no repeated advice).
+_TOO_LONG = re.compile(r"the (input|target) is (\d+) tokens long; (?:with \[BOS\] )?this model's limit is (\d+) tokens")
+
+
+def error_text(err: BaseException | str) -> tuple[str, bool]:
+    """(message, whether it already says what to do) for a bad input or file."""
+    if isinstance(err, str):
+        return err, False
+    word, tokens = getattr(err, "word", None), getattr(err, "tokens", None)
+    if word is not None and tokens is not None:  # model.analysis.compare.NotATokenError
+        listed = " ".join(shorten(x, markdown=True) for x in tokens[:40]) + (" …" if len(tokens) > 40 else "")
+        if not word.strip():
+            return t("The token box is empty: type one of the sentence's tokens ({tokens}).", tokens=listed), True
+        return t("“{word}” is not a token of this sentence; its tokens: {tokens}.",
+                 word=shorten(word.strip(), markdown=True), tokens=listed), True
+    # str(KeyError) wraps its message in quotes; other messages keep theirs ("'street' is not…").
+    msg = (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)).strip() or type(err).__name__
+    m = _TOO_LONG.search(msg)
+    if m:
+        which = t("The input") if m.group(1) == "input" else t("The target")
+        return t("{which} is {n} tokens long; this model's limit is {limit} tokens. Shorten it: it is never "
+                 "silently truncated.", which=which, n=m.group(2), limit=m.group(3)), True
+    return msg[:1].upper() + msg[1:], False
+
+
+def target_unk_note(ckpt, target: str | None) -> str | None:
+    """`unk_note` for a teacher-forced target (its characters outside the target vocabulary), or None."""
+    note = unk_note(ckpt.tgt_tokenizer.pieces(target), target) if target else None
+    return note and t("Target: ") + note
+
+
+def stop_note(meta) -> str | None:
+    """Why the model's own output ended without [EOS] (a loop, or the shared length limit); None if it ended."""
+    if not meta.get("generated") or meta.get("finished", True):
+        return None
+    loop = meta.get("looped")
+    if loop:
+        return t("The model did not stop: its output ends with “{ngram}” repeated {n} times, more often than the "
+                 "source repeats it, so decoding stopped there (a loop).", ngram=" ".join(loop["ngram"]),
+                 n=loop["repeats"])
+    return t("The model did not stop: it produced no [EOS] and was stopped at the {limit}-token limit (the model's "
+             "max_len − 1 positions; the same limit on every page).", limit=meta.get("max_new_tokens"))
