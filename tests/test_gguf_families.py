@@ -45,7 +45,7 @@ FAMILIES = {
     "gemma2": ("gemma2", "gemma2", dict(head_dim=256, num_attention_heads=2, num_key_value_heads=1,
                                         query_pre_attn_scalar=256, sliding_window=4), True),
     "gemma3": ("gemma3_text", "gemma3", dict(head_dim=256, num_attention_heads=2, num_key_value_heads=1,
-                                             query_pre_attn_scalar=256, sliding_window=4, num_hidden_layers=7), True),
+                                             query_pre_attn_scalar=256, sliding_window=4, num_hidden_layers=6), True),
     "phi3": ("phi3", "phi3", {}, True),
     "olmo2": ("olmo2", "olmo2", {}, False),
     "gpt_neox": ("gpt_neox", "gptneox", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -286,3 +286,45 @@ def test_a_chat_template_that_raises_gives_one_sentence_and_bounded_memory(made,
     assert str(e.value).startswith(sentence) and "Traceback" not in str(e.value)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB
     assert lm.encode("the heat").shape == (1, 6)  # the model still opens and runs without the template
+
+
+def test_a_file_without_its_vocabulary_opens_on_token_ids(made, tmp_path, monkeypatch):
+    """convert_hf_to_gguf.py --no-vocab style: no tokenizer.ggml.* keys. The model runs on ids and says why text
+    cannot be typed; the dequantized cache keeps 'no tokenizer'."""
+    monkeypatch.setenv("ATTENTION_LAB_CACHE", str(tmp_path / "cache"))
+    d, hf, sd, _ = made("qwen2")
+    path = convert("qwen2", hf, sd, tmp_path / "novocab.gguf")
+    g = G.read_gguf(path)
+    kv = {k: v for k, v in g.metadata.items() if not k.startswith(("tokenizer.", "general.architecture"))}
+    tensors = {n: (g.dequantize(n).numpy(), QT.F32) for n in g.tensors}
+    del g
+    write_gguf(path, tensors, kv, arch="qwen2")
+    for from_cache in (False, True):
+        assert G.read_model(path).from_cache == from_cache
+    lm = G.load_gguf(path)
+    assert lm.tokenizer is None
+    with pytest.raises(ValueError, match="novocab has no tokenizer .*pass token ids instead of text"):
+        lm.encode("the heat")
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[1, 5, 17, 42, 99]])
+    logits, trace = lm.run_with_trace(ids, names="*.weights")
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()(ids).logits
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert trace["decoder.layers.0.self_attn.weights"].shape == (1, 4, 5, 5)
+
+
+def test_an_unsupported_quantization_type_is_refused_by_name(made, tmp_path):
+    d, hf, sd, _ = made("llama")
+    path = convert("llama", hf, sd, tmp_path / "iq.gguf")
+    g = G.read_gguf(path)
+    tensors = {n: (g.dequantize(n).numpy(), QT.F32) for n in g.tensors}
+    tensors["blk.0.ffn_down.weight"] = (np.zeros((64, 66), np.uint8), QT.IQ2_XXS)  # 256 values
+    kv = {k: v for k, v in g.metadata.items() if k != "general.architecture"}
+    del g
+    write_gguf(path, tensors, kv)
+    with pytest.raises(G.GGUFError) as e:
+        load_model(path)
+    assert str(e.value) == ("iq.gguf: quantization type IQ2_XXS (tensor 'blk.0.ffn_down.weight') is not supported; "
+                            "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.")

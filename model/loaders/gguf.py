@@ -736,7 +736,7 @@ class GGUFModel:
 
     config: dict
     tensors: dict[str, torch.Tensor]
-    tokenizer: Any  # tokenizers.Tokenizer
+    tokenizer: Any  # tokenizers.Tokenizer, or None: a file without tokenizer metadata runs on token ids
     chat_template: str | None
     special_ids: dict[str, Any]  # bos, eos, pad (int or None), end: the ids that stop generation
     source: Path
@@ -804,7 +804,8 @@ def _write_cache(target: Path, part: GGUFModel, key: str) -> None:
         total = (total + _checksum(t)) % (1 << 64)
     header["__metadata__"] = {
         "format": CACHE_FORMAT, "key": key, "checksum": str(total), "config": json.dumps(part.config),
-        "tokenizer": part.tokenizer.to_str(), "chat_template": json.dumps(part.chat_template),
+        "tokenizer": part.tokenizer.to_str() if part.tokenizer is not None else "",
+        "chat_template": json.dumps(part.chat_template),
         "special_ids": json.dumps(part.special_ids), "source": str(part.source)}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -845,7 +846,8 @@ def _read_cache(target: Path, key: str, source: Path) -> GGUFModel | None:
         if str(total) != meta.get("checksum"):
             return None
         config = json.loads(meta["config"])
-        part = GGUFModel(config=config, tensors=tensors, tokenizer=Tokenizer.from_str(meta["tokenizer"]),
+        part = GGUFModel(config=config, tensors=tensors,
+                         tokenizer=Tokenizer.from_str(meta["tokenizer"]) if meta["tokenizer"] else None,
                          chat_template=json.loads(meta["chat_template"]),
                          special_ids=json.loads(meta["special_ids"]), source=source, from_cache=True)
     except Exception:  # a corrupt cache is rebuilt, whatever its damage
@@ -886,8 +888,10 @@ def read_model(path: str | os.PathLike, cache: bool = True) -> GGUFModel:
         from model.loaders.hf import config_from_hf
 
         config_from_hf(config)  # the lab's size limits, and the float32 model must fit in memory: before dequantizing
-        tokenizer = tokenizer_from_gguf(g.metadata, path.name)
-        if tokenizer.get_vocab_size() != config["vocab_size"]:
+        # a file converted without its vocabulary (tokenizer.ggml.model absent or "none") opens on token ids
+        no_vocab = g.metadata.get("tokenizer.ggml.model") in (None, "none")
+        tokenizer = None if no_vocab else tokenizer_from_gguf(g.metadata, path.name)
+        if tokenizer is not None and tokenizer.get_vocab_size() != config["vocab_size"]:
             raise GGUFError(f"{path.name}: the tokenizer has {tokenizer.get_vocab_size():,} tokens, "
                             f"the embedding {config['vocab_size']:,} rows.")
         template = g.metadata.get("tokenizer.chat_template")
@@ -913,9 +917,9 @@ def load_gguf(path: str | os.PathLike, name: str | None = None, cache: bool = Tr
     part = read_model(path, cache=cache)
     model = lm_from_hf(part.config, part.tensors)
     part.tensors.clear()  # the model holds them now (assigned, not copied)
-    vocab = part.tokenizer.get_vocab_size()
     ids = part.special_ids
-    special = {f"{k}_token": part.tokenizer.id_to_token(ids[k]) for k in ("bos", "eos", "pad")
-               if ids.get(k) is not None and ids[k] < vocab}
+    tok = part.tokenizer
+    special = {} if tok is None else {f"{k}_token": tok.id_to_token(ids[k]) for k in ("bos", "eos", "pad")
+                                      if ids.get(k) is not None and ids[k] < tok.get_vocab_size()}
     return LanguageModel(model, part.tokenizer, name=name or part.source.stem, chat_template=part.chat_template,
                          stop_ids=ids["end"], source=part.source, special_tokens=special)

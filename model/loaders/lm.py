@@ -76,7 +76,8 @@ class LanguageModel:
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
-            raise ValueError(f"{self.name} has no tokenizer (no tokenizer.json): pass token ids instead of text")
+            raise ValueError(f"{self.name} has no tokenizer (no tokenizer.json, or a GGUF without its vocabulary): "
+                             "pass token ids instead of text")
         return self.tokenizer
 
     def render_chat(self, text: str) -> str:
@@ -190,14 +191,14 @@ class LanguageModel:
         names = [f"{mod}.{'q' if fast else 'weights'}" for mod in modules]
 
         def grab(t: torch.Tensor, name: str):  # the last query row: [B, H, Tq, Tk or hs] -> [H, Tk or hs]
-            grabbed[name] = t[0, :, -1].clone()
+            grabbed[name] = t[0, :, -1].to("cpu", copy=True)  # a GPU model's too: steps live on the CPU
             return None
 
         mine = recorder.resolve_hooks(names, {n: grab for n in names}) if record else {}
         cache, offset, x = m.new_cache(), 0, ids
         with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine), recorder.fast_attention(fast):
             for _ in range(min(max_new_tokens, room)):
-                logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1]
+                logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1].cpu()  # sampling on the CPU
                 if record and fast:
                     for i, (n, p) in enumerate(zip(names, params, strict=True)):
                         grabbed[n] = last_row(grabbed[n], cache[i]["k"][0], p)
