@@ -32,6 +32,7 @@ import streamlit as st
 
 from model.core.describe import attention_of, described
 from viz.figures import attention as F
+from viz.figures import modern as FM
 from viz.i18n import N_, current_lang, t
 from viz.ui.models import session_models
 from viz.ui.render import show_figure
@@ -214,6 +215,7 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
           "to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V.", label=t(KINDS[kind][0]), name=name,
           what=t(KINDS[kind][2]))
         + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
+        + _scale_note(attention_of(meta, name) or {})
         + (" " + _row_caption(meta) if attention_of(meta, name)["stack"] == "decoder" else ""))
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
     show_figure(fig, key=f"{key}_head_fig", filename=f"{name}-head{head}", width="content")
@@ -222,6 +224,21 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
     view = _choose_view(key)
     VIEW_BUILDERS[view](trace, key, names, layer, head, meta)
+
+
+def _scale_note(info) -> str:
+    """A sentence when the module does not compute softmax(QKᵀ/√d_k + M) as written (its description says)."""
+    if not info.get("scale") or not FM.is_modern(info):
+        return ""
+    m = FM.mechanisms(info)
+    parts = [] if m["scale_is_plain"] else [t("scales by {s}, not 1/√d_k", s=f"{m['scale']:.4g}")]
+    if m["softcap"]:
+        parts.append(t("soft-caps the scores at ±{c}", c=FM.F_num(m["softcap"])))
+    if m["window"]:
+        parts.append(t("sees only the last {w} keys (sliding window)", w=m["window"]))
+    if m["qk_norm"]:
+        parts.append(t("normalises q and k first"))
+    return " " + t("This layer {what}: the Score pipeline and Masks views show how.", what=t(", ").join(parts))
 
 
 def _row_caption(meta) -> str:
@@ -260,6 +277,10 @@ def _model_view(trace, key: str, names: list[str], layer: int, head: int, meta) 
 
 def _pipeline(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
+    info = attention_of(meta, name) or {}
+    if FM.is_modern(info):  # a 2024–2026 module: its own scale, soft-cap, window and q/k norm
+        _modern_pipeline(trace, key, name, head, info, meta)
+        return
     st.caption(t("The score pipeline of one head, left to right: the raw dot products QKᵀ; divided by √d_k "
                  "(Var(q·k) = d_k for unit-variance entries, so this brings the spread back to 1); plus the "
                  "mask M (−∞ where blocked); softmax over each row. The three score panels share one colour "
@@ -269,10 +290,57 @@ def _pipeline(trace, key: str, names: list[str], layer: int, head: int, meta) ->
                        filename=f"{name}-head{head}-pipeline")
 
 
+def _modern_pipeline(trace, key: str, name: str, head: int, info, meta) -> None:
+    """The pipeline as the model describes it (trace.meta["model"]): the real query scale, the soft-cap, the
+    sliding window in the mask, and the q/k norm before it all."""
+    m = FM.mechanisms(info)
+    steps = [t("the dot products q·kᵀ")]
+    steps.append(t("times the query scale {s}", s=f"{m['scale']:.4g}") if m["scale_is_plain"] else
+                 t("times the model's own query scale {s} (not 1/√d_k = {p}: the model sets it)",
+                   s=f"{m['scale']:.4g}", p=f"{FM.plain_scale(info):.4g}"))
+    if m["softcap"]:
+        steps.append(t("soft-capped, c·tanh(s / c) with c = {c}, so no score goes beyond ±{c}",
+                       c=FM.F_num(m["softcap"])))
+    steps.append(t("plus the mask M, which on this sliding layer also blocks keys {w} or more positions back "
+                   "(window W = {w})", w=m["window"]) if m["window"] else t("plus the mask M (−∞ where blocked)"))
+    steps.append(t("softmax over each row"))
+    text = t("The score pipeline of one head as this model computes it, left to right: {steps}.",
+             steps="; ".join(steps))
+    if m["qk_norm"]:
+        text += " " + t("Before all this, q and k went through their own norm (q/k norm), drawn below the pipeline.")
+    st.caption(text)
+    rows = _query_rows(trace, name, f"{key}_pipe_rows")
+    n_q, n_k = trace[f"{name}.weights"].shape[2:]
+    labels = F.axis_labels(meta, name, n_q, n_k)
+    show_figure(FM.described_pipeline(trace, name, head, info, rows=rows, labels=labels), key=f"{key}_pipe_fig",
+                filename=f"{name}-head{head}-pipeline")
+    if m["qk_norm"] and f"{name}.q_norm.in" in trace:
+        qi, qo = FM._arr(trace[f"{name}.q_norm.in"])[0], FM._arr(trace[f"{name}.q_norm.out"])[0]
+        ki, ko = FM._arr(trace[f"{name}.k_norm.in"])[0], FM._arr(trace[f"{name}.k_norm.out"])[0]
+        if qi.ndim == 3:  # per head: this head's queries and the keys of the K/V head it reads
+            kv = head // (info["n_heads"] // info["n_kv_heads"])
+            qi, qo, ki, ko = qi[head], qo[head], ki[kv], ko[kv]
+        st.caption(t("q/k norm: the length of each token's query and key before and after their norm (`{name}.q_norm`, "
+                     "`{name}.k_norm`). After it, every query has nearly one length, so the scores above are "
+                     "bounded by the norm's learned gain, not by the residual stream.", name=name))
+        show_figure(FM.qk_norm_figure(qi, qo, ki, ko, labels[1][:qi.shape[0]]), key=f"{key}_qknorm_fig",
+                    filename=f"{name}-head{head}-qk-norm")
+
+
 def _masks(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
     _masks_caption(name, trace.meta)
-    if f"{name}.mask" in trace:
+    info = attention_of(meta, name) or {}
+    if f"{name}.mask" in trace and info.get("window"):  # a sliding layer: its window beside the look-ahead mask
+        st.caption(t("This layer slides: its query at position p sees only the {w} keys p − {v} … p (window "
+                     "W = {w}); older keys are blocked like future ones. The model's other layers may see "
+                     "further (the full layers see every earlier token).", w=info["window"], v=info["window"] - 1))
+        rows = _query_rows(trace, name, f"{key}_mask_rows")
+        w = F.arr(trace[f"{name}.weights"])[0, head]
+        show_figure(FM.window_mask_figure(FM.window_masks(trace, name, info), w, info["window"],
+                                          F.axis_labels(meta, name, *w.shape), rows=rows),
+                    key=f"{key}_mask_fig", filename=f"{name}-masks")
+    elif f"{name}.mask" in trace:
         rows = _query_rows(trace, name, f"{key}_mask_rows")
         show_figure(F.mask_figure(trace, name, head, meta=meta, rows=rows), key=f"{key}_mask_fig",
                            filename=f"{name}-masks")
