@@ -392,3 +392,14 @@ def test_configs_we_do_not_compute_exactly_are_refused(saved, tmp_path, change, 
     (d / "config.json").write_text(json.dumps(cfg | change))
     with pytest.raises(ModelLoadError, match=words):
         load_hf_dir(d)
+
+
+def test_a_model_that_will_not_fit_is_refused_in_its_own_dtype_before_allocating(monkeypatch):
+    from model.loaders import hf
+
+    cfg = hf.config_from_hf(FAMILIES["qwen3"][1] | COMMON | {"model_type": "qwen3"})
+    n = cfg.num_parameters()
+    monkeypatch.setattr(hf, "available_bytes", lambda: 3 * n)  # room for bfloat16 (2 n), not float32 (4 n)
+    hf.check_fits(cfg, torch.bfloat16)
+    with pytest.raises(ModelLoadError, match=f"{n:,} parameters .* in float32.*Refused before loading"):
+        hf.check_fits(cfg, torch.float32)
