@@ -36,6 +36,8 @@ FAMILIES = {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}), False),
     "llama": ("llama", "llama", {}, True),
+    "llama-linear": ("llama", "llama", dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                             "factor": 4.0}), False),
     "mistral": ("mistral", "llama", dict(sliding_window=None), True),
     "qwen2": ("qwen2", "qwen2", {}, True),
     # head_dim 128: transformers' GGUF loader ignores attention.key_length for qwen3 and assumes 128
@@ -150,6 +152,8 @@ def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F
         kv |= {p + "attention.head_count_kv": n_kv, p + "attention.layer_norm_rms_epsilon": hf["rms_norm_eps"]}
     if hf.get("head_dim"):
         kv |= {p + "attention.key_length": head_dim, p + "attention.value_length": head_dim}
+    if rope.get("rope_type") == "linear":  # LlamaModel / Gemma3Model.set_gguf_parameters
+        kv |= {p + "rope.scaling.type": "linear", p + "rope.scaling.factor": float(rope["factor"])}
     if arch in ("llama", "phi3", "gptneox"):
         kv[p + "rope.dimension_count"] = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     if arch == "gptneox":
