@@ -1,11 +1,15 @@
 """A `tokenizers.Tokenizer` built from a GGUF file's metadata (no tokenizer.json needed).
 
-llama.cpp keeps the tokenizer as metadata: `tokenizer.ggml.model` ("gpt2" = byte-level BPE), the
-tokens (already spelled in GPT-2's byte alphabet: Ġ is a space, Ċ a newline), the merges ("Ġ t"),
-each token's type (3 = control, e.g. <|im_end|>; 4 = user-defined), the special ids, and
-`tokenizer.ggml.pre`, the name of the pre-tokenizer (the regex that cuts text into words before
-BPE). The regexes below are llama.cpp's (llama-vocab.cpp, `regex_exprs` per pre-type), so ids
-match llama.cpp and the model's original tokenizer.json.
+llama.cpp keeps the tokenizer as metadata: `tokenizer.ggml.model`, the tokens, each token's type
+(3 = control, e.g. <|im_end|>; 4 = user-defined; 6 = byte), the special ids and BOS/EOS flags, and
+- for "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen, SmolLM): the merges ("Ġ t", tokens already spelled in
+  GPT-2's byte alphabet: Ġ is a space, Ċ a newline) and `tokenizer.ggml.pre`, the name of the pre-tokenizer
+  (the regex that cuts text into words before BPE). The regexes below are llama.cpp's (llama-vocab.cpp,
+  `regex_exprs` per pre-type), so ids match llama.cpp and the model's original tokenizer.json;
+- for "llama" (SentencePiece BPE: Llama 2, Mistral, Gemma, Phi-3): a score per piece instead of merges
+  (the merges are rebuilt from the scores), <0x..> byte tokens for characters outside the vocabulary, and
+  ▁ for a space. Built as transformers builds it from a GGUF, so ids equal its tokenizer's.
+Other tokenizer models (t5's unigram, BERT's WordPiece, RWKV...) are refused by name.
 """
 
 from __future__ import annotations

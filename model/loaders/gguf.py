@@ -13,9 +13,12 @@ that without trusting it:
   vectorized numpy over chunks of blocks written straight into the output tensor; results are
   bit-identical to gguf.quants.dequantize (the reference transformers uses), and several times faster
   (bench/llm.py); the IQ and TQ types are refused by name;
-- llama.cpp's converter permutes the rows of attn_q/attn_k for its rotary layout (`permute` in
-  convert_hf_to_gguf.py); `hf_tensors` undoes it (on the quantized rows, before dequantizing) and
-  renames tensors to Hugging Face llama/qwen2 names, so `model.loaders.hf.lm_from_hf` loads them.
+- `hf_config` / `hf_tensors` turn the architectures in ARCHITECTURES (llama incl. Mistral and Llama 3's
+  rope_freqs, qwen2, qwen3, gemma, gemma2, gemma3, phi3, olmo2, gptneox, qwen2moe) into a Hugging Face
+  config dict and HF-named tensors, undoing what llama.cpp's convert_hf_to_gguf.py did to each family
+  (llama's q/k row permutation, on the quantized rows before dequantizing; gemma's +1 on norm weights;
+  gpt-neox's regrouped qkv; qwen2moe's stacked experts), so `model.loaders.hf.lm_from_hf` loads them.
+  tests/test_gguf_families.py writes each family as the converter does and compares with transformers.
 
 gguf.GGUFReader parses this header in ~1.5 s (a numpy view per string); the walker below does it in a
 fraction of that, and tests/test_gguf.py checks it returns what GGUFReader returns.
@@ -863,7 +866,7 @@ def _prune(directory: Path, keep: Path) -> None:
 
 
 def read_model(path: str | os.PathLike, cache: bool = True) -> GGUFModel:
-    """Config, HF-named float32 tensors, tokenizer, chat template and special ids of a llama-family GGUF.
+    """Config, HF-named float32 tensors, tokenizer, chat template and special ids of a GGUF (ARCHITECTURES).
 
     With `cache`, the dequantized tensors (and the tokenizer) are kept as a safetensors file under
     `cache_dir()`, keyed by the GGUF's size, mtime and header hash and checked on every read, so the
@@ -910,7 +913,7 @@ def read_model(path: str | os.PathLike, cache: bool = True) -> GGUFModel:
 
 
 def load_gguf(path: str | os.PathLike, name: str | None = None, cache: bool = True):
-    """A llama-family GGUF -> LanguageModel (DecoderLM inside, float32), via `lm_from_hf`."""
+    """A GGUF of one of ARCHITECTURES -> LanguageModel (DecoderLM inside, float32), via `lm_from_hf`."""
     from model.loaders.hf import lm_from_hf
     from model.loaders.lm import LanguageModel
 
