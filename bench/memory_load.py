@@ -47,13 +47,14 @@ def write(d: Path, dtype: torch.dtype, layers: int) -> None:
         if i % 4 == 0:
             shards.append({})
         p = f"model.layers.{i}."
-        shards[-1].update({p + "self_attn.q_proj.weight": rnd(H * hs, D), p + "self_attn.k_proj.weight": rnd(Hkv * hs, D),
-                           p + "self_attn.v_proj.weight": rnd(Hkv * hs, D), p + "self_attn.o_proj.weight": rnd(D, H * hs),
-                           p + "self_attn.q_norm.weight": torch.ones(hs, dtype=dtype),
-                           p + "self_attn.k_norm.weight": torch.ones(hs, dtype=dtype),
-                           p + "mlp.gate_proj.weight": rnd(F, D), p + "mlp.up_proj.weight": rnd(F, D),
-                           p + "mlp.down_proj.weight": rnd(D, F), p + "input_layernorm.weight": torch.ones(D, dtype=dtype),
-                           p + "post_attention_layernorm.weight": torch.ones(D, dtype=dtype)})
+        norms = (("self_attn.q_norm", hs), ("self_attn.k_norm", hs), ("input_layernorm", D),
+                 ("post_attention_layernorm", D))
+        ones = {f"{p}{n}.weight": torch.ones(k, dtype=dtype) for n, k in norms}
+        shards[-1].update(ones | {
+            p + "self_attn.q_proj.weight": rnd(H * hs, D), p + "self_attn.k_proj.weight": rnd(Hkv * hs, D),
+            p + "self_attn.v_proj.weight": rnd(Hkv * hs, D), p + "self_attn.o_proj.weight": rnd(D, H * hs),
+            p + "mlp.gate_proj.weight": rnd(F, D), p + "mlp.up_proj.weight": rnd(F, D),
+            p + "mlp.down_proj.weight": rnd(D, F)})
     for n, shard in enumerate(shards):
         name = f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(d / name), metadata={"format": "pt"})
