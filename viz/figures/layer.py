@@ -23,7 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from model.core.describe import described, token_sides
+from model.core.describe import attention_of, described, token_sides
 from viz.figures import attention as F
 from viz.i18n import N_, t
 
@@ -59,9 +59,28 @@ def is_pre_ln(trace) -> bool:
 
 
 def norm_kind(trace) -> str:
-    """"layernorm" or "rmsnorm" (RMSNorm: no mean-centring, no bias), from the model's description."""
-    kind = described(trace.meta).get("blocks", {}).get("norm", "layernorm")
-    return kind if kind in NORM_LABELS else "layernorm"
+    """"layernorm" or "rmsnorm" (RMSNorm: no mean-centring, no bias), from the model's description (Gemma's
+    (1 + w) RMSNorm and OLMo 2's are RMSNorms too)."""
+    kind = str(described(trace.meta).get("blocks", {}).get("norm", "layernorm"))
+    return "rmsnorm" if kind.startswith("rmsnorm") else kind if kind in NORM_LABELS else "layernorm"
+
+
+WIRINGS = ("post-ln", "pre", "sandwich", "post_norm", "parallel")
+
+
+def wiring_kind(trace) -> str:
+    """How a layer wires its norms and residual sums, from the model's description:
+    "post-ln" (2017: Norm(x + sublayer(x))), "pre" (x + sublayer(Norm(x))), "sandwich" (Gemma 2/3:
+    x + Norm'(sublayer(Norm(x)))), "post_norm" (OLMo 2: x + Norm(sublayer(x))) or "parallel" (GPT-NeoX:
+    x + Attn(Norm₁(x)) + FFN(Norm₂(x)))."""
+    blocks = described(trace.meta).get("blocks", {})
+    if blocks.get("parallel_residual"):
+        return "parallel"
+    if blocks.get("norm_position") == "sandwich":
+        return "sandwich"
+    if blocks.get("norm_position") == "post":
+        return "post_norm"
+    return "pre" if is_pre_ln(trace) else "post-ln"
 
 
 def sublayers(trace, layer: str) -> list[tuple[str, str]]:
@@ -70,9 +89,13 @@ def sublayers(trace, layer: str) -> list[tuple[str, str]]:
     back to the 2017 layout for a trace without a description."""
     mods = [m.rsplit(".", 1)[1] for m in described(trace.meta).get("attention", {})
             if m.rsplit(".", 1)[0] == layer]
-    norms = sorted({n[len(layer) + 1:].split(".")[0] for n in trace.names()
-                    if n.startswith(layer + ".norm") and n.endswith(".in")}, key=lambda n: int(n[4:] or 0))
+    found = {n[len(layer) + 1:].split(".")[0] for n in trace.names()
+             if n.startswith(layer + ".norm") and n.endswith(".in")}
+    norms = sorted((n for n in found if n[4:].isdigit() or n == "norm"), key=lambda n: int(n[4:] or 0))
     subs = mods + ["ffn"]
+    posts = [n for n in ("norm_post_attn", "norm_post_ffn") if n in found]  # OLMo 2: norms after the sublayers only
+    if mods and not norms and len(posts) == len(subs):
+        return list(zip(subs, posts, strict=True))
     if not mods or len(norms) != len(subs):
         return list(SUBLAYERS[layer.split(".")[0]])
     return list(zip(subs, norms, strict=True))
@@ -117,10 +140,57 @@ def residual_names(layer: str, sublayer: str, pre_ln: bool, subs: Sequence[tuple
 
 
 def residual_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
-    """The residual stream around one sublayer as captured: x, sublayer, sum, norm (wiring order)."""
+    """The residual stream around one sublayer as captured, in the model's own wiring order (`wiring_kind`):
+    x, norm, sublayer, sum for 2017's two wirings; the 2024–2026 wirings add their extra steps
+    (`modern_steps`)."""
+    if wiring_kind(trace) in ("sandwich", "post_norm", "parallel"):
+        return modern_steps(trace, layer, sublayer, b)
     names = residual_names(layer, sublayer, is_pre_ln(trace), sublayers(trace, layer),
                            NORM_LABELS[norm_kind(trace)])
     return [Step(label, name, F.arr(trace[name])[b]) for label, name in names]
+
+
+POST = {"self_attn": "norm_post_attn", "ffn": "norm_post_ffn"}
+
+
+def modern_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
+    """The residual stream around one sublayer of a sandwich-norm (Gemma 2/3), post-norm (OLMo 2) or
+    parallel-residual (GPT-NeoX) layer, each step a capture (or, for OLMo 2's stream between its two sublayers,
+    which no module outputs, the sum of two captures, named as such):
+
+        sandwich:   x → Norm(x) → sublayer(·) → Norm'(sublayer(·)) → x + Norm'(sublayer(·))
+        post_norm:  x → sublayer(x) → Norm(sublayer(x)) → x + Norm(sublayer(x))
+        parallel:   x → Normₖ(x) → this sublayer(·) → the other sublayer (same x) → x + Attn + FFN
+    """
+    kind = wiring_kind(trace)
+    ln = NORM_LABELS[norm_kind(trace)]
+    subs = [s for s, _ in sublayers(trace, layer)]
+    j = subs.index(sublayer)
+    val = lambda name: F.arr(trace[name])[b]  # noqa: E731
+    out = sublayer_output(layer, sublayer)
+    if kind == "parallel":
+        norm = f"{layer}.norm{j + 1}"
+        other = subs[1 - j] if len(subs) == 2 else subs[0]
+        return [Step("x", f"{norm}.in", val(f"{norm}.in")), Step(f"{ln}(x)", f"{norm}.out", val(f"{norm}.out")),
+                Step(f"{sublayer}({ln}(x))", out, val(out)),
+                Step(f"{other}({ln}'(x))", sublayer_output(layer, other), val(sublayer_output(layer, other))),
+                Step("x + attn + ffn", f"{layer}.out", val(f"{layer}.out"))]
+    post = f"{layer}.{POST[sublayer]}"
+    if kind == "sandwich":
+        norm = f"{layer}.norm{j + 1}"
+        after = f"{layer}.norm{j + 2}.in" if j + 1 < len(subs) else f"{layer}.out"
+        return [Step("x", f"{norm}.in", val(f"{norm}.in")), Step(f"{ln}(x)", f"{norm}.out", val(f"{norm}.out")),
+                Step(f"sublayer({ln}(x))", out, val(out)), Step(f"{ln}'(sublayer)", f"{post}.out", val(f"{post}.out")),
+                Step(f"x + {ln}'(sublayer)", after, val(after))]
+    # post_norm: the stream between the sublayers is h = x + Norm(attn(x)), the input of the FFN
+    x_in = _layer_input(layer)
+    h_name = f"{x_in} + {layer}.{POST[subs[0]]}.out"
+    h = val(x_in) + val(f"{layer}.{POST[subs[0]]}.out")
+    x_name, x = (x_in, val(x_in)) if j == 0 else (h_name, h)
+    after_name, after = (h_name, h) if j == 0 else (f"{layer}.out", val(f"{layer}.out"))
+    return [Step("x", x_name, x), Step("sublayer(x)", out, val(out)),
+            Step(f"{ln}(sublayer(x))", f"{post}.out", val(f"{post}.out")),
+            Step(f"x + {ln}(sublayer(x))", after_name, after)]
 
 
 def side_tokens(trace, name: str, b: int = 0) -> list[str]:
@@ -270,6 +340,67 @@ def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str
     return F._layout(fig, title or name, 470, plot_bgcolor="white")
 
 
+WIRING_TITLES = {"sandwich": N_("sandwich norms: x + Norm'(Sublayer(Norm(x)))"),
+                 "post_norm": N_("norms after the sublayers: x + Norm(Sublayer(x))"),
+                 "parallel": N_("parallel residual: x + Attn(Norm₁(x)) + FFN(Norm₂(x))")}
+
+
+def model_wiring_figure(steps: Sequence[Step], kind: str, token: int, sublayer: str,
+                        norm: str = "rmsnorm") -> go.Figure:
+    """The wiring of one sublayer as the model computes it (`modern_steps`, kind = "sandwich", "post_norm" or
+    "parallel"), bottom to top, with the live ‖·‖ of token `token` at every step (exact numbers in the markers'
+    customdata: [‖value‖, μ, mean square or σ²], in step order). Parallel: both sublayers read the same x side
+    by side and one ⊕ adds them to it."""
+    ln = NORM_LABELS.get(norm, "LayerNorm")
+    sub = t(SUBLAYER_TITLES.get(sublayer, sublayer))
+    other = t(SUBLAYER_TITLES["ffn" if sublayer != "ffn" else "self_attn"])
+    colors = {"in": "#eef1f5", "ln": "#fde9c9", "sub": "#d7e8fb", "add": "#ffffff"}
+    if kind == "parallel":  # (x, y, text, colour kind); the step markers sit at the nodes listed in `at`
+        nodes = [(0.5, 0.05, "x", "in"), (0.3, 0.3, f"{ln}₁" if sublayer != "ffn" else f"{ln}₂", "ln"),
+                 (0.3, 0.56, sub, "sub"), (0.72, 0.3, f"{ln}₂" if sublayer != "ffn" else f"{ln}₁", "ln"),
+                 (0.72, 0.56, other, "sub"), (0.5, 0.84, "⊕", "add")]
+        edges = [(0, 1), (1, 2), (0, 3), (3, 4), (2, 5), (4, 5)]
+        at = [0, 1, 2, 4, 5]
+    elif kind == "sandwich":
+        nodes = [(0.5, 0.04, "x", "in"), (0.5, 0.24, ln, "ln"), (0.5, 0.44, sub, "sub"),
+                 (0.5, 0.64, f"{ln}'", "ln"), (0.5, 0.86, "⊕", "add")]
+        edges, at = [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 2, 3, 4]
+    else:  # post_norm
+        nodes = [(0.5, 0.05, "x", "in"), (0.5, 0.32, sub, "sub"), (0.5, 0.58, ln, "ln"), (0.5, 0.86, "⊕", "add")]
+        edges, at = [(0, 1), (1, 2), (2, 3)], [0, 1, 2, 3]
+    fig = go.Figure()
+    bw = 0.3 if kind == "parallel" else _BOX["w"]
+    for x, y, text, c in nodes:
+        w = 0.1 if c == "add" else bw
+        fig.add_shape(type="rect", x0=x - w / 2, x1=x + w / 2, y0=y - _BOX["h"] / 2, y1=y + _BOX["h"] / 2,
+                      fillcolor=colors[c], line={"color": "#444"})
+        fig.add_annotation(x=x, y=y, text=f"<b>{text}</b>", showarrow=False)
+    for a, b in edges:
+        (xa, ya, *_), (xb, yb, *_) = nodes[a], nodes[b]
+        fig.add_annotation(x=xb, y=yb - _BOX["h"] / 2, ax=xa, ay=ya + _BOX["h"] / 2, xref="x", yref="y",
+                           axref="x", ayref="y", showarrow=True, arrowhead=2, text="")
+    x0, y0 = nodes[0][:2]
+    add_y = nodes[-1][1]
+    xr = 0.06 if kind == "parallel" else 0.12
+    fig.add_shape(type="path", path=f"M {x0} {y0 + _BOX['h'] / 2} L {xr} {y0 + 0.08} L {xr} {add_y} "
+                  f"L {nodes[-1][0] - 0.05} {add_y}", line={"color": "#ff4b4b", "width": 2, "dash": "dot"})
+    fig.add_annotation(x=xr - 0.02, y=(y0 + add_y) / 2, text=t("residual"), textangle=-90, showarrow=False,
+                       font={"color": "#ff4b4b"})
+    stat = rms_stats if norm == "rmsnorm" else ln_stats
+    vals = [s.value[token] for s in steps]
+    stats = [[float(token_norms(v[None])[0]), *(float(z[0]) for z in stat(v[None]))] for v in vals]
+    xs = [nodes[i][0] + (0.16 if kind == "parallel" else 0.22) for i in at]
+    fig.add_trace(go.Scatter(x=xs, y=[nodes[i][1] + 0.08 for i in at], mode="markers+text",
+                             text=[f"‖·‖ = {_fmt(st[0])}" for st in stats], textposition="middle right",
+                             marker={"size": 6, "color": [STEP_COLORS[i % 4] for i in range(len(at))]},
+                             customdata=stats, showlegend=False,
+                             hovertext=[s.label for s in steps],
+                             hovertemplate="%{hovertext}<br>‖·‖ = %{customdata[0]:.6g}<extra></extra>"))
+    fig.update_xaxes(visible=False, range=[0, 1.2])
+    fig.update_yaxes(visible=False, range=[-0.05, 1.0])
+    return F._layout(fig, t(WIRING_TITLES[kind]), 470, plot_bgcolor="white")
+
+
 # ---------------------------------------------------------------- FFN
 
 
@@ -381,7 +512,14 @@ def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str
     scaled = F.arr(trace[f"{name}.scores"])[b, head, query]
     blocked = (F.arr(trace[f"{name}.mask"])[b, 0, query] > 0.5 if f"{name}.mask" in trace
                else np.zeros(k.shape[0], bool))
-    return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, scaled), "blocked": blocked,
+    info = attention_of(getattr(trace, "meta", None), name) or {}
+    if info.get("scale"):  # the model's own query scale (Gemma 2/3: not 1/√d_k)
+        extra["scale"] = np.array(float(info["scale"]))
+    if info.get("softcap") and f"{name}.scores_capped" in trace:  # softmax reads the capped scores
+        extra["capped"] = F.arr(trace[f"{name}.scores_capped"])[b, head, query]
+        extra["softcap"] = np.array(float(info["softcap"]))
+    last = extra.get("capped", scaled)
+    return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, last), "blocked": blocked,
             "weights": p, "pv": p[:, None] * v, "z": F.arr(trace[f"{name}.z"])[b, head, query],
             "d_k": np.array(q.shape[0]), "kv_head": np.array(g), **extra}
 
@@ -391,9 +529,12 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
     stacked from each key's contribution p_i v_i)."""
     d_k = int(steps["d_k"])
     x = F.token_labels(k_tokens, steps["qk"].shape[0])
-    titles = [t("1. q·k_i  (query {q} against every key)", q=q_token),
-              t("2. ÷ √d_k = {s}", s=f"{math.sqrt(d_k):.4g}"),
-              t("3. + M  (−∞ where blocked)"), t("4. softmax → p_i (sums to 1)"),
+    scale = float(steps["scale"]) if "scale" in steps else 1 / math.sqrt(d_k)
+    two = (t("2. ÷ √d_k = {s}", s=f"{math.sqrt(d_k):.4g}") if math.isclose(scale, 1 / math.sqrt(d_k), rel_tol=1e-6)
+           else t("2. × the model's scale {s} (not 1/√d_k)", s=f"{scale:.4g}"))
+    three = (t("3. soft-cap {c}·tanh(s/{c}), + M  (−∞ where blocked)", c=f"{float(steps['softcap']):.4g}")
+             if "capped" in steps else t("3. + M  (−∞ where blocked)"))
+    titles = [t("1. q·k_i  (query {q} against every key)", q=q_token), two, three, t("4. softmax → p_i (sums to 1)"),
               t("5. z = Σ p_i v_i  ({d} dimensions; each colour is one key's p_i v_i)", d=d_k)]
     fig = make_subplots(rows=5, cols=1, subplot_titles=titles, vertical_spacing=0.07,
                         row_heights=[0.18, 0.18, 0.18, 0.18, 0.28])

@@ -61,7 +61,21 @@ tokens = FL.side_tokens(trace, layer)
 pre_ln = FL.is_pre_ln(trace)
 norm_kind = FL.norm_kind(trace)
 norm_label = FL.NORM_LABELS[norm_kind]
-if trace.meta.get("model", {}).get("family") == "decoder_lm":  # the LM's own wiring, said once at the top
+wiring_kind = FL.wiring_kind(trace)
+WIRING_NOTES = {  # the 2024–2026 wirings, said once at the top (the model's description says which)
+    "sandwich": N_("This language model wraps each sublayer in two {norm}s (a sandwich, Gemma 2/3): x → {norm} → "
+                   "sublayer → {norm}′ → x + {norm}′(sublayer), so what each sublayer adds to the stream is "
+                   "normalised too."),
+    "post_norm": N_("This language model puts its {norm} after each sublayer, inside the residual branch (OLMo 2): "
+                    "x → sublayer → {norm} → x + {norm}(sublayer(x)). Unlike 2017's post-LN, the sum itself is "
+                    "never normalised."),
+    "parallel": N_("This language model computes attention and the feed-forward network side by side from the same "
+                   "input (parallel residual, GPT-NeoX / Pythia): x + Attn({norm}₁(x)) + FFN({norm}₂(x)). Neither "
+                   "sublayer sees the other's output within a layer."),
+}
+if wiring_kind in WIRING_NOTES:
+    st.info(t(WIRING_NOTES[wiring_kind], norm=norm_label), icon="🧱")
+elif trace.meta.get("model", {}).get("family") == "decoder_lm":  # the LM's own wiring, said once at the top
     st.info(t("This language model is pre-LN with {norm}: x → {norm} → sublayer → x + sublayer, for its masked "
               "self-attention and then its feed-forward network (no cross-attention, no encoder).", norm=norm_label)
             + (" " + t("RMSNorm only rescales each token's vector by its root mean square: it does not subtract the "
@@ -92,7 +106,7 @@ def other_trace(wiring: str):
 def wiring_diagram(wiring: str) -> None:
     """One wiring's block diagram with live tensors: the sidebar model's if it has this wiring, else the
     experiment's model of that wiring (same stack, layer and sublayer, clamped to its size)."""
-    if (wiring == "pre-LN") == pre_ln:
+    if (wiring == "pre-LN") == pre_ln and wiring_kind in ("pre", "post-ln"):
         wt, wlayer, wsteps, wtok, note = trace, layer, steps, token, t("the sidebar's model and input")
     else:
         try:
@@ -184,6 +198,12 @@ with tabs[1]:
                  "normalises only the sublayer's input, x + Sublayer(LayerNorm(x)), so the residual path is a clean "
                  "sum from the embedding to the last layer (one final LayerNorm closes each stack). Each diagram "
                  "carries live numbers for the chosen token: ‖·‖ of every edge and μ, σ² of what LayerNorm receives."))
+    if wiring_kind in WIRING_NOTES:  # this model's own wiring first, with its live tensors
+        st.markdown(t("**This model's wiring**, as it computes it ({layer}, token {tok}); below it, the paper's two "
+                      "wirings for comparison, from the experiment's models.", layer=layer,
+                      tok=FL.F.token_labels(tokens, token + 1)[token]))
+        show_figure(FL.model_wiring_figure(steps, wiring_kind, token, sub, norm=norm_kind), key="ly_wiring_model",
+                    filename=f"wiring-{wiring_kind}")
     for col, wiring in zip(st.columns(2), ("post-LN", "pre-LN"), strict=True):
         with col:
             wiring_diagram(wiring)
@@ -222,13 +242,36 @@ def gated_ffn(hidden, gate, act: str) -> None:
                  c=f"{float((abs(gate) < 0.05).mean()):.1%}"))
 
 
+def moe_ffn() -> None:
+    """A mixture of experts in place of the FFN: the router's probabilities and choices in this layer."""
+    from viz.figures import modern as FM
+
+    moe = described(trace.meta)["blocks"]["moe"]
+    R = f"{layer}.ffn.router"
+    probs, ids = FL.F.arr(trace[f"{R}.probs"])[0], FL.F.arr(trace[f"{R}.topk_ids"])[0].astype(int)
+    wts = FL.F.arr(trace[f"{R}.topk_weights"])[0]
+    st.caption(t("A mixture of experts takes the FFN's place: a router scores the {E} experts for each token "
+                 "(p = softmax(W_r·x)), only the top {k} run on it, and their outputs are summed with those "
+                 "weights{shared}. Each expert is a gated FFN of d_ff = {f}.", E=moe["n_experts"], k=moe["top_k"],
+                 f=moe["d_ff"], shared=t(", plus a shared expert every token goes through") if moe.get("shared")
+                 else ""))
+    loads = FM.expert_load(ids, int(moe["n_experts"]))[None]
+    labels = FL.F.token_labels(tokens, probs.shape[0])
+    show_figure(FM.moe_figure(probs, ids, loads, labels, int(layer.rsplit(".", 1)[1])), key="ly_moe",
+                filename=f"{layer}-moe")
+    show_figure(FM.router_choice_figure(probs[token], ids[token], wts[token], tokens[token]), key="ly_router",
+                filename=f"{layer}-router-{token}")
+
+
 with tabs[2]:
-    hidden = FL.F.arr(trace[f"{layer}.ffn.hidden"])[0]
     act = described(trace.meta).get("blocks", {}).get("activation") or trace.meta["config"]["activation"]
-    if f"{layer}.ffn.gate" in trace:
-        gated_ffn(hidden, FL.F.arr(trace[f"{layer}.ffn.gate"])[0], FL.ACT_LABELS.get(act, act))
+    if f"{layer}.ffn.router.probs" in trace:
+        moe_ffn()
+    elif f"{layer}.ffn.gate" in trace:
+        gated_ffn(FL.F.arr(trace[f"{layer}.ffn.hidden"])[0], FL.F.arr(trace[f"{layer}.ffn.gate"])[0],
+                  FL.ACT_LABELS.get(act, act))
     else:
-        plain_ffn(hidden, act)
+        plain_ffn(FL.F.arr(trace[f"{layer}.ffn.hidden"])[0], act)
 
 # ---------------------------------------------------------------- W^O
 attn = f"{layer}.{sub if sub != 'ffn' else 'self_attn'}"
@@ -263,7 +306,11 @@ with tabs[4]:
                        key="ly_query", filename=f"{attn}-head{head}-query{token}")
     k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
     # The chart's number format (FL.F.num), so a cell reads as its bar's label: 1.58e-09, not 0.000000001.
-    st.dataframe([{t("key"): k_labels[i], "q·k": FL.F.num(qs["qk"][i]), "÷√d_k": FL.F.num(qs["scaled"][i]),
-                   "+ M": "−∞" if qs["blocked"][i] else FL.F.num(qs["scaled"][i]), "p": FL.F.num(qs["weights"][i]),
+    plain = "scale" not in qs or abs(float(qs["scale"]) * float(qs["d_k"]) ** 0.5 - 1) < 1e-6
+    scaled_col = "÷√d_k" if plain else f"× {float(qs['scale']):.4g}"  # the model's own query scale
+    last = qs.get("capped", qs["scaled"])  # what softmax reads: the soft-capped scores where the model caps
+    st.dataframe([{t("key"): k_labels[i], "q·k": FL.F.num(qs["qk"][i]), scaled_col: FL.F.num(qs["scaled"][i]),
+                   **({t("capped"): FL.F.num(qs["capped"][i])} if "capped" in qs else {}),
+                   "+ M": "−∞" if qs["blocked"][i] else FL.F.num(last[i]), "p": FL.F.num(qs["weights"][i]),
                    **({t("q·k without RoPE"): FL.F.num(qs["qk_unrot"][i])} if "qk_unrot" in qs else {})}
                   for i in range(len(k_labels))], hide_index=True)
