@@ -276,7 +276,7 @@ def test_bfloat16_on_the_cpu_matches_transformers_bfloat16(family, saved):
     x = ids(seed=5)
     logits, trace = lm.run_with_trace(x, names=["*.weights", "logits"])
     out = ref16(x, output_attentions=True)
-    assert logits.dtype == torch.bfloat16 and trace.meta["dtype"] == "bfloat16"
+    assert logits.dtype == torch.bfloat16 and (trace.meta["dtype"], trace.meta["device"]) == ("bfloat16", "cpu")
     assert trace["decoder.layers.0.self_attn.weights"].dtype == torch.bfloat16  # captured as computed
     assert rel(logits, out.logits) <= 2 ** -7  # bfloat16 keeps 8 significant bits (on this CPU: 0, the same bits)
     for i, w in enumerate(out.attentions):
@@ -403,3 +403,15 @@ def test_a_model_that_will_not_fit_is_refused_in_its_own_dtype_before_allocating
     hf.check_fits(cfg, torch.bfloat16)
     with pytest.raises(ModelLoadError, match=f"{n:,} parameters .* in float32.*Refused before loading"):
         hf.check_fits(cfg, torch.float32)
+
+
+def test_a_trace_of_a_new_family_saves_and_loads_with_its_config(loaded, tmp_path):
+    from model.core.trace import Trace
+    from model.families.lm import LMConfig
+
+    lm = loaded("gemma3")
+    _, trace = lm.run_with_trace(ids(), names=["*.q_norm.out", "masks.sliding", "decoder.rope.angles_local"])
+    trace.save(tmp_path / "t.safetensors")
+    back = Trace.load(tmp_path / "t.safetensors")
+    assert back.names() == trace.names() and all(torch.equal(back[n], trace[n]) for n in trace.names())
+    assert LMConfig.from_dict(back.meta["config"]) == lm.model.cfg  # layer_types: a JSON list back to a tuple

@@ -503,7 +503,8 @@ class DecoderLM(nn.Module):
             "tgt_ids": ids.tolist(),
             "mask_convention": "True = blocked (attention not allowed)",
             "training": self.training,
-            "dtype": str(out.dtype).removeprefix("torch."),
+            "dtype": str(out.dtype).removeprefix("torch."),  # the model's: captured tensors keep it
+            "device": out.device.type,  # where it ran (captured tensors are on the CPU)
         }
         if hooks:
             info["hooks"] = {p: getattr(fn, "__name__", repr(fn)) if callable(fn) else repr(fn)
