@@ -121,7 +121,10 @@ def test_smollm2_sinks_numbers_and_blocking(smol, lang):
     values = [m.value for m in at.metric]
     assert lm_models.readable(smol.tokens([b.top_before])[0]) in values[0]
     assert lm_models.readable(smol.tokens([b.top_after])[0]) in values[1]
-    assert values[2] == FIG.num(b.answer_logit_after)
+    # issue 26: the logit metric says both numbers and which is which (2.41 was shown beside "intact")
+    assert values[2] == f"{FIG.num(b.answer_logit_before)} → {FIG.num(b.answer_logit_after)}"
+    if lang == "en":
+        assert "intact → token 0 blocked" in at.metric[2].label
     if lang == "zh":
         assert not english_in_zh(at)
 

@@ -141,6 +141,9 @@ def _axis_title(name: str, meta: Mapping | None = None) -> tuple[str, str]:
     kind = (attention_of(meta, name) or {}).get("kind")
     if kind == "encoder_self":
         return t("query (source)"), t("key (source)")
+    desc = (meta or {}).get("model") or {}
+    if desc.get("family") == "decoder_lm":  # one stack, one sequence: no source/target words (issue 26)
+        return t("query (input → predicted)"), t("key")
     query = (t("query (decoder: input → reference)") if teacher_forced(meta or {})
              else t("query (decoder: input → predicted)"))
     if kind == "cross":

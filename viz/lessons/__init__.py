@@ -347,11 +347,12 @@ def live_llm_2017(desc, param=None) -> Live:
                                                                                            "(post-LN)"))
     ffn = (t("gated ({act}): W₂(act(W_g x) ⊙ W₁x)", act=blocks["activation"]) if blocks["ffn"] == "gated"
            else t("{act}, two layers", act=blocks["activation"]))
-    stacks = " + ".join(desc["stacks"])
+    stack_names = {"encoder": t("encoder"), "decoder": t("decoder")}  # the description's keys, shown translated
+    stacks = " + ".join(stack_names.get(k, k) for k in desc["stacks"])
     rows = [
         (t("stacks"), t("encoder + decoder, with cross-attention"), stacks),
         (t("layers × d_model"), "6 × 512", f"{desc['stacks']['decoder']['layers']} × {blocks['d_model']}"),
-        (t("positions"), t("sinusoidal, added to the embeddings"), pos),
+        (t("position encoding"), t("sinusoidal, added to the embeddings"), pos),
         (t("attention heads"), t("8 heads, each with its own K and V"),
          t("{h} query heads sharing {kv} K/V heads (grouped-query attention)", h=H, kv=H_kv)),
         (t("norm"), t("LayerNorm, after each sublayer (post-LN)"), norm),
@@ -381,7 +382,8 @@ def live_sinks(eff, param=None) -> Live:
     labels = {"lt10": t("under 10%"), "10-30": t("10% to 30%"), "30-60": t("30% to 60%"), "gt60": t("over 60%")}
     correct = next(k for k, hi in SINK_BINS.items() if eff.mean_share < hi)
     fb = t("{p} of all attention (every head, query rows 1…T−1) lands on token 0; {k} of {n} heads put at least "
-           "{th} there. Blocking token 0 everywhere moves the next-token distribution by KL = {kl} nats.",
+           "{th} there. Blocking token 0 everywhere moves the next-token distribution at the last position (the "
+           "token after the prompt) by KL = {kl} nats.",
            p=f"{eff.mean_share:.1%}", k=len(share.heads), n=share.scores.size, th=F.num(share.threshold),
            kl=F.num(eff.kl_everywhere))
     return Live(fig, list(SINK_BINS), labels, (correct,), fb)
@@ -424,10 +426,12 @@ def live_ioi(res, param=None) -> Live:
 
 def lens_first_layer(top_ids) -> int:
     """The first layer (row of the lens without the embeddings) from which every later layer's top token at
-    the last position is the model's own answer (the last row's)."""
-    last = [int(row[-1]) for row in top_ids]
-    final = last[-1]
-    return next(i for i in range(len(last)) if all(v == final for v in last[i:]))
+    the last position is the model's own answer (the last row's): model.analysis.logit_lens.settles."""
+    from model.analysis.logit_lens import LogitLens, settles
+
+    rows = np.asarray(top_ids)
+    full = np.vstack([rows[:1], rows])  # settles reads the rows after "embed"
+    return settles(LogitLens([], None, full, np.zeros(full.shape), None, None, None)).layer
 
 
 def live_lens(lens, param=None) -> Live:
@@ -440,13 +444,22 @@ def live_lens(lens, param=None) -> Live:
     readable = [[lm_models.readable(tok) for tok in row] for row in lens.top_tokens[1:]]
     inputs = [lm_models.readable(tok) for tok in lens.tokens]
     fig = FL.logit_lens_figure([[row[c] for c in cols] for row in readable], lens.top_probs[1:][:, cols], cols, inputs)
-    first = lens_first_layer(rows)
+    from model.analysis.logit_lens import settles
+
+    settled = settles(lens)  # computed from the lens: the sentence follows the data
+    first = settled.layer
     L = rows.shape[0]
     ids = [str(v) for v in sorted({0, first // 2, max(0, first - 4), first, min(L - 1, first + 3), L - 1})]
     answer = readable[-1][-1]
-    fb = t("The answer “{tok}” ({p}) is the top token at the last position from layer {l} on; before that, the "
-           "lens reads “{before}”.", tok=answer, p=F.num(float(lens.top_probs[-1, -1])), l=first,
-           before=readable[first - 1][-1] if first > 0 else "—")
+    if settled.only_last:
+        fb = t("The answer “{tok}” ({p}) tops the lens at the last position only at the last layer, {l}: it does "
+               "not appear early and stay; layer {b} still reads “{before}”.", tok=answer,
+               p=F.num(float(lens.top_probs[-1, -1])), l=first, b=first - 1,
+               before=readable[first - 1][-1] if first > 0 else "—")
+    else:
+        fb = t("The answer “{tok}” ({p}) is the top token at the last position from layer {l} on; before that, the "
+               "lens reads “{before}”.", tok=answer, p=F.num(float(lens.top_probs[-1, -1])), l=first,
+               before=readable[first - 1][-1] if first > 0 else "—")
     return Live(fig, ids, {i: t("layer {l}", l=i) for i in ids}, (str(first),), fb, args={"token": answer})
 
 
@@ -587,8 +600,9 @@ LESSONS: list[Lesson] = [
     Lesson(
         "lens", N_("The logit lens"),
         N_("Read every layer's residual stream as if it were the last: apply the final norm (with that layer's "
-           "own statistics) and the unembedding. Early layers mostly predict something generic; at some depth "
-           "the answer appears and stays. Each cell is the top token, coloured by its probability."),
+           "own statistics) and the unembedding. Early layers mostly predict something generic; the lens shows at "
+           "which depth the answer appears, and whether it stays. Each cell is the top token, coloured by its "
+           "probability."),
         N_("Type another fact (“The capital of Japan is”): does the answer appear at the same depth?"),
         N_("From which layer on is “{token}” the top token at the last position?"),
         "viz/pages/llm.py", {"view": "lens"}, source="lm", checkpoint=LM_NAME, text=LENS_TEXT, live=live_lens),

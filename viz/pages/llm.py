@@ -6,7 +6,9 @@ and where the new position looked in every layer), Logit lens (layer × position
 
 URL parameters: prompt (raw text, no chat template), chat=1 (wrapped in the model's chat template), view
 (heads | generate | lens), layer, head, stat (the overview's statistic); with the sidebar's checkpoint= they
-reopen the same picture.
+reopen the same picture. rep=N:SEED (a link from the Attention phenomena page) runs that page's input
+instead of a prompt: [BOS] + N random tokens + the same N again, the same token ids
+(phenomena.induction_sequence), so a head's score here is the number that page showed.
 """
 
 import functools
@@ -21,10 +23,10 @@ from viz.figures import llm as FL
 from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
-from viz.ui.models import get_trace
+from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
-from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, note_replaced, seed_from_query, write_query
 from viz.ui.text import md_escape, text_problems
 
 VIEWS = {"heads": N_("Heads"), "generate": N_("Generate"), "lens": N_("Logit lens")}
@@ -40,31 +42,144 @@ sel = require("lm")
 rm = sel.ckpt
 lang = current_lang()
 
+
+def _model_facts() -> None:
+    """What the model is, from its own file (model.loaders.card): Instruct, quantized, the languages it was
+    trained on."""
+    from model.loaders.card import model_card
+
+    card = model_card(rm.obj)
+    if card.quantized:
+        st.caption(t("Model: {name}, quantized ({q} {fmt}, dequantized to {dtype} to run here).", name=card.name,
+                     q=card.quantization, fmt=card.file_format, dtype=card.compute_dtype))
+    else:
+        st.caption(t("Model: {name} ({dtype}).", name=card.name, dtype=card.compute_dtype))
+    return card
+
+
+card = _model_facts()
+
+LANGUAGE_NAMES = {"en": N_("English"), "zh": N_("Chinese"), "ja": N_("Japanese"), "ko": N_("Korean"),
+                  "fr": N_("French"), "de": N_("German"), "es": N_("Spanish"), "ru": N_("Russian")}
+
+
+def _script_language(text: str) -> str | None:
+    """A language the prompt's letters show beyond Latin script: "zh" (Han), "ja" (kana), "ko" (Hangul),
+    "ru" (Cyrillic), "other"; None for Latin-only text."""
+    import unicodedata
+
+    found = None
+    for ch in text:
+        if not unicodedata.category(ch).startswith("L"):
+            continue
+        name = unicodedata.name(ch, "")
+        if "HIRAGANA" in name or "KATAKANA" in name:
+            return "ja"
+        if "HANGUL" in name:
+            return "ko"
+        if name.startswith("CJK"):
+            found = "zh"
+        elif "CYRILLIC" in name:
+            found = found or "ru"
+        elif "LATIN" not in name:
+            found = found or "other"
+    return found
+
+
+def _language_note(text: str) -> None:
+    """Say when the prompt is in a language the model's own metadata says it was not trained on."""
+    lang_of_text = _script_language(text)
+    if lang_of_text is None or card.speaks(lang_of_text) is not False:
+        return  # Latin script, a language it speaks, or a file that does not say
+    names = ", ".join(t(LANGUAGE_NAMES[c]) if c in LANGUAGE_NAMES else c for c in card.languages)
+    st.warning(t("This model was trained on {langs} (its file says general.languages = {codes}). Text in another "
+                 "language reaches it as byte pieces it rarely saw in training (below: {example} and the like), so "
+                 "expect its output to make little sense.", langs=names, codes=", ".join(card.languages),
+                 example="`\\xe5\\xb7`"),
+               icon="🌐")
+
+
+# ---------------------------------------------------------------- the input: a prompt, or a linked token sequence
+
+REP_N, REP_SEED = (10, 100), (0, 10_000)  # the Attention phenomena page's ranges for n and the seed
+
+
+def _repeat_from_url() -> tuple[int, int] | None:
+    """(n, seed) of `?rep=N:SEED`, a link from the Attention phenomena page's repeated random tokens."""
+    raw = st.query_params.get("rep")
+    if raw is None:
+        return None
+    try:
+        n, seed = (int(x) for x in raw.split(":"))
+    except ValueError:
+        n = seed = -1
+    if REP_N[0] <= n <= REP_N[1] and REP_SEED[0] <= seed <= REP_SEED[1]:
+        return n, seed
+    note_replaced("rep", raw, t("the prompt"))
+    write_query(rep=None)
+    return None
+
+
+@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
+def _repeat_trace(name: str, n: int, seed: int):
+    """The full trace of [BOS] + n random tokens (seeded) + the same n again: the phenomena page's ids."""
+    model = load_ckpt(name)
+    return model.trace(PH.induction_sequence(model.obj, n=n, seed=seed))[1]
+
+
+def _leave_repeat() -> None:
+    write_query(rep=None)
+
+
+repeat = _repeat_from_url()
+if repeat is not None:
+    n_rep, seed_rep = repeat
+    st.info(t("Input: [BOS] + {n} random tokens (seed {seed}) + the same {n} again, the Attention phenomena page's "
+              "input, run as the same token ids (not re-typed as text): a head's score here is the number that page "
+              "showed.", n=n_rep, seed=seed_rep), icon="🔁")
+    st.button(t("Type a prompt instead"), on_click=_leave_repeat)
+    with st.spinner(t("Running the model…")):
+        trace = _repeat_trace(sel.name, n_rep, seed_rep)
+    prompt, chat = None, False
+    model_input = trace.meta["tgt_ids"]  # [[ids]]: what generation and the lens run on
+    input_key = ("rep", n_rep, seed_rep)
+    period = n_rep
+
 # ---------------------------------------------------------------- prompt
 
-seed_from_query("llm_prompt", "prompt", sel.text)
-seed_from_query("llm_chat", "chat", False, cast=lambda v: v == "1")
-c1, c2 = st.columns([5, 1])
-prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80,
-                      help=t("Raw text: the model continues it. Its link carries it (up to {n} characters).",
-                             n=f"{MAX_URL_TEXT:,}"))
-chat = c2.toggle(t("Chat template"), key="llm_chat", disabled=not getattr(rm.obj, "chat_template", None),
-                 help=t("Wrap the prompt in the model's chat template (a user turn, then the assistant's turn "
-                        "opened), as a chat app would. Its tokens are shown below."))
-write_query(prompt=prompt if len(prompt) <= MAX_URL_TEXT else None, chat="1" if chat else None)
-if not prompt.strip():
-    show_error(t("The prompt is empty: type one above."))
-    st.stop()
-problem = text_problems(prompt)
-if problem:
-    show_error(problem)
-    st.stop()
-try:
-    with st.spinner(t("Running the model…")):
-        trace = get_trace(sel.name, prompt, chat=chat)
-except ValueError as e:  # too long for the model, over the capture budget, a broken chat template
-    show_error(e, t("Shorten or change the prompt."))
-    st.stop()
+
+def _prompt_input():
+    """(prompt, chat, trace) from the prompt box; stops the page with a sentence on input it cannot run."""
+    seed_from_query("llm_prompt", "prompt", sel.text)
+    seed_from_query("llm_chat", "chat", False, cast=lambda v: v == "1")
+    c1, c2 = st.columns([5, 1])
+    prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80,
+                          help=t("Raw text: the model continues it. Its link carries it (up to {n} characters).",
+                                 n=f"{MAX_URL_TEXT:,}"))
+    chat = c2.toggle(t("Chat template"), key="llm_chat", disabled=not getattr(rm.obj, "chat_template", None),
+                     help=t("Wrap the prompt in the model's chat template (a user turn, then the assistant's turn "
+                            "opened), as a chat app would. Its tokens are shown below."))
+    write_query(prompt=prompt if len(prompt) <= MAX_URL_TEXT else None, chat="1" if chat else None)
+    if not prompt.strip():
+        show_error(t("The prompt is empty: type one above."))
+        st.stop()
+    problem = text_problems(prompt)
+    if problem:
+        show_error(problem)
+        st.stop()
+    try:
+        with st.spinner(t("Running the model…")):
+            trace = get_trace(sel.name, prompt, chat=chat)
+    except ValueError as e:  # too long for the model, over the capture budget, a broken chat template
+        show_error(e, t("Shorten or change the prompt."))
+        st.stop()
+    return prompt, chat, trace
+
+
+if repeat is None:
+    prompt, chat, trace = _prompt_input()
+    model_input, input_key, period = prompt, prompt, None
+    _language_note(prompt)
 meta = trace.meta
 tokens = meta.get("tgt_tokens") or []
 modules = FL.lm_modules(trace)
@@ -85,6 +200,11 @@ with st.expander(t("{n} tokens (byte-level BPE pieces; ␣ is a space, ↵ a new
         st.code(rm.obj.render_chat(prompt), language=None, wrap_lines=True)
     shown = tokens[:400]
     st.markdown(tokens_line(shown) + (t(" … and {n} more", n=len(tokens) - len(shown)) if len(tokens) > 400 else ""))
+    if any("\\x" in tok for tok in tokens):  # lm_models.readable spells a lone byte \xNN
+        st.caption(t("{example}: bytes of one character split across pieces. In UTF-8 a Chinese character is 3 bytes "
+                     "(an accented Latin letter 2); byte-level BPE reads bytes, and where its vocabulary has no "
+                     "piece for the whole character it splits it: the next piece holds the rest.",
+                     example="`\\xe5\\xb7`"))
 
 # ---------------------------------------------------------------- layer, head, view
 
@@ -96,17 +216,22 @@ clamp_state("llm_head", 0, n_heads - 1)
 c1, c2, c3 = st.columns([3, 1, 1])
 view = c1.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang), key="llm_view",
                             required=True)
-layer = c2.selectbox(t("Layer"), range(n_layers), key="llm_layer")
-head = c3.selectbox(t("Head"), range(n_heads), key="llm_head")
+if view == "lens":  # the lens reads every layer at once: a Layer/Head select would do nothing there
+    layer, head = st.session_state["llm_layer"], st.session_state["llm_head"]
+else:
+    layer = c2.selectbox(t("Layer"), range(n_layers), key="llm_layer")
+    head = c3.selectbox(t("Head"), range(n_heads), key="llm_head")
 write_query(view=view, layer=layer, head=head)
 
 
 # ---------------------------------------------------------------- heads
 
 
-def _statistics(trace):
-    """Every per-head statistic of this trace, by model.analysis.phenomena's recipes (one pass, shared)."""
-    return PH.head_statistics(trace)
+def _statistics(trace, period=None):
+    """Every per-head statistic of this trace, by model.analysis.phenomena's recipes (one pass, shared).
+    `period`: the repeated block's length n when the input is the phenomena page's [BOS] + n tokens x 2 (its
+    induction score is then Olsson's, as there)."""
+    return PH.head_statistics(trace, period=period)
 
 
 # Streamlit's on_select reports box/lasso selections, not a click on a heatmap cell: this listens to plotly's
@@ -148,7 +273,7 @@ def heads_view() -> None:
     stat = st.selectbox(t("Per-head statistic"), list(FL.STATS), key="llm_stat",
                         format_func=lambda s: t(FL.STATS[s][0], lang=lang))
     write_query(stat=stat)
-    scores = cached_figure(trace, _statistics, shared=True)[stat].scores
+    scores = cached_figure(trace, _statistics, period, shared=True)[stat].scores
     if not (scores == scores).any():  # all NaN: nothing to draw
         st.info(t("This prompt repeats no token, so no head can show this score here: the duplicate-token and "
                   "induction scores look at a token's earlier copies."), icon="🔁")
@@ -159,9 +284,10 @@ def heads_view() -> None:
         _cell_clicks(key="llm_cell_clicks", data={"figure": "llm_overview"}, height=0,
                      on_cell_change=_on_overview_click)
         best = divmod(int(np.nanargmax(scores)), n_heads)
-        st.caption(t("{n_layers} layers × {n_heads} heads on this prompt; highest: layer {l} head {h} ({v}). Hover "
-                     "a cell for its number, click it to open that head below.", n_layers=n_layers,
-                     n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best]))))
+        st.caption(t("{n_layers} layers × {n_heads} heads on this input; highest: layer {l} head {h} ({v}); layer "
+                     "{sl} head {sh}: {sv}. Hover a cell for its number, click it to open that head below.",
+                     n_layers=n_layers, n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best])),
+                     sl=layer, sh=head, sv=F.num(float(scores[layer, head]))))
     name = modules[layer]
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
     show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
@@ -179,10 +305,34 @@ def _readable(piece: str) -> str:
     return lm_models.readable(piece)
 
 
+def _bars(step) -> list[tuple[str, float]]:
+    """What a step's bars show: the distribution the token was drawn from (temperature, top-k, top-p applied),
+    the chosen token always among them; greedy: the model's own top 10."""
+    return step.drawn_top if step.drawn_top else step.top
+
+
 def _top_table(step) -> str:
     rows = [f"| {i + 1} | `{_readable(tok).replace('`', 'ˋ').replace('|', '¦')}` | {F.num(p)} |"
-            for i, (tok, p) in enumerate(step.top)]
+            for i, (tok, p) in enumerate(_bars(step))]
     return "\n".join([f"| # | {t('token')} | {t('probability')} |", "|---|---|---|", *rows])
+
+
+def _shown_text(steps) -> tuple[str, int]:
+    """The output so far, never ending in a broken character: the tokens of a character still incomplete
+    (byte-level BPE splits a Chinese character over pieces) wait for the next one (model.loaders.utf8)."""
+    from model.loaders.utf8 import complete_text
+
+    ids = [s.id for s in steps if s.id not in rm.obj.stop_ids]
+    return complete_text(rm.obj.decode, ids)
+
+
+def _bars_title(step, i: int, temperature: float, plain: bool = False) -> str:
+    if step.drawn_top:
+        return t("Step {i}: the top {k} of the distribution it was drawn from (temperature {T}, top-k and top-p "
+                 "applied)", i=i, k=len(step.drawn_top), T=F.num(temperature))
+    if plain:
+        return t("Step {i}: top {k} next tokens", i=i, k=len(step.top))
+    return t("Step {i}: the model's top {k} before choosing", i=i, k=len(step.top))
 
 
 def generate_view() -> None:
@@ -201,18 +351,17 @@ def generate_view() -> None:
                         help=t("Sample only among the most likely tokens whose probabilities add up to p; 1 = off."))
     seed = c[4].number_input(t("Seed"), 0, 2**31 - 1, key="llm_seed", help=t("The same seed gives the same sample."))
     write_query(max_new=max_new, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
-    inputs = (sel.name, prompt, chat, int(max_new), float(temp), int(top_k), float(top_p), int(seed))
+    inputs = (sel.name, input_key, chat, int(max_new), float(temp), int(top_k), float(top_p), int(seed))
     text_box, top_box = st.empty(), st.empty()
     if st.button(t("Generate"), type="primary", icon=":material/play_arrow:"):
         steps = []
         try:
-            for step in rm.obj.stream(prompt, max_new_tokens=int(max_new), temperature=float(temp),
+            for step in rm.obj.stream(model_input, max_new_tokens=int(max_new), temperature=float(temp),
                                       top_k=int(top_k), top_p=float(top_p), seed=int(seed), chat=chat):
                 steps.append(step)
-                text = rm.obj.decode([s.id for s in steps])  # the text, not the pieces (end token left out)
+                text, _ = _shown_text(steps)  # the text, not the pieces (end token left out), whole characters
                 text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + md_escape(text))
-                top_box.markdown(t("Step {i}: the model's top {k} before choosing", i=len(steps), k=len(step.top))
-                                 + "\n\n" + _top_table(step))
+                top_box.markdown(_bars_title(step, len(steps), float(temp)) + "\n\n" + _top_table(step))
         except ValueError as e:  # no room left in the context, bad sampling values
             show_error(e)
             return
@@ -225,20 +374,29 @@ def generate_view() -> None:
         return
     steps = done[1]
     stop = rm.obj.stop_ids and steps and steps[-1].id in rm.obj.stop_ids
-    out = rm.obj.decode([s.id for s in steps])
+    out, held = _shown_text(steps)
     st.markdown(t("**Output** ({n} tokens, {why}): ", n=len(steps),
                   why=t("stopped at the end token") if stop else t("stopped at the token limit"))
                 + md_escape(out))
+    if held:
+        st.caption(t("The last {n} token(s) hold part of a character whose other bytes never came (generation "
+                     "stopped first): left out above.", n=held))
     clamp_state("llm_step", 0, len(steps) - 1)
     i = st.slider(t("Step"), 0, len(steps) - 1, key="llm_step") if len(steps) > 1 else 0
     step = steps[i]
     so_far = tokens + [_readable(s.token) for s in steps[:i]]
     c1, c2 = st.columns([1, 2])
     with c1:
-        show_figure(FL.top_tokens_figure([(_readable(a), p) for a, p in step.top], _readable(step.token),
-                                                title=t("Step {i}: top {k} next tokens", i=i, k=len(step.top))),
-                           key="llm_top_fig")
-        st.caption(t("Chosen: “{tok}” (probability {p}).", tok=_readable(step.token), p=F.num(step.prob)))
+        bars = _bars(step)
+        show_figure(FL.top_tokens_figure([(_readable(a), p) for a, p in bars], _readable(step.token),
+                                         title=_bars_title(step, i, float(temp), plain=True)),
+                    key="llm_top_fig")
+        drawn = step.sampled_prob if step.sampled_prob is not None else step.prob
+        if step.drawn_top:
+            st.caption(t("Chosen: “{tok}” (probability {p} in the distribution it was drawn from; the model's own, at "
+                         "temperature 1: {p1}).", tok=_readable(step.token), p=F.num(drawn), p1=F.num(step.prob)))
+        else:
+            st.caption(t("Chosen: “{tok}” (probability {p}).", tok=_readable(step.token), p=F.num(drawn)))
     with c2:
         if step.attention is not None:
             show_figure(FL.step_attention_figure(
@@ -256,6 +414,15 @@ def _lens(trace, name: str, model=None):
     return LL.logit_lens(model.obj, trace.meta["tgt_ids"], positions=range(max(0, T - LENS_POSITIONS), T))
 
 
+def lens_sentence(settled, tok: str, p: float) -> str:
+    """Where the answer appears and whether it stays, as the lens shows it (logit_lens.settles)."""
+    if settled.only_last and settled.first_top == settled.layer:
+        return t("At the last position the model's answer is “{tok}” ({p}); it tops the lens only at the last layer "
+                 "({l}): every earlier layer reads another token there.", tok=tok, p=F.num(p), l=settled.layer)
+    return t("At the last position the model's answer is “{tok}” ({p}); it is the lens's top token from layer {l} "
+             "on (of {n}).", tok=tok, p=F.num(p), l=settled.layer, n=settled.n_layers)
+
+
 def lens_view() -> None:
     st.caption(t("The logit lens reads every layer's residual stream as if it were the last: the final norm "
                  "(its statistics recomputed for that layer's vector) and the unembedding turn it into next-token "
@@ -269,10 +436,7 @@ def lens_view() -> None:
         st.caption(t("A long prompt: the table shows its last {n} positions (of {T}).", n=len(positions), T=T))
     tops, probs = [rm.readable(row) for row in lens.top_tokens], lens.top_probs
     show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=lens.layers), key="llm_lens_fig")
-    final = lens.top_ids[-1, -1]
-    first = next(i for i in range(len(tops)) if (lens.top_ids[i:, -1] == final).all())
-    st.markdown(t("At the last position the model's answer is “{tok}” ({p}); it is the lens's top token from "
-                  "layer {l} on.", tok=tops[-1][-1], p=F.num(float(probs[-1, -1])), l=lens.layers[first]))
+    st.markdown(lens_sentence(LL.settles(lens), tops[-1][-1], float(probs[-1, -1])))
 
 
 {"heads": heads_view, "generate": generate_view, "lens": lens_view}[view]()

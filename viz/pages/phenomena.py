@@ -104,13 +104,20 @@ def piece(i: int) -> str:
     return lm_models.readable(lm.tokens([int(i)])[0])
 
 
-def head_list(heads, limit: int = MAX_LINKS) -> str:
-    shown = ", ".join(t("L{l} H{h} ({v})", l=layer, h=head, v=F.num(v)) for layer, head, v in heads[:limit])
+def head_list(heads, limit: int = MAX_LINKS, tl=None) -> str:
+    """"L16 H0 (0.906)", with TransformerLens's number on the same input beside ours when `tl` ([L, H]) is given."""
+    if tl is None:
+        shown = ", ".join(t("L{l} H{h} ({v})", l=layer, h=head, v=F.num(v)) for layer, head, v in heads[:limit])
+    else:
+        shown = ", ".join(t("L{l} H{h} ({v}; TransformerLens {tl})", l=layer, h=head, v=F.num(v),
+                            tl=F.num(float(tl[layer, head]))) for layer, head, v in heads[:limit])
     return shown + (t(" and {n} more", n=len(heads) - limit) if len(heads) > limit else "")
 
 
-def head_links(heads, prompt: str, stat: str | None = None) -> None:
-    """Each head one click away: the Language model page at that layer and head, on the input that found it."""
+def head_links(heads, prompt: str | None, stat: str | None = None, repeat: tuple[int, int] | None = None) -> None:
+    """Each head one click away: the Language model page at that layer and head, on the input that found it:
+    a prompt as text, or the repeated random tokens as what regenerates the same ids (`rep=n:seed`: the
+    Language model page calls phenomena.induction_sequence with them), never their text re-tokenized."""
     if not heads:
         return
     cols = st.columns(4)
@@ -118,7 +125,9 @@ def head_links(heads, prompt: str, stat: str | None = None) -> None:
         query = {"checkpoint": sel.name, "view": "heads", "layer": layer, "head": head, "lang": lang}
         if stat:
             query["stat"] = stat
-        if len(prompt) <= MAX_URL_TEXT:
+        if repeat is not None:
+            query["rep"] = f"{repeat[0]}:{repeat[1]}"
+        elif len(prompt) <= MAX_URL_TEXT:
             query["prompt"] = prompt
         cols[i % 4].page_link(LLM_PAGE, label=t("layer {l} · head {h}: {v}", l=layer, h=head, v=F.num(v)),
                               icon=":material/grid_view:", query_params={k: str(x) for k, x in query.items()})
@@ -157,12 +166,15 @@ def prompt_or_stop() -> str:
 # ---------------------------------------------------------------- attention sinks
 
 SINK_RECIPE = N_("mean attention on token 0 over query rows 1…T−1 (row 0 can see only token 0)")
-PREV_RECIPE = N_("share of a head's attention on the cell just before the query, over the rows that have one "
-                 "(TransformerLens's head detector)")
-DUP_RECIPE = N_("share of a head's attention on earlier copies of the query's token, over the rows that have one "
-                "(TransformerLens's head detector)")
+PREV_RECIPE = N_("our score: a head's attention on the cell just before the query, over the rows that have one (1 "
+                 "= a perfect head on any input). TransformerLens's head detector (detect_head, “mul”) divides the "
+                 "same attention by all T rows; its number is beside ours")
+DUP_RECIPE = N_("our score: a head's attention on earlier copies of the query's token, over the rows that have one "
+                "(1 = a perfect head on any input). TransformerLens's head detector (detect_head, “mul”) divides the "
+                "same attention by all T rows; its number is beside ours")
 IND_RECIPE = N_("mean attention from each position i of the second copy to i − (n − 1), the token that followed "
-                "i's first occurrence (Olsson et al. 2022)")
+                "i's first occurrence (Olsson et al. 2022). TransformerLens's head detector (detect_head, “mul”) "
+                "divides the attention on such cells by all T rows; its number is beside ours")
 
 
 def sinks_view() -> None:
@@ -211,7 +223,8 @@ def sinks_view() -> None:
         heads = ((int(layer), int(head)),)
     else:
         write_query(sink_layer=None, sink_head=None)
-    b = guarded(_block, sel.name, text, heads)
+    # every head: the block_sink inside sink_effect, the very number lesson 12 shows (one function, one input)
+    b = eff.block if heads is None else guarded(_block, sel.name, text, heads)
     if b is None:
         return
     c1, c2, c3 = st.columns(3)
@@ -219,16 +232,19 @@ def sinks_view() -> None:
               delta_color="off", delta_arrow="off")
     c2.metric(t("Next token, token 0 blocked"), f"“{piece(b.top_after)}”", t("p = {p}", p=F.num(b.p_after)),
               delta_color="off", delta_arrow="off")
-    c3.metric(t("Logit of “{tok}”", tok=piece(b.top_before)), F.num(b.answer_logit_after),
+    c3.metric(t("Logit of “{tok}”, intact → token 0 blocked", tok=piece(b.top_before)),
+              f"{F.num(b.answer_logit_before)} → {F.num(b.answer_logit_after)}",
               F.num(b.answer_logit_after - b.answer_logit_before))
     if heads is None:
-        st.markdown(t("Blocked everywhere, the answer {verdict}; the next-token distribution moves by KL = {kl} "
-                      "nats, and the mean next-token loss on the prompt goes from {a} to {b}.",
+        st.markdown(t("Blocked everywhere, the answer {verdict}; the next-token distribution at the last position "
+                      "(the token after the prompt) moves by KL = {kl} nats, and the mean next-token loss on the "
+                      "prompt goes from {a} to {b}.",
                       verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl),
                       a=F.num(eff.loss_before), b=F.num(eff.loss_after)))
     else:
-        st.markdown(t("Blocked in layer {l} head {h} alone, the answer {verdict}; the next-token distribution "
-                      "moves by KL = {kl} nats.", l=heads[0][0], h=heads[0][1],
+        st.markdown(t("Blocked in layer {l} head {h} alone, the answer {verdict}; the next-token distribution at "
+                      "the last position (the token after the prompt) moves by KL = {kl} nats.",
+                      l=heads[0][0], h=heads[0][1],
                       verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl)))
     if st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
                  help=t("Token 0 blocked in one head at a time, batched: about half a minute on a laptop CPU for "
@@ -236,7 +252,7 @@ def sinks_view() -> None:
         with st.spinner(t("Blocking token 0 in each head in turn…")):
             kl = _sinks_per_head(sel.name, text)
         show_figure(FPH.head_map(kl, t("KL (nats)"), title=t(
-            "Output change (KL, mean over positions) when token 0 is blocked in that head alone")),
+            "Output change (KL at the last position) when token 0 is blocked in that head alone")),
             key="phen_sink_kl")
     try_it(t("type another prompt in the sidebar, even one that starts with a different word: the sink stays on "
              "token 0, whatever token it is."))
@@ -253,11 +269,12 @@ def patterns_view() -> None:
     src = st.segmented_control(t("Input"), list(SOURCES), key="phen_pat_src", required=True,
                                format_func=option_labels(list(SOURCES), lambda s: t(SOURCES[s]))) or "random"
     write_query(pat_src=src)
+    repeat = None
     if src == "random":
         res = guarded(_induction, sel.name, 50, 0)
         if res is None:
             return
-        stats, prompt = res.scores, lm.decode(res.ids[0, 1:])
+        stats, prompt, repeat = res.scores, None, (50, 0)
     else:
         text = prompt_or_stop()
         with st.spinner(t("Running the model…")):
@@ -276,11 +293,11 @@ def patterns_view() -> None:
                       "repeated random tokens above."), icon="🔁")
             continue
         st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
-                      heads=head_list(s.heads) if s.heads else t("none")))
+                      heads=head_list(s.heads, tl=s.tl_scores) if s.heads else t("none")))
         show_figure(FPH.head_map(s.scores, t(label), found_pairs(s.heads), zmax=1.0,
                                         title=t("{what} per head · outlined: ≥ {th}", what=t(label),
                                                 th=F.num(s.threshold))), key=f"phen_{key}_map")
-        head_links(s.heads or s.top(3), prompt, stat)
+        head_links(s.heads or s.top(3), prompt, stat, repeat)
     try_it(t("switch the input to the sidebar's prompt and type a sentence that repeats a word: the duplicate-"
              "token heads light up on the second copy."))
 
@@ -314,11 +331,11 @@ def induction_view() -> None:
     show_figure(FPH.repeat_loss_figure(loss.per_token, n), key="phen_ind_loss")
     recipe(s, IND_RECIPE)
     st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(s.heads), th=F.num(s.threshold),
-                  heads=head_list(s.heads) if s.heads else t("none")))
+                  heads=head_list(s.heads, tl=s.tl_scores) if s.heads else t("none")))
     show_figure(FPH.head_map(s.scores, t("induction score"), found_pairs(s.heads), zmax=1.0,
                                     title=t("Induction score per head · outlined: ≥ {th}", th=F.num(s.threshold))),
                        key="phen_ind_map")
-    head_links(s.heads or s.top(3), lm.decode(res.ids[0, 1:]), "induction")
+    head_links(s.heads or s.top(3), None, "induction", (n, seed))
     st.subheader(t("Knock them out"))
     with st.spinner(t("Running the ablations…")):
         ab = guarded(_induction_ablation, sel.name, n, seed, k, mode)

@@ -55,7 +55,8 @@ def _on_checkpoint_change() -> None:
 def model_label(name: str) -> str:
     """How the model list shows a model: toy checkpoints by name, real models with what they are."""
     if name in lm_models.BUILTIN:
-        return {"smollm2": t("SmolLM2-135M (language model)"), "minilm": t("MiniLM (pretrained encoder)")}[name]
+        return {"smollm2": t("SmolLM2-135M-Instruct (language model)"),
+                "minilm": t("MiniLM (pretrained encoder)")}[name]
     if name in lm_models.server_models():
         return t("{name} (started with the server)", name=name)
     return name

@@ -1,0 +1,144 @@
+"""One number per claim across pages (issue 26 §1), in the app (AppTest):
+
+- lesson 12's KL and /phenomena?phen=sinks's KL for the same prompt are the same number, and both say where it is
+  measured (the last position);
+- a head's score on /phenomena (Patterns and Induction, repeated random tokens) is the score /llm shows when the
+  head's link is followed: the link carries what regenerates the same ids (`rep=n:seed`), not text;
+- /llm's labels: the decoder-only axes, the model card (Instruct, quantized, from the GGUF), the Layer/Head
+  selects hidden in the lens view, the lens sentence computed from the lens.
+
+The tiny random Llama of test_app_llm (a server model) for the links; SmolLM2 where the claim is about it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import pytest
+from conftest import assert_clean
+from streamlit.testing.v1 import AppTest
+from test_app_llm import decode, tiny  # noqa: F401  (tiny: the fixture)
+
+from model import load_model
+from model.analysis import phenomena as PH
+
+pytestmark = pytest.mark.slow
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+TIMEOUT = 900
+IOI_TEXT = "When Mary and John went to the store, John gave a drink to"
+KL = re.compile(r"KL = ([0-9.eE+−-]+) (?:nats|奈特)")
+
+
+def run(query: dict, page: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    at.switch_page(page)
+    at.run()
+    assert_clean(at)
+    return at
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption] + [s.value for s in at.success]
+                     + [w.value for w in at.warning] + [i.value for i in at.info])
+
+
+def follow(link) -> dict:
+    """A page_link's query parameters, as the browser would open them."""
+    return dict(parse_qsl(link.proto.query_string))
+
+
+def figures(at: AppTest) -> dict[str, dict]:
+    out = {}
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)
+        out[spec["layout"].get("title", {}).get("text", "").split("<br>")[0]] = spec
+    return out
+
+
+# ---------------------------------------------------------------- one KL
+
+
+def test_lesson_12_kl_is_the_phenomena_pages_kl(lang="en"):
+    smol = load_model("smollm2")
+    at = run({"lesson": "12", "lang": lang}, "viz/pages/lessons.py")
+    radio = next(r for r in at.radio if r.key and r.key.startswith("lesson_q_"))
+    from viz import lessons as LS
+
+    right = LS.live_sinks(PH.sink_effect(smol, IOI_TEXT)).correct[0]
+    radio.set_value(right).run()  # the right answer shows the lesson's feedback, with its KL (an option's id)
+    lesson_kl = KL.findall(texts(at))
+    page = run({"checkpoint": "smollm2", "text": IOI_TEXT, "phen": "sinks", "lang": lang}, "viz/pages/phenomena.py")
+    page_kl = KL.findall(texts(page))
+    assert lesson_kl and page_kl and lesson_kl[0] == page_kl[0], (lesson_kl, page_kl)
+    want = PH.block_sink(smol, IOI_TEXT).kl
+    assert float(page_kl[0]) == pytest.approx(want, rel=5e-3) and want == pytest.approx(2.33, abs=0.02)
+    where = "last position" if lang == "en" else "最后一个位置"
+    assert where in texts(at) and where in texts(page)
+
+
+# ---------------------------------------------------------------- the same head score through the link
+
+
+def score_in_caption(at: AppTest) -> float:
+    m = re.search(r"layer (\d+) head (\d+): ([0-9.eE+-]+)\. Hover", texts(at))
+    assert m, texts(at)
+    return float(m.group(3))
+
+
+@pytest.mark.parametrize("view,stat", [("patterns", "previous_token"), ("patterns", "duplicate_token"),
+                                       ("induction", "induction")])
+def test_a_head_link_carries_the_ids_and_llm_shows_the_same_score(tiny, view, stat):  # noqa: F811
+    query = {"checkpoint": tiny, "phen": view}
+    if view == "induction":
+        query |= {"ind_n": "12", "ind_seed": "3"}
+    at = run(query, "viz/pages/phenomena.py")
+    links = [ln for ln in at.get("page_link") if "llm" in ln.proto.page]
+    wanted = {"previous_token": "prev", "duplicate_token": "dup", "induction": "induction"}[stat]
+    chosen = [ln for ln in links if follow(ln).get("stat") == wanted]
+    assert chosen, [follow(ln) for ln in links]
+    for link in chosen[:2]:
+        q = follow(link)
+        assert "prompt" not in q and re.fullmatch(r"\d+:\d+", q["rep"])  # ids by seed, never re-typed text
+        shown = float(re.search(r": ([0-9.eE+-]+)$", link.proto.label).group(1))
+        llm = run(q, "viz/pages/llm.py")
+        # the number /phenomena showed for this head is the number /llm shows for it
+        assert score_in_caption(llm) == pytest.approx(shown, abs=5e-4)
+        n, seed = (int(x) for x in q["rep"].split(":"))
+        lm = load_model_label(tiny)
+        res = PH.induction(lm, n=n, seed=seed)
+        z = decode(next(f for k, f in figures(llm).items() if "per head" in k)["data"][0]["z"])
+        layer, head = int(q["layer"]), int(q["head"])
+        assert z[layer][head] == pytest.approx(res.scores[stat].scores[layer, head], rel=1e-5)
+
+
+def load_model_label(label: str):
+    from viz.ui import lm_models
+
+    return lm_models.load(label).obj
+
+
+# ---------------------------------------------------------------- labels on /llm
+
+
+def test_llm_labels_say_what_they_show(tiny):  # noqa: F811
+    at = run({"checkpoint": tiny, "view": "heads"}, "viz/pages/llm.py")
+    spec = next(f for k, f in figures(at).items() if "softmax weights" in k)
+    titles = json.dumps(spec["layout"], ensure_ascii=False)
+    assert "query (input → predicted)" in titles and "decoder:" not in titles and "key (target)" not in titles
+    assert {"Layer", "Head"} <= {s.label for s in at.selectbox}
+    lens = run({"checkpoint": tiny, "view": "lens"}, "viz/pages/llm.py")
+    assert not any(s.label in ("Layer", "Head") for s in lens.selectbox)  # they would do nothing there
+
+
+def test_smollm2_card_lens_sentence_and_language_note():
+    at = run({"checkpoint": "smollm2", "view": "lens", "prompt": "The capital of France is"}, "viz/pages/llm.py")
+    text = texts(at)
+    assert "SmolLM2-135M-Instruct, quantized (Q4_1 GGUF, dequantized to float32" in text
+    assert "only at the last layer (29)" in text  # ' Paris' tops the lens at layer 29 only: no "appears and stays"
+    zh = run({"checkpoint": "smollm2", "view": "heads", "prompt": "北京的天气很好"}, "viz/pages/llm.py")
+    text = texts(zh)
+    assert "trained on English" in text and "general.languages = en" in text
+    assert "a Chinese character is 3 bytes" in text
