@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import app as bench  # noqa: E402  (bench/app.py: servers, the browser, the head-switch probe)
 
 TARGET_CPU_CLICK_S = 0.050  # server CPU per head switch
+TARGET_CPU_CLICK_LM_S = 0.030  # the same with SmolLM2 warm in the server (issue 26 §3)
 TARGET_FIRST_VIEW_S = 0.300  # server CPU for a new session's first view (caches warm)
 TARGET_REDRAW_S = 0.150  # head switch: click -> redrawn heatmap, median
 TARGET_MEM_RETURN = 1.10  # RSS after the sessions close / RSS after the first session
@@ -139,6 +140,36 @@ def one_session(browser, base: str, pid: int, clicks: int) -> dict:
         return {"cpu_click": cpu, "redraw": redraws}
     finally:
         ctx.close()
+
+
+def warm_lm_ratio(browser, clicks: int) -> dict:
+    """Server CPU per head switch on the Attention page (the default toy model) on two fresh servers: one that
+    warms SmolLM2 at start (the default) and one started with ATTENTION_LAB_WARM_LM=0 (issue 26 §3: a warm
+    language model must not make every toy click dearer). Each server is idle (warm-up done) before the clicks."""
+    out = {}
+    for label, env in (("no LM", {"ATTENTION_LAB_WARM_LM": "0"}), ("SmolLM2 warm", {})):
+        port = bench.free_port()
+        proc = bench.start_server(ROOT / "app.py", port, env=env)
+        try:
+            bench.wait_health(port)
+            quiet_cpu(proc.pid, 2.0)  # the warm-up thread has finished (SmolLM2 loaded and traced)
+            res = one_session(browser, f"http://127.0.0.1:{port}", proc.pid, clicks)
+            res["rss"] = rss_mb(proc.pid)
+            out[label] = res
+        finally:
+            bench.stop_server(proc)
+    return out
+
+
+def report_warm_lm_ratio(out: dict, clicks: int) -> None:
+    base = out["no LM"]["cpu_click"]
+    for label, res in out.items():
+        print(f"head switch, default toy model, {label:13s} server CPU {res['cpu_click'] * 1000:6.1f} ms/click "
+              f"({clicks} clicks), redraw p50 {statistics.median(res['redraw']) * 1000:.0f} ms, RSS {res['rss']:.0f} MB"
+              f"   ratio to no LM {res['cpu_click'] / max(base, 1e-4):.2f}")
+    warm = out["SmolLM2 warm"]["cpu_click"]
+    print(f"target: <= {TARGET_CPU_CLICK_LM_S * 1000:.0f} ms/click with SmolLM2 warm   "
+          f"[{verdict(warm <= TARGET_CPU_CLICK_LM_S)}]")
 
 
 def reference_switches(browser, base: str, pid: int, clicks: int) -> dict:
@@ -452,7 +483,19 @@ def main() -> None:
     ap.add_argument("--think", type=float, default=0.0,
                     help="hall: each student clicks once every THINK s (0: back to back, taking turns)")
     ap.add_argument("--checkpoint", default="", help="hall: the model every session opens (?checkpoint=)")
+    ap.add_argument("--warm-lm-ratio", action="store_true",
+                    help="only: server CPU per toy head switch with SmolLM2 warm vs ATTENTION_LAB_WARM_LM=0")
     args = ap.parse_args()
+    if args.warm_lm_ratio:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+            try:
+                report_warm_lm_ratio(warm_lm_ratio(browser, args.clicks), args.clicks)
+            finally:
+                browser.close()
+        return
     if args.hall:
         hall_main(args)
         return

@@ -16,6 +16,7 @@ import streamlit as st
 
 from viz.i18n import t
 from viz.ui import lm_models
+from viz.ui.heap import freeze_after_load
 
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
 LM_TRACE_ENTRIES = 6  # a real LM's full trace is far bigger (SmolLM2, 64 tokens: ~90 MB)
@@ -56,9 +57,11 @@ def checkpoint_names() -> list[str]:
 def _load_shared(name: str):
     if lm_models.is_real(name):  # weights shared through model.load_model's own per-process cache
         try:
-            return lm_models.load(name)
+            rm = lm_models.load(name)
         except KeyError as e:
             raise ValueError(t("This server offers no model “{name}”.", name=name)) from e
+        freeze_after_load(name)  # its modules and tokenizer live as long as the server: out of the GC's walks
+        return rm
     _, load_checkpoint = _checkpoint_api()
     ckpt = load_checkpoint(name)
     ckpt.model.eval()

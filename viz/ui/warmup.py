@@ -73,6 +73,8 @@ def warm_lm() -> None:
     them. Skipped when its package is missing or ATTENTION_LAB_WARM_LM=0. Never raises."""
     if os.environ.get(WARM_LM_ENV, "1") == "0":
         return
+    from viz.ui.heap import freeze_heap_once
+
     try:
         from viz.ui import lm_models, models
 
@@ -81,3 +83,7 @@ def warm_lm() -> None:
         models.get_trace("smollm2", models.load_ckpt("smollm2").example)
     except Exception:
         _LOG.warning("SmolLM2 warm-up failed; its first page will load it itself", exc_info=True)
+        return
+    finally:
+        # SmolLM2's load froze the heap (models._load_shared); its first trace imports a few more modules
+        freeze_heap_once("warm:lm")

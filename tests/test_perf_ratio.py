@@ -1,0 +1,67 @@
+"""A warm language model must not make every toy click dearer (issue 26 §3).
+
+The cause found: the warm-up froze the heap (gc.freeze, viz/ui/heap.py) *before* it loaded SmolLM2, whose
+load imports transformers' and torch's rarer modules (~125,000 objects). They stayed tracked, so every full
+collection walked them: a toy head switch cost 92 ms of server CPU with SmolLM2 warm, 26 ms without
+(bench/load.py --warm-lm-ratio, before the fix).
+
+What is measured here is deterministic, not a time: the objects a full collection would walk during a toy
+click (an Attention-page head switch under AppTest, the collector paused so that nothing is freed
+mid-count), in a server process that warmed SmolLM2 and in one that did not (ATTENTION_LAB_WARM_LM=0). Each
+runs in its own interpreter: the collector's state is per process. A third case loads SmolLM2 later, as a
+page does on a server that did not warm it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_RATIO = 1.5  # before the fix: ~5x (125,000 objects over a click's ~25,000)
+
+PROBE = r"""
+import gc, json, sys
+sys.path.insert(0, {root!r})
+from streamlit.testing.v1 import AppTest
+from viz.ui import warmup, models
+from viz.ui.heap import tracked_objects
+
+warmup.warm()
+if {late_lm}:  # a page loads SmolLM2 on a server that did not warm it
+    models.get_trace("smollm2", models.load_ckpt("smollm2").example)
+at = AppTest.from_file({app!r}, default_timeout=300)
+at.run()  # the first page (the Attention page on the default toy model)
+at.selectbox(key="attn_head").set_value(1)
+at.run()  # a first switch: this session's caches warm
+gc.collect()
+gc.disable()  # count what a full collection would walk at the end of a click: nothing freed mid-way
+at.selectbox(key="attn_head").set_value(2)
+at.run()
+walked = tracked_objects()
+gc.enable()
+assert not at.exception, at.exception
+print(json.dumps({{"walked": walked, "frozen": gc.get_freeze_count()}}))
+"""
+
+
+def probe(warm_lm: bool, late_lm: bool = False) -> dict:
+    env = {**os.environ, "ATTENTION_LAB_WARM_LM": "1" if warm_lm else "0"}
+    code = PROBE.format(root=str(ROOT), app=str(ROOT / "app.py"), late_lm=late_lm)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_warm_language_model_adds_nothing_to_the_collectors_walk():
+    no_lm = probe(warm_lm=False)
+    warm = probe(warm_lm=True)
+    late = probe(warm_lm=False, late_lm=True)
+    # SmolLM2's objects are frozen in both servers that hold it: far more frozen, no more walked
+    assert warm["frozen"] > no_lm["frozen"] + 50_000 and late["frozen"] > no_lm["frozen"] + 50_000
+    assert warm["walked"] / no_lm["walked"] <= MAX_RATIO, (warm, no_lm)
+    assert late["walked"] / no_lm["walked"] <= MAX_RATIO, (late, no_lm)
