@@ -47,7 +47,7 @@ def test_tiled_statistics_equal_the_whole_matrix_ones(traces, monkeypatch):
     full, lazy = traces
     want = ph.head_statistics(full)
     monkeypatch.setattr(lg, "TILE_BYTES", 4 * 150 * 8 * 7)  # 7 rows a tile: many tiles, a ragged last one
-    for trace, tol in ((full, 1e-12), (lazy, 1e-6)):
+    for trace, tol in ((full, 1e-6), (lazy, 1e-6)):  # float32 tiles, float64 sums: ~1e-7 relative
         got = lg.head_statistics_tiled(trace)
         for k, hs in want.items():
             assert got[k].scores.shape == (3, 4)

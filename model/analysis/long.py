@@ -33,6 +33,8 @@ from model.analysis.inputs import as_decoder
 from model.analysis.phenomena import THRESHOLDS, HeadScores, _scored, heads_hooks, random_heads
 
 TILE_BYTES = 64 * 2**20  # one tile of float64 rows (H x R x T) at most this large
+KEEP_TILES_UP_TO = 4096  # head statistics keep each tile's cell matrices for the next layer up to this length
+                         # (T²/2 x 16 bytes: 128 MiB at 4,096); beyond, rebuilt per layer
 
 
 # ---------------------------------------------------------------------- rows of any trace
@@ -46,13 +48,16 @@ def n_tokens(trace) -> int:
     return len(trace.meta["tgt_ids"][0])
 
 
-def head_rows(trace, layer: int, head: int | None, rows: slice, batch: int = 0) -> torch.Tensor:
-    """Attention weights of query rows `rows` over every key: [R, T] for one head, [H, R, T] for
-    head=None. A LazyTrace computes them (trace.attention); a full trace slices its weights."""
+def head_rows(trace, layer: int, head: int | None, rows: slice, batch: int = 0, cols: slice | None = None
+              ) -> torch.Tensor:
+    """Attention weights of query rows `rows` over keys `cols` (default every key): [R, K] for one
+    head, [H, R, K] for head=None. A LazyTrace computes them (trace.attention); a full trace slices
+    its weights. Causal rows r0..r1-1 have all their weight in keys 0..r1-1: cols=slice(0, r1) loses nothing."""
     if hasattr(trace, "attention"):
-        return trace.attention(layer, head, rows, batch=batch)
+        return trace.attention(layer, head, rows, cols, batch=batch)
     w = trace[f"{_modules(trace)[layer]}.weights"][batch]  # (H, T, T)
-    return w[:, rows] if head is None else w[head, rows]
+    w = w[:, rows] if head is None else w[head, rows]
+    return w if cols is None else w[..., cols]
 
 
 def _tiles(T: int, H: int, budget: int = TILE_BYTES):
@@ -91,8 +96,8 @@ def pooled_overview(trace, layer: int, head: int, n: int = 256) -> Overview:
     block_of = torch.repeat_interleave(torch.arange(nb), torch.tensor(np.diff(edges)))  # (T,) position -> block
     out = torch.zeros(nb, nb, dtype=torch.float64)
     for rows in _tiles(T, 1):
-        w = head_rows(trace, layer, head, rows).double()  # (R, T)
-        by_key = torch.zeros(w.shape[0], nb, dtype=torch.float64).index_add_(1, block_of, w)  # keys summed
+        w = head_rows(trace, layer, head, rows, cols=slice(0, rows.stop)).double()  # (R, r1): causal rows
+        by_key = torch.zeros(w.shape[0], nb, dtype=torch.float64).index_add_(1, block_of[:rows.stop], w)  # summed
         out.index_add_(0, block_of[rows], by_key)  # queries summed, divided by the block size below
     out /= torch.tensor(np.diff(edges), dtype=torch.float64)[:, None]
     return Overview(out.numpy(), edges, edges, layer, head)
@@ -164,6 +169,7 @@ def document_view(trace, position: int = -1, layer: int | None = None, head: int
 
 
 STATS = ("sink", "previous_token", "duplicate_token", "induction", "entropy", "distance")
+_PATTERNS = ("duplicate_token", "induction")  # per-cell patterns (previous_token is one cell a row: gathered)
 
 
 def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | None = None,
@@ -171,7 +177,12 @@ def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | N
                           ) -> dict[str, HeadScores]:
     """phenomena.head_statistics (same definitions, same HeadScores), computed over row tiles of each
     head's attention: memory O(H x tile x T), never the T x T matrices of the stack. Batch row 0.
-    stats: the scores wanted (fewer: faster). layers: a subset of layers (rows of the result)."""
+    stats: the scores wanted (fewer: faster). layers: a subset of layers (rows of the result).
+
+    One pass over a tile's float32 weights gives, per row and head, the row sum, the mean distance and
+    the attention on the duplicate-token and induction cells (a batched dot with the tile's cell
+    matrices), a second the entropy; the sink and previous-token cells are gathered. Sums over rows
+    are float64. The numbers equal the float64 whole-matrix ones to ~1e-7 relative."""
     th = THRESHOLDS | (thresholds or {})
     mods = _modules(trace)
     layers = list(range(len(mods))) if layers is None else list(layers)
@@ -179,52 +190,89 @@ def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | N
     T = ids.numel()
     if period and "induction" in stats and T < 2 * period + 1:
         raise ValueError(f"the induction score needs [BOS] + 2 x {period} tokens, the trace has {T}")
-    keys = torch.arange(T)
+    tl_kinds = [k for k in stats if k in ("previous_token", "duplicate_token", "induction")]
+    cells = [k for k in _PATTERNS if k in stats and not (k == "induction" and period)]
     acc: dict[str, list[torch.Tensor]] = {k: [] for k in stats}
-    tl: dict[str, list[torch.Tensor]] = {k: [] for k in stats if k in ("previous_token", "duplicate_token",
-                                                                       "induction")}
+    tl: dict[str, list[torch.Tensor]] = {k: [] for k in tl_kinds}
+    tiles = []  # the per-tile cell matrices, built once for every layer
     for layer in layers:
         H = head_rows(trace, layer, None, slice(0, 1)).shape[0]
-        s = {k: torch.zeros(H, dtype=torch.float64) for k in ("sink", "entropy", "distance", "all")}
-        hit = {k: torch.zeros(H, dtype=torch.float64) for k in tl}
-        tot = {k: torch.zeros(H, dtype=torch.float64) for k in tl}
-        ind_sum = torch.zeros(H, dtype=torch.float64)
-        for rows in _tiles(T, H):
-            w = head_rows(trace, layer, None, rows).double()  # (H, R, T)
-            i = torch.arange(rows.start, rows.stop)
-            rowsum = w.sum(-1)  # (H, R)
-            s["all"] += rowsum.sum(-1)
+        total, sink, ent, dist, prev_hit, prev_tot, ind_sum = (torch.zeros(H, dtype=torch.float64) for _ in range(7))
+        hit = {k: torch.zeros(H, dtype=torch.float64) for k in cells}
+        tot = {k: torch.zeros(H, dtype=torch.float64) for k in cells}
+        for n, rows in enumerate(_tiles(T, H)):
+            r0, r1 = rows.start, rows.stop
+            if n < len(tiles):
+                cols, has_cell = tiles[n]
+            else:
+                cols, has_cell = _tile_cells(ids, r0, r1, cells)
+                if T <= KEEP_TILES_UP_TO:
+                    tiles.append((cols, has_cell))
+            w = head_rows(trace, layer, None, rows, cols=slice(0, r1)).float()  # (H, R, r1)
+            i = torch.arange(r0, r1)
+            # (R, H, r1) @ (R, r1, 2 + len(cells)): row sum, distance and each pattern's attention at once
+            per_row = (w.transpose(0, 1) @ cols).double()  # (R, H, C)
+            rowsum = per_row[..., 0].T  # (H, R)
+            total += rowsum.sum(-1)
+            dist += per_row[..., 1].sum(0)
+            for c, k in enumerate(cells):
+                hit[k] += per_row[..., 2 + c].sum(0)
+                tot[k] += (rowsum * has_cell[c]).sum(-1)
             if "sink" in stats:
-                s["sink"] += w[:, i >= 1, 0].sum(-1)
+                sink += w[:, i >= 1, 0].double().sum(-1)
+            if "previous_token" in stats:
+                has = i >= 1
+                prev_hit += w[:, has.nonzero()[:, 0], (i[has] - 1)].double().sum(-1)
+                prev_tot += rowsum[:, has].sum(-1)
             if "entropy" in stats:
-                s["entropy"] += (-(w * w.clamp_min(1e-30).log()).sum(-1)).sum(-1)
-            if "distance" in stats:
-                s["distance"] += (w * (i[:, None] - keys[None]).abs().double()).sum((-1, -2))
-            for k in tl:
-                p = _pattern_tile(k, ids, i)  # (R, T) bool
-                hit[k] += (w * p).sum((-1, -2))
-                tot[k] += (rowsum * p.any(-1)).sum(-1)
+                ent -= torch.special.xlogy(w, w).sum(-1, dtype=torch.float64).sum(-1)
             if period and "induction" in stats:
                 sel = (i >= period + 1) & (i <= 2 * period)
-                ind_sum += w[:, sel, i[sel] - (period - 1)].sum(-1)
+                ind_sum += w[:, sel.nonzero()[:, 0], i[sel] - (period - 1)].double().sum(-1)
+        scores = {"sink": sink / (T - 1) if T > 1 else torch.full((H,), float("nan")), "entropy": ent / T,
+                  "distance": dist / T, "previous_token": prev_hit / prev_tot}
+        hits = {"previous_token": prev_hit} | hit
+        for k in cells:
+            scores[k] = hit[k] / tot[k]
+        if period and "induction" in stats:
+            scores["induction"] = ind_sum / period
+            if "induction" in tl:  # TL's number on the same input uses the pattern: one more pass for it
+                hits["induction"] = _pattern_hits(trace, layer, ids, "induction", H)
         for k in stats:
-            if k == "sink":
-                acc[k].append(s["sink"] / (T - 1) if T > 1 else torch.full((H,), float("nan")))
-            elif k in ("entropy", "distance"):
-                acc[k].append(s[k] / T)
-            elif k == "induction" and period:
-                acc[k].append(ind_sum / period)
-            else:
-                acc[k].append(hit[k] / tot[k])
+            acc[k].append(scores[k])
             if k in tl:
-                tl[k].append(hit[k] / s["all"])  # TransformerLens's 'mul': over all T rows (batch of one)
+                tl[k].append(hits[k] / total)  # TransformerLens's 'mul': over all T rows (batch of one)
     return {k: _scored(k, torch.stack(acc[k]).numpy(), th.get(k), torch.stack(tl[k]).numpy() if k in tl else None)
             for k in stats}
 
 
+def _tile_cells(ids: torch.Tensor, r0: int, r1: int, cells: Sequence[str]) -> tuple[torch.Tensor, list]:
+    """(R, r1, 2 + len(cells)) float32 columns for one row tile: ones (row sum), |i - j| (distance), then
+    each pattern's cells (phenomena's duplicate_token_pattern, induction_pattern rows); and, per pattern,
+    which rows have a cell ([R] float64)."""
+    i, j = torch.arange(r0, r1)[:, None], torch.arange(r1)[None]
+    cols = [torch.ones(r1 - r0, r1), (i - j).abs().float()]
+    has = []
+    for k in cells:
+        p = _pattern_tile(k, ids[:r1], i[:, 0])
+        cols.append(p.float())
+        has.append(p.any(-1).double())
+    return torch.stack(cols, -1), has
+
+
+def _pattern_hits(trace, layer: int, ids: torch.Tensor, kind: str, H: int) -> torch.Tensor:
+    T = ids.numel()
+    out = torch.zeros(H, dtype=torch.float64)
+    for rows in _tiles(T, H):
+        p = _pattern_tile(kind, ids[:rows.stop], torch.arange(rows.start, rows.stop)).float()
+        w = head_rows(trace, layer, None, rows, cols=slice(0, rows.stop)).float()
+        out += (w * p).sum((-1, -2), dtype=torch.float64)
+    return out
+
+
 def _pattern_tile(kind: str, ids: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """Rows i of phenomena's [T, T] patterns (previous_token_pattern, duplicate_token_pattern,
-    induction_pattern), as bool, built for the tile only."""
+    induction_pattern) over keys 0..len(ids)-1, as bool, built for the tile only."""
     T = ids.numel()
     j = torch.arange(T)
     if kind == "previous_token":

@@ -549,8 +549,12 @@ class LazyTrace(Trace):
         T = self.n_tokens
         rows = slice(rows, rows + 1 if rows != -1 else None) if isinstance(rows, int) else (rows or slice(None))
         r0, r1, _ = rows.indices(T)
+        c0, c1, _ = (cols or slice(None)).indices(T)
+        # Causal: rows r0..r1-1 see keys 0..r1-1 only, so keys past max(r1, c1) are never needed (a blocked
+        # key adds exactly 0 to the softmax's sum; the result may differ from the full row in the last bit).
+        n_keys = max(r1, c1) if what == "weights" else c1
         q = self._tensors[f"{module}.q"][batch:batch + 1, :, r0:r1]  # (1, H, R, hs)
-        k = self._tensors[f"{module}.k"][batch:batch + 1]  # (1, H_kv, T, hs)
+        k = self._tensors[f"{module}.k"][batch:batch + 1, :, :n_keys]  # (1, H_kv, n_keys, hs)
         H, Hkv = q.shape[1], k.shape[1]
         if head is not None:
             if not 0 <= head < H:
@@ -561,9 +565,10 @@ class LazyTrace(Trace):
         params = self._modules[module]
         if what not in ("weights", "scores"):
             raise ValueError(f"what must be 'weights' or 'scores', got {what!r}")
-        scores = scores_of(q, k, params, capped=what == "weights")  # (1, h, R, T)
-        out = scores if what == "scores" else attention_weights(scores, self._mask_rows(module, slice(r0, r1)))
-        out = out[0, :, :, cols or slice(None)]
+        scores = scores_of(q, k, params, capped=what == "weights")  # (1, h, R, n_keys)
+        out = scores if what == "scores" else attention_weights(scores, self._mask_rows(module, slice(r0, r1),
+                                                                                        n_keys))
+        out = out[0, :, :, c0:c1]
         return out[0] if head is not None else out
 
     def row(self, layer: int | str, position: int = -1, head: int | None = None, batch: int = 0) -> torch.Tensor:
@@ -598,17 +603,19 @@ class LazyTrace(Trace):
             budget=self.budget_bytes, n_tokens=T, max_tokens=fit,
             context_length=(self._meta.get("config") or {}).get("max_len"))
 
-    def _mask_rows(self, module: str, rows: slice) -> torch.Tensor:
-        """(1, 1, R, T) bool, True = blocked: the look-ahead mask of these query rows (+ a sliding window)."""
+    def _mask_rows(self, module: str, rows: slice, n_keys: int | None = None) -> torch.Tensor:
+        """(1, 1, R, n_keys) bool, True = blocked: the look-ahead mask of these query rows over keys
+        0..n_keys-1 (default all), + a sliding window."""
         from model.core.attention import causal_mask
 
         T = self.n_tokens
+        n_keys = T if n_keys is None else n_keys
         r0, r1, _ = rows.indices(T)
-        mask = causal_mask(r1 - r0, T, offset=r0)
+        mask = causal_mask(r1 - r0, n_keys, offset=r0)
         window = self._modules[module].get("window")
         if window:  # a key more than `window - 1` positions back is out of the window
             i = torch.arange(r0, r1)[:, None]
-            mask = mask | (torch.arange(T)[None] <= i - window)
+            mask = mask | (torch.arange(n_keys)[None] <= i - window)
         return mask[None, None]
 
     def _compute(self, module: str, role: str) -> torch.Tensor:
