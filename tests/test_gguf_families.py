@@ -54,6 +54,9 @@ FAMILIES = {
                                                              "partial_rotary_factor": 0.5}), False),
     # transformers' GGUF loader ignores expert_feed_forward_length and expert_shared_feed_forward_length and
     # assumes Qwen1.5-MoE-A2.7B's 1408 and 5632
+    # a Mixtral GGUF says "llama" and holds experts; transformers' GGUF loader reads it as a dense Llama
+    "mixtral": ("mixtral", "llama", dict(num_local_experts=4, num_experts_per_tok=2), False),
+    "olmoe": ("olmoe", "olmoe", dict(num_experts=4, num_experts_per_tok=2), False),
     "qwen2_moe": ("qwen2_moe", "qwen2moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=1408,
                                                shared_expert_intermediate_size=5632), True),
 }
@@ -115,9 +118,10 @@ def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F
         w = t.float().numpy()
         if hf_name == "lm_head.weight" and hf.get("tie_word_embeddings"):
             continue
-        if ".mlp.experts." in hf_name:  # stacked per layer and kind, as Qwen2MoeModel.modify_tensors does
-            i, j, kind = hf_name.split(".")[2], int(hf_name.split(".")[5]), hf_name.split(".")[6]
-            experts.setdefault(f"blk.{i}.ffn_{kind.removesuffix('_proj')}_exps.weight", {})[j] = w
+        if ".experts." in hf_name:  # stacked per layer and kind, as Qwen2MoeModel / LlamaModel.modify_tensors do
+            _, _, i, _, _, j, kind, _ = hf_name.split(".")
+            kind = {"w1": "gate", "w2": "down", "w3": "up"}.get(kind, kind.removesuffix("_proj"))
+            experts.setdefault(f"blk.{i}.ffn_{kind}_exps.weight", {})[int(j)] = w
             continue
         base, suffix = hf_name.rsplit(".", 1)
         target = names.get_name(base) + "." + suffix
@@ -164,9 +168,11 @@ def convert(family: str, hf: dict, sd: dict[str, torch.Tensor], path, qtype=QT.F
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if hf.get(key) is not None:
                 kv[p + key] = float(hf[key])
+    if "num_experts_per_tok" in hf:
+        kv |= {p + "expert_count": hf.get("num_experts") or hf["num_local_experts"],
+               p + "expert_used_count": hf["num_experts_per_tok"]}
     if arch == "qwen2moe":
-        kv |= {p + "expert_count": hf["num_experts"], p + "expert_used_count": hf["num_experts_per_tok"],
-               p + "expert_feed_forward_length": hf["moe_intermediate_size"],
+        kv |= {p + "expert_feed_forward_length": hf["moe_intermediate_size"],
                p + "expert_shared_feed_forward_length": hf["shared_expert_intermediate_size"]}
     if arch == "phi3":
         kv[p + "rope.scaling.original_context_length"] = hf["original_max_position_embeddings"]
@@ -203,6 +209,9 @@ def test_gguf_side_gives_back_the_hf_config_and_tensors(made, family):
     config = G.hf_config(g)
     assert config["model_type"] == ("llama" if family == "mistral" else hf["model_type"])
     skip = {"architectures", "model_type", "dtype", "max_window_layers", "sliding_window"}
+    if hf.get("head_dim", 0) is None:  # Mixtral's config leaves it to hidden_size / heads
+        skip.add("head_dim")
+        assert config["head_dim"] == hf["hidden_size"] // hf["num_attention_heads"]
     differ = {k: (v, hf[k]) for k, v in config.items() if k in hf and k not in skip and not _same(v, hf[k])}
     assert not differ, differ
     if "sliding_window" in config:

@@ -421,15 +421,16 @@ def unpermute_rows(raw: np.ndarray, rows: int, n_head: int) -> np.ndarray:
 # ---------------------------------------------------------------- names and config
 
 # GGUF architecture (general.architecture) -> Hugging Face model_type. Mistral files say "llama": llama.cpp's
-# converter writes them as llama and runs them without a sliding window, which is what we load.
+# converter writes them as llama and runs them without a sliding window, which is what we load; Mixtral files
+# say "llama" too, and hold experts (blk.N.ffn_gate_inp): those become model_type "mixtral".
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
                  "gemma3": "gemma3_text", "phi3": "phi3", "olmo2": "olmo2", "gptneox": "gpt_neox",
-                 "qwen2moe": "qwen2_moe"}
+                 "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 _CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
-            "qwen2_moe": "Qwen2MoeForCausalLM"}
+            "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 # blk.N.<gguf> -> model.layers.N.<hf>, as gguf-py's tensor_mapping.py pairs them (llama first, then what differs)
 _LAYER_NAMES = {
@@ -441,8 +442,13 @@ _LAYER_NAMES = {
 _QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _SANDWICH = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
              "post_ffw_norm": "post_feedforward_layernorm"}  # gemma2/3: a norm before and after each sublayer
+# stacked [experts, rows, cols]: split into one tensor per expert, the names save_pretrained writes
+_EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+            "ffn_up_exps": "mlp.experts.{}.up_proj", "ffn_down_exps": "mlp.experts.{}.down_proj"}
+_MIXTRAL = {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
+            "ffn_down_exps": "block_sparse_moe.experts.{}.w2", "ffn_up_exps": "block_sparse_moe.experts.{}.w3"}
 _ARCH_LAYER_NAMES = {
-    "llama": _LAYER_NAMES, "qwen2": _LAYER_NAMES, "gemma": _LAYER_NAMES,
+    "llama": _LAYER_NAMES | _MIXTRAL, "qwen2": _LAYER_NAMES, "gemma": _LAYER_NAMES,
     "qwen3": _LAYER_NAMES | _QK_NORM,
     "gemma2": _LAYER_NAMES | _SANDWICH,
     "gemma3": _LAYER_NAMES | _SANDWICH | _QK_NORM,
@@ -454,13 +460,11 @@ _ARCH_LAYER_NAMES = {
     "gptneox": {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
-    "qwen2moe": {k: v for k, v in _LAYER_NAMES.items() if not k.startswith("ffn_") or k == "ffn_norm"}
-    | {"ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-       "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
-       "ffn_down_shexp": "mlp.shared_expert.down_proj",
-       # stacked [experts, rows, cols]: split into one tensor per expert, the names save_pretrained writes
-       "ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
-       "ffn_down_exps": "mlp.experts.{}.down_proj"},
+    "qwen2moe": {k: v for k, v in _LAYER_NAMES.items() if not k.startswith("ffn_") or k == "ffn_norm"} | _EXPERTS
+    | {"ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+       "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj"},
+    "olmoe": {k: v for k, v in _LAYER_NAMES.items() if not k.startswith("ffn_") or k == "ffn_norm"} | _EXPERTS
+    | _QK_NORM,
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
@@ -556,6 +560,9 @@ def hf_config(g: GGUFFile) -> dict:
                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
     model_type = ARCHITECTURES[arch]
     p = f"{arch}."
+    moe = "blk.0.ffn_gate_inp.weight" in g.tensors  # routed experts (qwen2moe, olmoe, a Mixtral in llama arch)
+    if arch == "llama" and moe:
+        model_type = "mixtral"
     n_layers = _meta(g, p + "block_count", int)
     d_model = _meta(g, p + "embedding_length", int)
     n_heads = _meta(g, p + "attention.head_count", int)
@@ -565,7 +572,7 @@ def hf_config(g: GGUFFile) -> dict:
     vocab, d_embed = _tensor_shape(g, "token_embd.weight")
     fused = f"blk.{n_layers - 1}.attn_qkv.weight" in g.tensors  # phi3, gpt-neox
     q_name = "attn_qkv" if fused else "attn_q"
-    n_experts = _meta(g, p + "expert_count", int, 0) if arch == "qwen2moe" else 0
+    n_experts = _meta(g, p + "expert_count", int, 0) if moe else 0
     if fused:
         heads_ok = n_heads >= 1 and _tensor_shape(g, "blk.0.attn_qkv.weight") == ((n_heads + 2 * n_kv) * head_dim,
                                                                                    d_model)
@@ -574,8 +581,8 @@ def hf_config(g: GGUFFile) -> dict:
         heads_ok = n_heads >= 1 and _tensor_shape(g, "blk.0.attn_q.weight") == (n_heads * head_dim, d_model)
         kv_ok = (n_kv >= 1 and n_heads % n_kv == 0
                  and _tensor_shape(g, "blk.0.attn_k.weight") == (n_kv * head_dim, d_model))
-    if arch == "qwen2moe":
-        d_ff_ok = True  # the dense MLP size is unused when every layer routes to experts; experts checked below
+    if moe:
+        d_ff_ok = True  # every layer routes to experts: their sizes are checked below
     else:
         d_ff_ok = _tensor_shape(g, "blk.0.ffn_up.weight") == ((2 if arch == "phi3" else 1) * d_ff, d_model)
     checks = {
@@ -671,10 +678,11 @@ def hf_config(g: GGUFFile) -> dict:
                    "rope_parameters": rope | {"partial_rotary_factor": rope_dims / head_dim}}
         for key in ("rms_norm_eps", "num_key_value_heads", "head_dim", "mlp_bias"):
             config.pop(key)
-    if arch == "qwen2moe":
+    if arch in ("qwen2moe", "olmoe") and not moe:
+        raise GGUFError(f"{g.path.name}: a {arch} file without routers (blk.0.ffn_gate_inp) is not supported.")
+    if moe:
         used = _meta(g, p + "expert_used_count", int)
-        d_exp = _meta(g, p + "expert_feed_forward_length", int)
-        d_shared = _meta(g, p + "expert_shared_feed_forward_length", int, 0)
+        d_exp = _meta(g, p + "expert_feed_forward_length", int) if arch == "qwen2moe" else d_ff
         for i in range(n_layers):
             if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors:
                 raise GGUFError(f"{g.path.name}: layer {i} has no router (dense layers among MoE layers are not "
@@ -683,11 +691,19 @@ def hf_config(g: GGUFFile) -> dict:
                                                                                               d_model)):
             raise GGUFError(f"{g.path.name}: metadata {p}expert_count / expert_used_count / "
                             "expert_feed_forward_length do not match the tensors in the file.")
-        config |= {"num_experts": n_experts, "num_experts_per_tok": used, "moe_intermediate_size": d_exp,
-                   "shared_expert_intermediate_size": d_shared, "norm_topk_prob":
+        config["num_experts_per_tok"] = used
+        config.pop("mlp_bias")
+    if arch == "qwen2moe":
+        config |= {"num_experts": n_experts, "moe_intermediate_size": d_exp, "shared_expert_intermediate_size":
+                   _meta(g, p + "expert_shared_feed_forward_length", int, 0), "norm_topk_prob":
                    bool(_meta(g, p + "expert_weights_norm", bool, False)), "decoder_sparse_step": 1,
                    "mlp_only_layers": [], "qkv_bias": config.pop("attention_bias"), "use_sliding_window": False}
-        config.pop("mlp_bias")
+    if arch == "olmoe":
+        config |= {"num_experts": n_experts, "norm_topk_prob": bool(_meta(g, p + "expert_weights_norm", bool, False)),
+                   "clip_qkv": _meta(g, p + "attention.clamp_kqv", float, None)}
+    if model_type == "mixtral":  # top-k weights renormalized, as llama.cpp runs a llama-arch MoE
+        config |= {"num_local_experts": n_experts, "sliding_window": None}
+        config.pop("attention_bias")
     for key, meta_key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
         token_id = g.metadata.get(f"tokenizer.ggml.{meta_key}_token_id")
         config[f"{key}_token_id"] = int(token_id) if isinstance(token_id, int) and 0 <= token_id < vocab else None
