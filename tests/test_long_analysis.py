@@ -159,3 +159,23 @@ def test_ablate_retrieval_and_length_profile_run(lm):
     prof = lg.length_profile(lm, prompts[0].ids, [16, 64])
     assert prof.sink.shape == prof.entropy.shape == (2, 3)
     assert prof.uniform_entropy[1] > prof.uniform_entropy[0]
+
+
+def test_sizes_for_pages_and_keeping_the_end(lm):
+    ids = lm.encode(lg.FILLER * 4)
+    T = ids.shape[1]
+    assert torch.equal(lm.encode(lg.FILLER * 4, keep_last=10), ids[:, -10:])
+    with torch.no_grad():
+        _, lazy = lm.run_with_trace(ids, lazy=True)
+        _, full = lm.run_with_trace(ids)
+    assert lm.trace_bytes(T, lazy=True) == lazy.nbytes()
+    assert lm.trace_bytes(T) >= full.nbytes() > lazy.nbytes()
+    budget = lm.trace_bytes(T)
+    assert lm.max_tokens_within(budget) >= T > 0
+    assert lm.trace_bytes(lm.max_tokens_within(budget)) <= budget < lm.trace_bytes(lm.max_tokens_within(budget) + 1)
+    assert lm.max_tokens_within(10**12, lazy=True) == lm.max_tokens  # the context length caps it
+    from model.core.recorder import ContextLengthError
+    with pytest.raises(ContextLengthError) as e:
+        lm.encode("x " * 2000)
+    assert e.value.context_length == lm.max_tokens and e.value.n_tokens > lm.max_tokens
+    assert lm.encode("x " * 2000, keep_last=lm.max_tokens).shape[1] == lm.max_tokens

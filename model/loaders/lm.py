@@ -89,9 +89,11 @@ class LanguageModel:
         return render_chat_template(self.chat_template, [{"role": "user", "content": text}], self.name,
                                     **self.special_tokens)
 
-    def encode(self, text: str, chat: bool = False) -> torch.Tensor:
+    def encode(self, text: str, chat: bool = False, keep_last: int | None = None) -> torch.Tensor:
         """LongTensor [1, T]. chat=True wraps the text in the model's chat template first (its special
-        tokens are in the rendered text, so no more are added). Never truncates."""
+        tokens are in the rendered text, so no more are added). Never truncates unasked: keep_last=N
+        keeps the last N tokens (the end, where the next token is predicted), as a page offers when a
+        prompt is over a limit."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         if not text.strip():
@@ -100,6 +102,10 @@ class LanguageModel:
         ids = tok.encode(self.render_chat(text), add_special_tokens=False).ids if chat else tok.encode(text).ids
         if not ids:
             raise ValueError("the text gives no tokens")
+        if keep_last is not None:
+            if not isinstance(keep_last, int) or keep_last < 1:
+                raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
+            ids = ids[-keep_last:]
         if len(ids) > self.max_tokens:
             raise recorder.ContextLengthError(
                 f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
@@ -138,6 +144,29 @@ class LanguageModel:
         with torch.no_grad():
             return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta,
                                              lazy=lazy, fast=fast, last_only=last_only)
+
+    def trace_bytes(self, n_tokens: int, lazy: bool = False, names=None) -> int:
+        """The bytes a trace of `n_tokens` tokens would hold: the full capture of `names` (None: every
+        capture point), or (lazy) q, k, v of every layer + the O(T·d) names in `names`. A page compares it
+        with its budget before running (longest length that fits: `max_tokens_within`)."""
+        from model.core.trace import lazy_plan
+
+        m = self.model
+        shapes = m.capture_names(1, n_tokens)
+        itemsize = next(m.parameters()).element_size()
+        if lazy:
+            wanted, _ = lazy_plan(shapes, m.describe()["attention"], names, set())
+        else:
+            wanted = recorder.select_names(list(shapes), names)
+        return recorder.estimate_bytes(shapes, wanted, itemsize)
+
+    def max_tokens_within(self, budget_bytes: int, lazy: bool = False, names=None) -> int:
+        """The longest input (up to the context length) whose trace fits `budget_bytes`; 0 if none."""
+        lo, hi = 0, self.max_tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.trace_bytes(mid, lazy, names) <= budget_bytes else (lo, mid - 1)
+        return lo
 
     def run_with_hooks(self, text_or_ids, hooks=None, chat: bool = False) -> torch.Tensor:
         with torch.no_grad():
