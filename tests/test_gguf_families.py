@@ -269,7 +269,7 @@ def test_an_unsupported_architecture_lists_the_supported_ones(tmp_path):
     with pytest.raises(G.GGUFError) as e:
         load_model(path)
     assert str(e.value) == ("x.gguf: architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, gemma, "
-                            "gemma2, gemma3, phi3, olmo2, gptneox, qwen2moe.")
+                            "gemma2, gemma3, phi3, olmo2, gptneox, qwen2moe, olmoe.")
 
 
 @pytest.mark.parametrize("template, sentence", [
