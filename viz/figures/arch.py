@@ -193,7 +193,7 @@ def architecture_figure(cfg: Mapping, B: int, S: int, T: int, selected: str | No
 # ---------------------------------------------------------------- decoder-only language models
 
 LM_X, SIDE_X = 0.36, 0.86  # the stack's column; side boxes (RoPE, learned positions) to its right
-NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "rmsnorm_gemma": "RMSNorm", "rmsnorm_olmo": "RMSNorm"}
 ACT_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU", "silu": "SiLU"}
 
 
@@ -214,8 +214,14 @@ LM_LAYOUT = {
     "lm_add2": (0.76, "#ffffff", "layer", _lm_sub("ffn")),
     "lm_norm": (0.86, NORM, "llm", {"view": "lens"}),
     "lm_unembed": (0.96, OUT, "llm", {"view": "generate"}),
+    # The 2024–2026 blocks, placed by `lm_layout` where the description has them.
+    "lm_qknorm": (0.24, NORM, "attention", {**_attention("dec"), "view": "pipeline"}),
+    "lm_post1": (0.40, NORM, "layer", _lm_sub("self_attn")),
+    "lm_post2": (0.71, NORM, "layer", _lm_sub("ffn")),
+    "lm_router": (0.65, "#f3d9fa", "since2017", {"layer": "{layer}"}),
 }
-LM_NARROW = {"lm_add1": 0.07, "lm_add2": 0.07, "lm_rope": 0.24, "lm_pos": 0.24}
+LM_NARROW = {"lm_add1": 0.07, "lm_add2": 0.07, "lm_rope": 0.24, "lm_pos": 0.24, "lm_qknorm": 0.24, "lm_router": 0.24}
+SIDE_IDS = ("lm_rope", "lm_pos", "lm_qknorm", "lm_router")  # boxes beside the stack, not on its path
 FRAME_RIGHT = 0.32  # the layer frame reaches this far right of the column: the edge labels fit inside
 
 
@@ -227,7 +233,33 @@ def lm_facts(desc: Mapping) -> dict:
             "dh": first["d_head"], "D": blocks["d_model"], "d_ff": blocks["d_ff"], "V": blocks.get("vocab_size"),
             "rotary": blocks.get("positional") == "rotary", "norm": blocks.get("norm", "layernorm"),
             "gated": blocks.get("ffn") == "gated", "act": blocks.get("activation", "gelu"),
-            "tied": bool(blocks.get("tied_embeddings")), "rope_base": blocks.get("rope_base")}
+            "tied": bool(blocks.get("tied_embeddings")), "rope_base": blocks.get("rope_base"),
+            "wiring": ("parallel" if blocks.get("parallel_residual") else
+                       {"sandwich": "sandwich", "post": "post"}.get(blocks.get("norm_position"), "pre")),
+            "qk_norm": bool(first.get("qk_norm")), "moe": blocks.get("moe") or None,
+            "rotary_dim": (first.get("rope") or {}).get("rotary_dim") or first["d_head"]}
+
+
+def layer_facts(desc: Mapping, layer: int) -> dict:
+    """One layer's attention mechanisms from the description: window (None = full), soft-cap, query scale
+    (None when it is 1/√d_head), RoPE base and scaling."""
+    info = desc.get("attention", {}).get(f"decoder.layers.{layer}.self_attn", {})
+    scale = info.get("scale")
+    plain = scale is None or abs(scale * info.get("d_head", 1) ** 0.5 - 1) < 1e-6
+    rope = info.get("rope") or {}
+    return {"window": info.get("window"), "softcap": info.get("softcap"), "scale": None if plain else scale,
+            "rope_base": rope.get("base"), "scaling": rope.get("scaling", "default"), "factor": rope.get("factor")}
+
+
+def layer_types(desc: Mapping) -> str:
+    """"sliding (W = 4) × 5, full × 1"-style summary of the layers' attention spans, or "" when all are full."""
+    kinds = [(a.get("window") or 0) for a in desc.get("attention", {}).values() if a.get("kind") == "decoder_self"]
+    if not any(kinds):
+        return ""
+    parts = [t("sliding (W = {w}) × {n}", w=w, n=kinds.count(w)) for w in sorted(set(kinds) - {0})]
+    if 0 in kinds:
+        parts.append(t("full × {n}", n=kinds.count(0)))
+    return ", ".join(parts)
 
 
 def lm_shapes(desc: Mapping, B: int, T: int, layer: int = 0) -> dict[str, tuple[int, ...]]:
@@ -243,11 +275,26 @@ def lm_shapes(desc: Mapping, B: int, T: int, layer: int = 0) -> dict[str, tuple[
     if f["V"]:
         out["logits"] = (B, T, f["V"])
     if f["rotary"]:
-        out["decoder.rope.angles"] = (T, f["dh"] // 2)
+        out["decoder.rope.angles"] = (T, f["rotary_dim"] // 2)  # partial rotary (GPT-NeoX): rotary_dim < d_head
     else:
         out["decoder.embed.pos"] = (T, f["D"])
     if f["gated"]:
         out[f"{a}.ffn.gate"] = (B, T, f["d_ff"])
+    if f["wiring"] == "post":  # OLMo 2: no norm before the sublayers, one after each
+        del out[f"{a}.norm1.out"]
+    if f["wiring"] in ("post", "sandwich"):
+        out[f"{a}.norm_post_attn.out"] = out[f"{a}.norm_post_ffn.out"] = (B, T, f["D"])
+    if f["qk_norm"]:
+        info = desc["attention"][f"{a}.self_attn"]
+        per_head = info.get("qk_norm_over") != "full"
+        out[f"{a}.self_attn.q_norm.out"] = (B, f["H"], T, f["dh"]) if per_head else (B, T, f["H"] * f["dh"])
+        out[f"{a}.self_attn.k_norm.out"] = (B, f["G"], T, f["dh"]) if per_head else (B, T, f["G"] * f["dh"])
+    moe = f["moe"]
+    if moe and layer in moe.get("layers", [layer]):  # experts in place of the FFN
+        for k in (f"{a}.ffn.hidden", f"{a}.ffn.gate"):
+            out.pop(k, None)
+        out[f"{a}.ffn.router.probs"] = (B, T, moe["n_experts"])
+        out[f"{a}.ffn.router.topk_ids"] = (B, T, moe["top_k"])
     return out
 
 
@@ -257,30 +304,92 @@ def _shape(dims: str, shape: tuple[int, ...]) -> str:
     return f"{dims.replace(', ', '×')} = ({', '.join(str(n) for n in shape)})"
 
 
-def lm_blocks(desc: Mapping) -> list[Block]:
-    """The blocks of a decoder-only model's map, labelled from its description (RoPE or learned positions,
-    RMSNorm or LayerNorm, SwiGLU or a plain FFN, grouped-query or multi-head attention, tied or not)."""
+PAR_W = 0.28  # a parallel-residual layer's two columns (attention | FFN) are this wide
+WIRING_YS = {  # the 2024–2026 wirings' main paths, bottom to top: block id -> y (pre-LN uses LM_LAYOUT)
+    "sandwich": {"lm_embed": 0.08, "lm_norm1": 0.19, "lm_attn": 0.28, "lm_post1": 0.37, "lm_add1": 0.45,
+                 "lm_norm2": 0.53, "lm_ffn": 0.62, "lm_post2": 0.71, "lm_add2": 0.79, "lm_norm": 0.88,
+                 "lm_unembed": 0.96},
+    "post": {"lm_embed": 0.08, "lm_attn": 0.28, "lm_post1": 0.39, "lm_add1": 0.48, "lm_ffn": 0.59, "lm_post2": 0.70,
+             "lm_add2": 0.79, "lm_norm": 0.88, "lm_unembed": 0.96},
+    "parallel": {"lm_embed": 0.08, "lm_norm1": 0.25, "lm_attn": 0.41, "lm_norm2": 0.25, "lm_ffn": 0.41,
+                 "lm_add2": 0.57, "lm_norm": 0.78, "lm_unembed": 0.92},
+}
+PAR_X = {"lm_norm1": 0.54, "lm_attn": 0.54, "lm_norm2": 0.2, "lm_ffn": 0.2}  # attention on the side of RoPE
+
+
+def lm_layout(desc: Mapping) -> dict[str, tuple[float, float]]:
+    """Block id -> (x, y) of a decoder-only model's map, from the wiring its description says: pre-LN (the
+    classic map), sandwich norms, norms after the sublayers, or attention and FFN side by side (parallel)."""
     f = lm_facts(desc)
+    if f["wiring"] == "pre":
+        pos = {b: (LM_X, y) for b, (y, *_) in LM_LAYOUT.items() if b in (
+            "lm_embed", "lm_norm1", "lm_attn", "lm_add1", "lm_norm2", "lm_ffn", "lm_add2", "lm_norm", "lm_unembed")}
+    else:
+        pos = {b: (PAR_X.get(b, LM_X) if f["wiring"] == "parallel" else LM_X, y)
+               for b, y in WIRING_YS[f["wiring"]].items()}
+    attn_y, ffn_y = pos["lm_attn"][1], pos["lm_ffn"][1]
+    pos["lm_rope" if f["rotary"] else "lm_pos"] = (SIDE_X, attn_y) if f["rotary"] else (SIDE_X, 0.08)
+    if f["qk_norm"]:
+        pos["lm_qknorm"] = (SIDE_X, attn_y - 0.14)  # below RoPE's angles line
+    if f["moe"]:
+        pos["lm_router"] = (SIDE_X, ffn_y)
+    return pos
+
+
+def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
+    """The blocks of a decoder-only model's map, labelled from its description (RoPE or learned positions,
+    RMSNorm or LayerNorm, SwiGLU or a plain FFN, grouped-query or multi-head attention, tied or not; q/k norm,
+    sandwich or post norms, parallel residual, experts with their router, and `layer`'s sliding window,
+    soft-cap and query scale)."""
+    f = lm_facts(desc)
+    lf = layer_facts(desc, layer)
     norm = NORM_NAMES.get(f["norm"], f["norm"])
     act = ACT_NAMES.get(f["act"], f["act"])
     attn = (t("Masked self-attention, GQA: {H} query heads, {G} K/V heads", H=f["H"], G=f["G"]) if f["G"] < f["H"]
             else t("Masked multi-head self-attention ({H} heads)", H=f["H"]))
+    extra = []
+    if lf["window"]:
+        extra.append(t("sliding window W = {w}", w=lf["window"]))
+    if extra:
+        attn += " · " + " · ".join(extra)
     ffn = (t("SwiGLU FFN: down({act}(gate·x) ⊙ up·x), d_ff = {f}", act=act, f=f["d_ff"]) if f["gated"]
            else t("Feed-forward network: {act}, d_ff = {f}", act=act, f=f["d_ff"]))
-    labels = {"lm_embed": t("Token embedding (no ×√d)"), "lm_norm1": norm, "lm_attn": attn,
+    moe = f["moe"]
+    if moe:
+        ffn = t("Mixture of experts: top {k} of {E}, d_ff = {f}", k=moe["top_k"], E=moe["n_experts"], f=moe["d_ff"])
+        if moe.get("shared"):
+            ffn += " " + t("+ shared expert")
+    labels = {"lm_embed": t("Token embedding (no ×√d)") if not desc.get("blocks", {}).get("embed_scale")
+              else t("Token embedding × √d"),
+              "lm_norm1": norm, "lm_attn": attn,
               "lm_add1": "+", "lm_norm2": norm, "lm_ffn": ffn, "lm_add2": "+",
               "lm_norm": t("Final {norm}", norm=norm),
               "lm_unembed": (t("Unembedding, tied to the token embedding → logits") if f["tied"]
                              else t("Unembedding → logits"))}
+    if f["wiring"] in ("sandwich", "post"):
+        labels["lm_post1"] = t("{norm} after attention", norm=norm)
+        labels["lm_post2"] = t("{norm} after the FFN", norm=norm)
+    if f["wiring"] == "post":
+        del labels["lm_norm1"], labels["lm_norm2"]
+    if f["wiring"] == "parallel":
+        del labels["lm_add1"]
+        labels["lm_norm1"], labels["lm_norm2"] = f"{norm}₁", f"{norm}₂"
     if f["rotary"]:
-        labels["lm_rope"] = t("RoPE: rotates q and k by position")
+        labels["lm_rope"] = (t("RoPE: rotates q and k by position") if f["rotary_dim"] >= f["dh"]
+                             else t("RoPE on {r} of {d} dims", r=f["rotary_dim"], d=f["dh"]))  # partial rotary
+        if lf["scaling"] != "default":
+            labels["lm_rope"] += " · " + t("{kind} scaling ×{x}", kind=lf["scaling"], x=f"{lf['factor']:g}")
     else:
         labels["lm_pos"] = t("+ learned position embedding")
+    if f["qk_norm"]:
+        labels["lm_qknorm"] = t("q/k {norm}", norm=norm)
+    if moe:
+        labels["lm_router"] = t("Router → top {k}", k=moe["top_k"])
+    pos = lm_layout(desc)
     out = []
-    for bid, (y, color, page, params) in LM_LAYOUT.items():
-        if bid in labels:
-            x = SIDE_X if bid in ("lm_rope", "lm_pos") else LM_X
-            out.append(Block(bid, labels[bid], x, y, color, page, params))
+    for bid, (_, color, page, params) in LM_LAYOUT.items():
+        if bid in labels and bid in pos:
+            out.append(Block(bid, labels[bid], *pos[bid], color, page, params))
     return out
 
 
@@ -293,7 +402,9 @@ def lm_list_label(block: Block, desc: Mapping, layer: int) -> str:
     say which sublayer they belong to, and the layer's blocks say which layer a click opens."""
     norm = NORM_NAMES.get(lm_facts(desc)["norm"], "")
     name = t(LM_LIST_LABELS[block.id], norm=norm) if block.id in LM_LIST_LABELS else block.label
-    in_layer = block.page in ("layer", "attention") or block.id == "lm_rope"
+    if block.id == "lm_add2" and lm_facts(desc)["wiring"] == "parallel":
+        name = t("+ residual: x + attention + FFN")
+    in_layer = block.page in ("layer", "attention") or block.id in ("lm_rope", "lm_router")
     return t("Layer {i}: {block}", i=layer, block=name) if in_layer else name
 
 
@@ -302,88 +413,130 @@ LM_BY_ID = {bid: Block(bid, "", 0, y, c, page, params) for bid, (y, c, page, par
 
 def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: int = LABEL_SIZE,
                            title_name: str = "") -> go.Figure:
-    """A decoder-only LM as a block diagram, bottom to top (one pre-LN layer drawn, × N), with the shapes of
-    (B, T) ids on its edges from the description (`lm_shapes`); one clickable marker per block."""
+    """A decoder-only LM as a block diagram, bottom to top (one layer drawn, × N, in the wiring its description
+    says), with the shapes of (B, T) ids on its edges from the description (`lm_shapes`); one clickable marker
+    per block."""
     f = lm_facts(desc)
     sh = lm_shapes(desc, B, T, layer)
     a = f"decoder.layers.{layer}.self_attn"
     small = size - 2
-    blocks = lm_blocks(desc)
+    blocks = lm_blocks(desc, layer)
     by = {b.id: b for b in blocks}
+    par = f["wiring"] == "parallel"
+    width = {b.id: LM_NARROW.get(b.id, PAR_W if par and b.id in PAR_X else BOX_W) for b in blocks}
     fig = go.Figure()
     for b in blocks:
-        w = LM_NARROW.get(b.id, BOX_W)
+        w = width[b.id]
         fig.add_shape(type="rect", x0=b.x - w / 2, x1=b.x + w / 2, y0=b.y - BOX_H / 2, y1=b.y + BOX_H / 2,
                       fillcolor=b.color, layer="below", line={"color": "#555", "width": 1})
         fig.add_annotation(x=b.x, y=b.y, text=wrap(b.label, size, BOX_PX * w / BOX_W - 16), showarrow=False,
                            font={"size": size + (6 if b.label == "+" else 0), "color": INK})
     # The layer's frame, × N.
-    y0, y1 = by["lm_norm1"].y - BOX_H / 2 - 0.03, by["lm_add2"].y + BOX_H / 2 + 0.006
-    fig.add_shape(type="rect", x0=LM_X - BOX_W / 2 - 0.09, x1=LM_X + FRAME_RIGHT, y0=y0, y1=y1, layer="below",
+    in_layer = [b for b in blocks if b.id not in ("lm_embed", "lm_norm", "lm_unembed") and b.id not in SIDE_IDS]
+    y0 = min(b.y for b in in_layer) - BOX_H / 2 - 0.03
+    y1 = by["lm_add2"].y + BOX_H / 2 + 0.006
+    x0 = min(LM_X - BOX_W / 2 - 0.09, min(b.x - width[b.id] / 2 for b in in_layer) - 0.06)
+    fig.add_shape(type="rect", x0=x0, x1=LM_X + FRAME_RIGHT, y0=y0, y1=y1, layer="below",
                   line={"color": "#888", "dash": "dot"}, fillcolor="rgba(0,0,0,0)")
-    fig.add_annotation(x=LM_X - BOX_W / 2 - 0.10, y=(y0 + y1) / 2, textangle=-90, showarrow=False, xanchor="right",
+    fig.add_annotation(x=x0 - 0.01, y=(y0 + y1) / 2, textangle=-90, showarrow=False, xanchor="right",
                        text=t("{side} layer × N = {n}", side=t("decoder"), n=f["L"]),
                        font={"size": size, "color": INK})
     # The main path with its tensors.
     ids = _shape("B, T", (B, T))
     _arrow(fig, LM_X, -0.01, LM_X, by["lm_embed"].y - BOX_H / 2, ids + " " + t("token ids"), size=small)
-    chain = ["lm_embed", "lm_norm1", "lm_attn", "lm_add1", "lm_norm2", "lm_ffn", "lm_add2", "lm_norm", "lm_unembed"]
-    ffn_shape = _shape("B, T, d_ff", sh[f"decoder.layers.{layer}.ffn.hidden"])
-    edge_text = {
-        ("lm_embed", "lm_norm1"): _shape("B, T, D", sh["decoder.embed.out"]),
-        ("lm_norm1", "lm_attn"): "Q " + _shape("B, H, T, d_head", sh[f"{a}.q"]) + "<br>K, V "
-        + _shape("B, H_kv, T, d_head", sh[f"{a}.k"]),
-        ("lm_norm2", "lm_ffn"): (t("gate, up → hidden {shape}", shape=ffn_shape) if f["gated"]
-                                 else t("hidden {shape}", shape=ffn_shape)),
-        ("lm_add2", "lm_norm"): _shape("B, T, D", sh[f"decoder.layers.{layer}.out"]),
-    }
-    for lo, hi in zip(chain, chain[1:], strict=False):
-        _arrow(fig, LM_X, by[lo].y + BOX_H / 2, LM_X, by[hi].y - BOX_H / 2, edge_text.get((lo, hi), ""), size=small)
+    if par:  # both sublayers read the layer's input; one sum adds both to it
+        edges = [("lm_embed", "lm_norm1"), ("lm_embed", "lm_norm2"), ("lm_norm1", "lm_attn"), ("lm_norm2", "lm_ffn"),
+                 ("lm_attn", "lm_add2"), ("lm_ffn", "lm_add2"), ("lm_add2", "lm_norm"), ("lm_norm", "lm_unembed")]
+    else:
+        chain = [b for b in ("lm_embed", "lm_norm1", "lm_attn", "lm_post1", "lm_add1", "lm_norm2", "lm_ffn", "lm_post2",
+                             "lm_add2", "lm_norm", "lm_unembed") if b in by]
+        edges = list(zip(chain, chain[1:], strict=False))
+    ffn_shape = (_shape("B, T, d_ff", sh[f"decoder.layers.{layer}.ffn.hidden"])
+                 if f"decoder.layers.{layer}.ffn.hidden" in sh else "")
+    qk_text = ("Q " + _shape("B, H, T, d_head", sh[f"{a}.q"]) + "<br>K, V "
+               + _shape("B, H_kv, T, d_head", sh[f"{a}.k"]))
+    ffn_text = (t("gate, up → hidden {shape}", shape=ffn_shape) if f["gated"] and ffn_shape
+                else t("hidden {shape}", shape=ffn_shape) if ffn_shape
+                else t("router {shape}", shape=_shape("B, T, E", sh[f"decoder.layers.{layer}.ffn.router.probs"])))
+    edge_text = {}
+    for lo, hi in edges:
+        if hi == "lm_attn" and f["wiring"] == "sandwich":  # too little room between the boxes: in the hover only
+            edge_text[(lo, hi)] = ""
+        elif hi == "lm_attn":
+            edge_text[(lo, hi)] = qk_text
+        elif hi == "lm_ffn":
+            edge_text[(lo, hi)] = ffn_text
+        elif (lo == "lm_embed" and not par) or (lo == "lm_add2" and hi == "lm_norm"):
+            edge_text[(lo, hi)] = _shape("B, T, D", sh["decoder.embed.out" if lo == "lm_embed"
+                                                       else f"decoder.layers.{layer}.out"])
+    if par:
+        edge_text[("lm_embed", "lm_norm1")] = _shape("B, T, D", sh["decoder.embed.out"])
+    for lo, hi in edges:
+        _arrow(fig, by[lo].x, by[lo].y + BOX_H / 2, by[hi].x, by[hi].y - BOX_H / 2, edge_text.get((lo, hi), ""),
+               size=small)
     _arrow(fig, LM_X, by["lm_unembed"].y + BOX_H / 2, LM_X, 1.04,
            "logits " + _shape("B, T, V", sh["logits"]) if "logits" in sh else "", size=small)
-    # Residual connections: around each sublayer, from its input to its "+".
-    for start, add in (("lm_norm1", "lm_add1"), ("lm_norm2", "lm_add2")):
+    # Residual connections: around each sublayer, from its input to its "+" (parallel: one, around both).
+    first_attn = "lm_norm1" if "lm_norm1" in by else "lm_attn"
+    first_ffn = "lm_norm2" if "lm_norm2" in by else "lm_ffn"
+    loops = [(first_attn, "lm_add2")] if par else [(first_attn, "lm_add1"), (first_ffn, "lm_add2")]
+    xr = x0 + 0.04 if par else LM_X - BOX_W / 2 - 0.05
+    for start, add in loops:
         ys, ya = by[start].y - BOX_H / 2 - 0.015, by[add].y
-        xr = LM_X - BOX_W / 2 - 0.05
         fig.add_shape(type="path", path=f"M {LM_X} {ys} L {xr} {ys} L {xr} {ya} L {LM_X - 0.035} {ya}",
                       line={"color": "#ff4b4b", "width": 2, "dash": "dot"}, layer="below")
-    fig.add_annotation(x=LM_X - BOX_W / 2 - 0.065, y=by["lm_attn"].y, text=t("residual"), textangle=-90,
+    fig.add_annotation(x=xr - 0.015, y=by["lm_attn"].y, text=t("residual"), textangle=-90,
                        showarrow=False, font={"size": small, "color": "#ff4b4b"})
     # RoPE rotates q and k inside attention (nothing is added to the embedding); learned positions are added.
     side = by.get("lm_rope") or by.get("lm_pos")
     target = by["lm_attn"] if "lm_rope" in by else by["lm_embed"]
     w_side = LM_NARROW[side.id]
-    _arrow(fig, side.x - w_side / 2, side.y, target.x + BOX_W / 2, target.y, color="#2b7a3d")
+    _arrow(fig, side.x - w_side / 2, side.y, target.x + width[target.id] / 2, target.y, color="#2b7a3d")
     if "lm_rope" in by:
+        base = layer_facts(desc, layer)["rope_base"] or f["rope_base"]
         fig.add_annotation(x=side.x, y=side.y - BOX_H / 2 - 0.012, yanchor="top", showarrow=False,
                            font={"size": small, "color": "#2b7a3d"},
                            text=t("angles {shape}, base {base}", shape=_shape("T, d_head/2", sh["decoder.rope.angles"]),
-                                  base=f"{f['rope_base']:g}"))
+                                  base=f"{base:g}"))
     else:
         fig.add_annotation(x=side.x, y=side.y - BOX_H / 2 - 0.012, yanchor="top", showarrow=False,
                            font={"size": small, "color": "#2b7a3d"}, text=_shape("T, D", sh["decoder.embed.pos"]))
+    for sid, tid in (("lm_qknorm", "lm_attn"), ("lm_router", "lm_ffn")):  # the 2024–2026 side blocks
+        if sid in by:
+            sb, tb = by[sid], by[tid]
+            _arrow(fig, sb.x - LM_NARROW[sid] / 2, sb.y, tb.x + width[tid] / 2, tb.y, color="#7b61c4")
     if f["tied"]:  # the unembedding reuses the token table (transposed): a line on the left, clear of the labels
-        xl, x0 = 0.03, LM_X - BOX_W / 2
-        fig.add_shape(type="path", path=f"M {x0} {by['lm_embed'].y} L {xl} {by['lm_embed'].y} "
-                      f"L {xl} {by['lm_unembed'].y} L {x0} {by['lm_unembed'].y}",
+        xl, xb = 0.03, LM_X - BOX_W / 2
+        fig.add_shape(type="path", path=f"M {xb} {by['lm_embed'].y} L {xl} {by['lm_embed'].y} "
+                      f"L {xl} {by['lm_unembed'].y} L {xb} {by['lm_unembed'].y}",
                       line={"color": "#7b61c4", "width": 1.5, "dash": "dash"}, layer="below")
         fig.add_annotation(x=xl + 0.005, y=by["lm_norm"].y, xanchor="left", showarrow=False,
                            text=t("same matrix (tied)"), font={"size": small, "color": "#7b61c4"})
-    hover = {"lm_attn": edge_text[("lm_norm1", "lm_attn")] + "<br>weights "
-             + _shape("B, H, T, T", sh[f"{a}.weights"]),
-             "lm_ffn": edge_text[("lm_norm2", "lm_ffn")],
+    into_attn = next(k for k in edge_text if k[1] == "lm_attn")
+    into_ffn = next(k for k in edge_text if k[1] == "lm_ffn")
+    hover = {"lm_attn": (edge_text[into_attn] or qk_text) + "<br>weights " + _shape("B, H, T, T", sh[f"{a}.weights"]),
+             "lm_ffn": edge_text[into_ffn],
              "lm_unembed": "logits " + _shape("B, T, V", sh["logits"]) if "logits" in sh else "",
              "lm_embed": "decoder.embed.tok " + _shape("B, T, D", sh["decoder.embed.tok"])}
     fig.add_trace(go.Scatter(
-        x=[b.x + LM_NARROW.get(b.id, BOX_W) / 2 - 0.015 for b in blocks], y=[b.y for b in blocks], mode="markers",
+        x=[b.x + width[b.id] / 2 - 0.015 for b in blocks], y=[b.y for b in blocks], mode="markers",
         customdata=[[b.id] for b in blocks], showlegend=False,
         marker={"size": 14 if size <= LABEL_SIZE else 18, "symbol": "circle", "color": "#ff4b4b", "opacity": 0.85},
         text=[f"{b.label}<br>{hover.get(b.id, '')}" for b in blocks],
         hovertemplate="%{text}<br>" + t("click to open its view") + "<extra></extra>"))
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[-0.03, 1.06])
+    lf = layer_facts(desc, layer)
+    wiring = {"pre": "pre-LN", "sandwich": t("sandwich norms"), "post": t("norms after the sublayers"),
+              "parallel": t("parallel residual")}[f["wiring"]]
     kinds = " · ".join(x for x in ("RoPE" if f["rotary"] else t("learned positions"), NORM_NAMES.get(f["norm"], ""),
-                                  "SwiGLU" if f["gated"] else ACT_NAMES.get(f["act"], ""), "pre-LN") if x)
+                                  "SwiGLU" if f["gated"] and not f["moe"] else "" if f["moe"]
+                                  else ACT_NAMES.get(f["act"], ""), wiring,
+                                  t("q/k norm") if f["qk_norm"] else "", layer_types(desc),
+                                  t("soft-cap ±{c}", c=f"{lf['softcap']:g}") if lf["softcap"] else "",
+                                  t("query scale {s}", s=f"{lf['scale']:.4g}") if lf["scale"] else "",
+                                  t("experts: top {k} of {E}", k=f["moe"]["top_k"], E=f["moe"]["n_experts"])
+                                  if f["moe"] else "") if x)
     title = t("the live model{name}: D = {D}, {L} layers, H = {H}, H_kv = {G}, d_head = {dh}, d_ff = {f}, {kinds}",
               name=f" {title_name}" if title_name else "", D=f["D"], L=f["L"], H=f["H"], G=f["G"], dh=f["dh"],
               f=f["d_ff"], kinds=kinds)

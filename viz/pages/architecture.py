@@ -60,6 +60,20 @@ def lm_map() -> None:
                  "norm, then the unembedding. Edges carry the tensor shapes of your prompt (B = batch, T = tokens); "
                  "one layer is drawn, the model stacks {n} of them. Click a block (its red dot) to open its view.",
                  n=facts["L"]))
+    note = {"sandwich": t("This model wraps each sublayer in two norms (before and after it, a sandwich): the map "
+                          "draws both."),
+            "post": t("This model has no norm before its sublayers: one after each, inside the residual branch."),
+            "parallel": t("This model runs attention and the feed-forward network side by side on the same input, "
+                          "and one sum adds both to the stream (parallel residual).")}.get(facts["wiring"])
+    extra = [t("a q/k norm before RoPE") if facts["qk_norm"] else "",
+             t("a router that sends each token to {k} of {E} experts", k=facts["moe"]["top_k"],
+               E=facts["moe"]["n_experts"]) if facts["moe"] else "",
+             t("sliding-window layers ({types})", types=FA.layer_types(desc)) if FA.layer_types(desc) else ""]
+    if any(extra):
+        note = (note + " " if note else "") + t("Also drawn from its description: {what}.",
+                                                what=t(", ").join(x for x in extra if x))
+    if note:
+        st.caption(note)
     B, T = trace["decoder.embed.out"].shape[:2]
     layer, head = choose(facts["L"], facts["H"])
     present = presentation()
