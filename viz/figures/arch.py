@@ -378,7 +378,8 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
         labels["lm_rope"] = (t("RoPE: rotates q and k by position") if f["rotary_dim"] >= f["dh"]
                              else t("RoPE on {r} of {d} dims", r=f["rotary_dim"], d=f["dh"]))  # partial rotary
         if lf["scaling"] != "default":
-            labels["lm_rope"] += " · " + t("{kind} scaling ×{x}", kind=lf["scaling"], x=f"{lf['factor']:g}")
+            kind = t("linear") if lf["scaling"] == "linear" else "Llama 3"
+            labels["lm_rope"] += " · " + t("{kind} scaling ×{x}", kind=kind, x=f"{lf['factor']:g}")
     else:
         labels["lm_pos"] = t("+ learned position embedding")
     if f["qk_norm"]:

@@ -353,7 +353,8 @@ def model_wiring_figure(steps: Sequence[Step], kind: str, token: int, sublayer: 
     by side and one ⊕ adds them to it."""
     ln = NORM_LABELS.get(norm, "LayerNorm")
     sub = t(SUBLAYER_TITLES.get(sublayer, sublayer))
-    other = t(SUBLAYER_TITLES["ffn" if sublayer != "ffn" else "self_attn"])
+    other_id = "ffn" if sublayer != "ffn" else "self_attn"
+    other = t(SUBLAYER_TITLES[other_id])
     colors = {"in": "#eef1f5", "ln": "#fde9c9", "sub": "#d7e8fb", "add": "#ffffff"}
     if kind == "parallel":  # (x, y, text, colour kind); the step markers sit at the nodes listed in `at`
         nodes = [(0.5, 0.05, "x", "in"), (0.3, 0.3, f"{ln}₁" if sublayer != "ffn" else f"{ln}₂", "ln"),

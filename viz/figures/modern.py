@@ -302,7 +302,7 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
     fig.update_yaxes(showticklabels=len(y) <= 40, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=n_k <= 40, tickangle=-60)
     fig.update_layout(title=t("{name} · head {head}: softmax(M + {steps})", name=name, head=head,
-                              steps="cap(q·kᵀ × s)" if capped is not None else "q·kᵀ × s"),
+                              steps="c·tanh(q·kᵀ × s / c)" if capped is not None else "q·kᵀ × s"),
                       height=max(340, min(620, 120 + 12 * len(y))), margin=dict(l=10, r=10, t=80, b=60))
     return fig
 
@@ -460,6 +460,11 @@ def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figu
 
 
 # ---- RoPE scaling for long context
+
+
+def scaling_name(kind: str) -> str:
+    """A RoPE scaling's name for the page ("linear", "llama3" as Llama 3 calls it)."""
+    return {"linear": t("linear"), "llama3": "Llama 3"}.get(kind, kind)
 
 
 def rope_inv_freq(dim: int, base: float, scaling: str = "default", factor: float = 1.0,

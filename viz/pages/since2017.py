@@ -374,7 +374,8 @@ else:
     ratio = inv_p / inv_s
     st.markdown(t("Layer {l}: {kind} scaling, factor {f}. {n_k} of its {n} pairs keep their speed, {n_s} turn {f}× "
                   "slower, {n_b} in between. This prompt's angles are position × the scaled frequencies (largest "
-                  "difference {d}).", l=sl_i, kind=rope["scaling"], f=F.num(float(rope.get("factor") or 1)),
+                  "difference {d}).", l=sl_i, kind=FM.scaling_name(rope["scaling"]),
+                  f=F.num(float(rope.get("factor") or 1)),
                   n=len(ratio), n_k=int(np.isclose(ratio, 1).sum()),
                   n_s=int(np.isclose(ratio, float(rope.get("factor") or 1)).sum()),
                   n_b=int((~np.isclose(ratio, 1) & ~np.isclose(ratio, float(rope.get("factor") or 1))).sum()),
