@@ -42,6 +42,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
         ("viz/pages/pretrained.py", N_("Pretrained encoder"), ":material/psychology:"),
         ("viz/pages/llm.py", N_("Language model"), ":material/chat:"),
         ("viz/pages/phenomena.py", N_("Attention phenomena"), ":material/insights:"),
+        ("viz/pages/flow.py", N_("Why this token?"), ":material/route:"),
         ("viz/pages/qk.py", N_("Q/K map"), ":material/scatter_plot:"),
         ("viz/pages/since2017.py", N_("What changed since 2017"), ":material/history:"),
     ],

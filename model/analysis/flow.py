@@ -101,12 +101,14 @@ class Subject:
         return "log-probability of the target token"
 
     def forward(self, hooks=None, batch: int = 1) -> torch.Tensor:
-        """The model's output for `batch` copies of the inputs under `hooks`: logits [B, T, V], or
-        MiniLM's last hidden state [B, S, D]."""
+        """The model's output for `batch` copies of the inputs under `hooks`: logits [B, T, V] (an LM: the
+        measured position's row only, [B, 1, V]), or MiniLM's last hidden state [B, S, D]."""
         m = self.module
         with torch.no_grad():
             if self.kind == "lm":
-                return m.run_with_hooks(self.ids["tgt"].expand(batch, -1), hooks=hooks)
+                ids = self.ids["tgt"][:, :self.position + 1].expand(batch, -1)  # later tokens cannot matter
+                with m.hooks(hooks):  # the measured row only: T x vocab logits per row would be wasted
+                    return m(ids, last_only=True)  # (B, 1, V): the position's row
             src = self.ids["src"].expand(batch, -1)
             if self.kind == "encoder":
                 return m.run_with_hooks(src, hooks=hooks, token_type_ids=torch.zeros_like(src))
@@ -114,9 +116,10 @@ class Subject:
 
     def measure(self, out: torch.Tensor, clean: torch.Tensor | None = None) -> torch.Tensor:
         """[B] float64: the measured quantity of each batch row (MiniLM: distance from `clean`)."""
-        row = out[:, self.position].double()
+        at = -1 if self.kind == "lm" else self.position
+        row = out[:, at].double()
         if self.kind == "encoder":
-            ref = row if clean is None else clean[:, self.position].double()
+            ref = row if clean is None else clean[:, at].double()
             return 1.0 - F.cosine_similarity(row, ref.expand_as(row), dim=-1)
         if self.contrast is not None:
             return row[:, self.target] - row[:, self.contrast]
@@ -597,7 +600,7 @@ def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16) -
     clean_out = subject.forward()
     clean = subject.measure(clean_out)
     src = subject.sources
-    n_tok = subject.ids["tgt"].shape[1] if subject.kind == "lm" else subject.ids["src"].shape[1]
+    n_tok = 1 if subject.kind == "lm" else clean_out.shape[1]  # an LM returns the measured row only
     vocab = clean_out.shape[-1]
     batch = max(1, min(batch, (256 * 2**20) // max(1, n_tok * vocab * 4)))
     out = []

@@ -1,0 +1,118 @@
+"""Benchmark: information flow on SmolLM2 (issue 25, Speed), each beside one forward pass, in one run:
+
+    python bench/flow.py [--tokens 64] [--reps 5] [--ioi 12] [--induction 10]
+
+- one forward pass (no capture) and the capture the analyses read;
+- the routes graph (every edge's contribution, chunked over query rows), rollout, norm-based attention
+  (every layer, per head and per layer), with the routes' peak block and the process's RSS growth;
+- attention flow: refused past its limit at this length (the sentence is printed);
+- the agreement table over the IOI prompts (seconds) and over induction sequences: each method's mean
+  Spearman rho against the causal effect (zeroing a token's value vectors in every layer), the numbers
+  the "Why this token?" page shows from the same function.
+
+Targets: routes <= 3 s, rollout and norm-based <= 1 s, the 12-prompt IOI table <= 60 s (2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model import load_model  # noqa: E402
+from model.analysis import flow  # noqa: E402
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+        "movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years "
+        "presses were running in more than two hundred cities across Europe, and the price of books fell so "
+        "far that ordinary merchants could own them.")
+
+
+def timed(fn, reps: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def table(name: str, t: flow.AgreementTable) -> None:
+    print(f"\n{name}: Spearman rho vs |causal effect| (mean ± std over prompts with a rho), top-3 overlap")
+    for m, row in t.summary().items():
+        print(f"  {flow.NAMES[m]:<28} rho {row['mean']:+.3f} ± {row['std']:.3f}  top-3 {row['top_k']:.2f}  "
+              f"(n={row['n']})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ioi", type=int, default=12)
+    ap.add_argument("--induction", type=int, default=10)
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    lm = load_model("smollm2")
+    ids = lm.encode(" ".join([TEXT] * 4))[:, :args.tokens]
+    T = ids.shape[1]
+    s = flow.prepare(lm, ids)
+    m = lm.model
+    with torch.no_grad():
+        fwd, _ = timed(lambda: m(ids), args.reps)
+    cap, trace = timed(lambda: flow.capture(s), args.reps)
+    before = rss_mib()
+    rt, r = timed(lambda: flow.routes(s, trace), args.reps)
+    grew = rss_mib() - before
+    desc = trace.meta["model"]
+    mods = dict(m.named_modules())
+
+    def norms():
+        return [flow.norm_based(mods[n], trace[f"{n}.weights"][0], trace[f"{n}.v"][0]) for n in desc["attention"]]
+
+    nt, _ = timed(norms, args.reps)
+    ro, _ = timed(lambda: flow.rollout_importance(s, trace), args.reps)
+    cfg = m.cfg
+    full = cfg.n_layers * T * T * cfg.n_heads * cfg.d_model * 4
+    print(f"\nSmolLM2, {T} tokens ({cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.kv_heads} K/V heads), "
+          f"median of {args.reps}:")
+    print(f"  one forward pass            {fwd * 1000:8.1f} ms   1.00x")
+    print(f"  capture (the analyses' names){cap * 1000:7.1f} ms   {cap / fwd:5.2f}x")
+    print(f"  routes graph                {rt * 1000:8.1f} ms   {rt / fwd:5.2f}x   (target <= 3 s)")
+    print(f"  norm-based, every layer     {nt * 1000:8.1f} ms   {nt / fwd:5.2f}x   (target <= 1 s)")
+    print(f"  rollout                     {ro * 1000:8.1f} ms   {ro / fwd:5.2f}x   (target <= 1 s)")
+    print(f"  routes: peak block {r.peak_chunk_bytes / 2**20:.1f} MiB (the whole L x T x T x H x d tensor would be "
+          f"{full / 2**30:.2f} GiB); process max RSS grew {grew:.0f} MiB during routes")
+    print(f"  edges: {r.n_edges()} in the full graph; reachable from the prediction with contribution > tau:")
+    for tau in (0.01, 0.03, 0.05, 0.1):
+        print(f"    tau {tau:<5} {len(r.edges(tau)):6d}")
+    try:
+        flow.compare(s, flow=True, trace=trace, routes_=r)
+    except flow.FlowTooLarge as e:  # compare() records it in notes; this is for the print
+        print("  flow:", e)
+    else:
+        print("  flow:", flow.compare(s, flow=True, trace=trace, routes_=r).notes.get("flow", "computed"))
+
+    prompts = flow.ioi_set(lm, args.ioi)
+    t0 = time.perf_counter()
+    ioi = flow.agreement_table(lm, prompts, progress=lambda i, n: print(f"\r  IOI {i}/{n}", end="", flush=True))
+    took = time.perf_counter() - t0
+    print(f"\n  agreement table over {len(prompts)} IOI prompts: {took:.1f} s (target <= 60 s)")
+    table(f"IOI ({len(prompts)} prompts, logit difference IO - S)", ioi)
+    ind = flow.agreement_table(lm, flow.induction_set(lm, args.induction))
+    table(f"Induction ({args.induction} random sequences repeated, log-prob of the copied token)", ind)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Figures of the "Why this token?" page (viz/pages/flow.py), lesson 16 and the notebook's flow_view: pure
+builders, what model/analysis/flow.py returns in, plotly out.
+
+- `routes_figure(routes, edges, tokens)`: the information-flow graph, tokens (x) × residual updates (y, the
+  output at the top), edge width = contribution; every edge has a clickable dot at its middle (customdata
+  ["edge", i]) and every node is a dot (customdata ["node", stack, row, position]);
+- `methods_figure(comparison)`: each method's source-token importance beside the causal effect, each with
+  its Spearman rho in its title;
+- `agreement_figure(summaries)`: mean rho ± std of each method over prompt sets;
+- `alignment_figure(alignment, tokens)`: the translator's cross-attention rows vs the routes through the encoder;
+- `sink_head_figure(weights, norms, tokens)`: lesson 16, one head's weights beside its norm-based shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from viz.figures.attention import num
+from viz.i18n import t
+
+KIND_COLORS = {"head": "#1f77b4", "resid": "#b0b0b0", "ffn": "#ff7f0e"}
+METHOD_COLORS = {"raw": "#9467bd", "norm": "#2ca02c", "rollout": "#8c564b", "routes": "#1f77b4",
+                 "flow": "#e377c2", "effect": "#d62728"}
+WIDTH_BINS = (0.02, 0.05, 0.1, 0.2, 0.4, 1.01)  # contribution bins -> line widths 1..6
+GAP = 1.5  # columns between the encoder's and the decoder's tokens
+
+
+def method_names() -> dict[str, str]:
+    return {"raw": t("raw weights (last layer)"), "norm": t("norm-based (last layer)"),
+            "rollout": t("attention rollout"), "routes": t("information-flow routes"),
+            "flow": t("attention flow"), "effect": t("causal effect")}
+
+
+def _x(routes, stack: str, pos: int) -> float:
+    """Column of a token: the encoder's tokens first, then (after a gap) the decoder's."""
+    if stack == "decoder" and "encoder" in routes.steps:
+        return len(routes.tokens["src_tokens"]) + GAP + pos
+    return float(pos)
+
+
+def _y(routes, stack: str, row: int) -> float:
+    """Height of a node row: the decoder's rows above the encoder's top (its cross edges come from there)."""
+    if stack == "decoder" and "encoder" in routes.steps:
+        return routes.n_rows("encoder") - 1 + row * 1.0
+    return float(row)
+
+
+def row_label(routes, stack: str, row: int) -> str:
+    """A node row's name: "embedding", or the layer and the update before it ("L3 attention")."""
+    if row == 0:
+        lab = t("embedding")
+    else:
+        sub = routes.steps[stack][row - 1].sub
+        kinds = {"attn": t("attention"), "cross": t("cross-attention"), "ffn": t("FFN")}
+        lab = t("L{l} {k}", l=sub.layer, k=kinds[sub.kind])
+    if "encoder" in routes.steps and "decoder" in routes.steps:
+        return f"{ {'encoder': t('encoder'), 'decoder': t('decoder')}[stack]} {lab}"
+    return lab
+
+
+def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[str]], title: str | None = None,
+                  height: int | None = None) -> go.Figure:
+    """The pruned routes graph. tokens: display strings per side ("src_tokens", "tgt_tokens")."""
+    fig = go.Figure()
+    names = {"head": t("attention head"), "resid": t("residual"), "ffn": t("FFN")}
+    side = {s: routes.desc["stacks"][s]["tokens"] for s in routes.steps}
+    # lines, one trace per (kind, width bin): a plotly line has one width
+    for kind in ("resid", "ffn", "head"):
+        lo = 0.0
+        for b, hi in enumerate(WIDTH_BINS):
+            xs, ys = [], []
+            for e in edges:
+                if e["kind"] == kind and lo < e["weight"] <= hi:
+                    (s0, r0, p0), (s1, r1, p1) = e["src"], e["dst"]
+                    xs += [_x(routes, s0, p0), _x(routes, s1, p1), None]
+                    ys += [_y(routes, s0, r0), _y(routes, s1, r1), None]
+            lo = hi
+            if xs:
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=b == 2,
+                                         legendgroup=kind, name=names[kind],
+                                         line={"color": KIND_COLORS[kind], "width": 1 + b}, opacity=0.75))
+    # a dot at the middle of every edge: hover says what it is, a click opens it
+    mx, my, text, custom, colors = [], [], [], [], []
+    for i, e in enumerate(edges):
+        (s0, r0, p0), (s1, r1, p1) = e["src"], e["dst"]
+        mx.append((_x(routes, s0, p0) + _x(routes, s1, p1)) / 2)
+        my.append((_y(routes, s0, r0) + _y(routes, s1, r1)) / 2)
+        src_tok, dst_tok = tokens[side[s0]][p0], tokens[side[s1]][p1]
+        if e["kind"] == "head":
+            what = t("layer {l} · head {h}", l=e["layer"], h=e["head"])
+        else:
+            what = t("layer {l} · {k}", l=e["layer"], k=names[e["kind"]])
+        text.append(t("{what}: “{a}” → “{b}”, contribution {c}", what=what, a=src_tok, b=dst_tok, c=num(e["weight"])))
+        custom.append(["edge", i])
+        colors.append(KIND_COLORS[e["kind"]])
+    if mx:
+        fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", marker={"size": 7, "color": colors, "opacity": 0.6},
+                                 text=text, customdata=custom, hovertemplate="%{text}<extra></extra>",
+                                 name=t("edges (click to open)"), showlegend=False))
+    # nodes
+    nodes = {e["src"] for e in edges} | {e["dst"] for e in edges}
+    if not nodes:
+        nodes = {(routes.out_stack, routes.n_rows(routes.out_stack) - 1, routes.position)}
+    nodes = sorted(nodes)
+    top = (routes.out_stack, routes.n_rows(routes.out_stack) - 1, routes.position)
+    fig.add_trace(go.Scatter(
+        x=[_x(routes, s, p) for s, r, p in nodes], y=[_y(routes, s, r) for s, r, p in nodes], mode="markers",
+        marker={"size": [13 if n == top else 9 for n in nodes], "color": ["#d62728" if n == top else "#333333"
+                                                                        for n in nodes], "symbol": "square"},
+        text=[t("{row} · “{tok}” (position {p})", row=row_label(routes, s, r), tok=tokens[side[s]][p], p=p)
+              for s, r, p in nodes],
+        customdata=[["node", s, r, p] for s, r, p in nodes], hovertemplate="%{text}<extra></extra>",
+        name=t("nodes (click: what the block wrote)"), showlegend=False))
+    # axes: token labels below, row labels left
+    ticks_x, labels_x = [], []
+    for s in routes.steps:
+        for p, tok in enumerate(tokens[side[s]]):
+            ticks_x.append(_x(routes, s, p))
+            labels_x.append(tok)
+    rows = sorted({(s, r) for s in routes.steps for r in range(routes.n_rows(s))}, key=lambda sr: _y(routes, *sr))
+    every = max(1, len(rows) // 40)
+    fig.update_layout(
+        title={"text": title or t("Information-flow routes")},
+        height=height or max(420, 14 * len(rows) + 160),
+        margin={"l": 110, "r": 20, "t": 60, "b": 90},
+        xaxis={"tickmode": "array", "tickvals": ticks_x, "ticktext": labels_x, "tickangle": -60, "showgrid": False,
+               "zeroline": False},
+        yaxis={"tickmode": "array", "tickvals": [_y(routes, s, r) for s, r in rows[::every]],
+               "ticktext": [row_label(routes, s, r) for s, r in rows[::every]], "showgrid": False, "zeroline": False},
+        legend={"orientation": "h", "y": 1.02, "x": 0, "yanchor": "bottom"},
+        clickmode="event+select", plot_bgcolor="white")
+    return fig
+
+
+def methods_figure(comparison, methods: Sequence[str] | None = None, title: str | None = None) -> go.Figure:
+    """One bar panel per method (importance over the source tokens) and one for the causal effect; each
+    method's panel title carries its Spearman rho with the effect."""
+    names = method_names()
+    methods = [m for m in (methods or comparison.methods) if m in comparison.methods]
+    titles = [t("{m}: ρ = {r}", m=names[m], r=num(comparison.rho[m], 2)) for m in methods] + [names["effect"]]
+    fig = make_subplots(rows=1, cols=len(methods) + 1, shared_yaxes=True, subplot_titles=titles,
+                        horizontal_spacing=0.02)
+    toks = [f"{i}: {tok}" for i, tok in enumerate(comparison.tokens)]
+    for c, m in enumerate([*methods, "effect"], start=1):
+        v = comparison.effect if m == "effect" else comparison.methods[m]
+        v = np.asarray(v, dtype=np.float64)
+        share = v / v.sum() if v.sum() > 0 else v
+        fig.add_trace(go.Bar(x=share, y=toks, orientation="h", marker_color=METHOD_COLORS[m], name=names[m],
+                             showlegend=False, hovertemplate="%{y}: %{x:.3f}<extra>" + names[m] + "</extra>"),
+                      row=1, col=c)
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(showticklabels=False)
+    fig.update_annotations(font={"size": 11})
+    fig.update_layout(title={"text": title or t("Which tokens did it come from? Four answers and the causal one")},
+                      height=max(300, 22 * len(toks) + 140), margin={"l": 120, "r": 10, "t": 90, "b": 20},
+                      bargap=0.15)
+    return fig
+
+
+def agreement_figure(summaries: Mapping[str, Mapping[str, Mapping[str, float]]], title: str | None = None) -> go.Figure:
+    """Mean Spearman rho (± std over prompts) of each method, one bar group per prompt set."""
+    names = method_names()
+    fig = go.Figure()
+    for label, summ in summaries.items():
+        ms = list(summ)
+        fig.add_trace(go.Bar(x=[names[m] for m in ms], y=[summ[m]["mean"] for m in ms], name=label,
+                             error_y={"type": "data", "array": [summ[m]["std"] for m in ms]},
+                             hovertemplate="%{x}: ρ = %{y:.2f}<extra>" + label + "</extra>"))
+    fig.update_layout(title={"text": title or t("Agreement with the causal effect (Spearman ρ, mean ± std)")},
+                      yaxis={"title": {"text": "ρ"}, "range": [-1, 1]}, barmode="group", height=380,
+                      margin={"l": 60, "r": 20, "t": 60, "b": 60})
+    return fig
+
+
+def alignment_figure(alignment: Mapping[str, np.ndarray], tokens: Sequence[str], target: str,
+                     title: str | None = None) -> go.Figure:
+    """The translator: each decoder layer's cross-attention row (head mean) for one target word, beside the
+    routes' share of each source token through the encoder (normalised over the source)."""
+    fig = go.Figure()
+    x = [f"{i}: {tok}" for i, tok in enumerate(tokens)]
+    for label, v in alignment.items():
+        v = np.asarray(v, dtype=np.float64)
+        v = v / v.sum() if v.sum() > 0 else v
+        name = t("routes through the encoder") if label == "routes" else t("cross-attention, {layer}",
+                                                                           layer=t("layer {l}", l=label.split()[-1]))
+        fig.add_trace(go.Bar(x=x, y=v, name=name, marker_color=METHOD_COLORS["routes"] if label == "routes" else None))
+    fig.update_layout(title={"text": title or t("Where “{w}” came from in the source", w=target)}, barmode="group",
+                      yaxis={"title": {"text": t("share")}}, height=360, margin={"l": 60, "r": 20, "t": 60, "b": 80})
+    return fig
+
+
+def sink_head_figure(weights: Sequence[float], norms: Sequence[float], tokens: Sequence[str],
+                     title: str | None = None) -> go.Figure:
+    """Lesson 16: one head's attention row and its norm-based shares ||alpha v W^O|| (normalised), per key."""
+    w = np.asarray(weights, dtype=np.float64)
+    n = np.asarray(norms, dtype=np.float64)
+    n = n / n.sum() if n.sum() > 0 else n
+    x = [f"{i}: {tok}" for i, tok in enumerate(tokens)]
+    fig = go.Figure([go.Bar(x=x, y=w, name=t("attention weight"), marker_color=METHOD_COLORS["raw"]),
+                     go.Bar(x=x, y=n, name=t("norm-based share"), marker_color=METHOD_COLORS["norm"])])
+    fig.update_layout(title={"text": title or t("What the weights say vs what the head moves")}, barmode="group",
+                      yaxis={"title": {"text": t("share")}, "range": [0, 1]}, height=360,
+                      margin={"l": 60, "r": 20, "t": 60, "b": 90})
+    return fig

@@ -1,0 +1,309 @@
+"""Why this token? Attention weights, norm-based attention, rollout and information-flow routes side by side
+on one prediction, each judged against the causal effect of removing a token (issue 25 §2).
+
+Works on every model the sidebar offers: a language model (the next token, or any position), MiniLM (a
+chosen token's final vector) and the toy translators (one target word; their cross-attention alignment
+beside the routes through the encoder). Every number comes from model/analysis/flow.py; this page draws it.
+State in the URL: ?pos= (position), ?tau= (pruning threshold), ?set= (prompt set of the agreement table).
+"""
+
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from model.analysis import flow as FL
+from viz.figures import flow as FF
+from viz.figures.attention import num
+from viz.i18n import N_, current_lang, option_labels, t
+from viz.ui import lm_models
+from viz.ui.models import load_ckpt, session_models
+from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import selection
+from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.text import text_problems
+
+LLM_PAGE = "viz/pages/llm.py"
+ATTENTION_PAGE = "viz/pages/attention.py"
+KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # the Attention page's ?attn_kind=
+TAUS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3)
+MAX_EDGES_DRAWN = 1500  # a lower tau on a long prompt: the page asks for a higher one
+MAX_LINKS = 8
+METRICS = {"encoder": N_("cosine distance of the chosen token's final vector"),
+           "contrast": N_("logit difference (target − contrast)"),
+           "logprob": N_("log-probability of the target token")}
+SETS = {"ioi": N_("12 IOI prompts (logit difference IO − S)"),
+        "induction": N_("10 induction sequences (log-prob of the copied token)"),
+        "animal": N_("“The animal didn't cross the street because it was too tired”")}
+
+st.title(t("Why this token?"))
+st.caption(t("Attention weights are the picture every tool draws, but a head can look hard at a token whose value "
+             "vector is nearly zero, and the residual stream carries a token past every layer. Here one prediction "
+             "is explained four ways — the last layer's weights, norm-based attention, attention rollout and "
+             "information-flow routes — and each is checked against the causal answer: what happens to the "
+             "prediction when a token's value vectors are zeroed in every layer."))
+sel = selection()
+if sel is None:
+    st.stop()
+lang = current_lang()
+text = sel.text
+problem = text_problems(text)
+if problem:
+    show_error(problem)
+    st.stop()
+
+
+def _model(name: str):
+    """The object the analyses read: a LanguageModel / PretrainedEncoder, or a toy Checkpoint."""
+    ck = load_ckpt(name)
+    return ck.obj if isinstance(ck, lm_models.RealModel) else ck
+
+
+def _kind(obj) -> str:
+    if hasattr(obj, "translate"):
+        return "seq2seq"
+    return "lm" if obj.model.describe()["family"] == "decoder_lm" else "encoder"
+
+
+def _subject(name: str, text: str, target: str | None, position: int | None):
+    obj = _model(name)
+    if _kind(obj) == "seq2seq":
+        return FL.prepare(obj, text, position=position, output=target)
+    return FL.prepare(obj, text, position=position)
+
+
+def _analysis(name: str, text: str, target: str | None, position: int | None):
+    """(subject, trace, routes, comparison): one forward pass for the routes, one batch per token for the effect."""
+    s = _subject(name, text, target, position)
+    trace = FL.capture(s)
+    routes = FL.routes(s, trace)
+    cmp = FL.compare(s, flow=True, trace=trace, routes_=routes)
+    return s, trace, routes, cmp
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _shared_analysis(name: str, text: str, target: str | None, position: int | None):
+    return _analysis(name, text, target, position)
+
+
+def analysis(name: str, text: str, target: str | None, position: int | None):
+    if name in session_models():  # a model trained in this session: never in a process-wide cache
+        return _analysis(name, text, target, position)
+    return _shared_analysis(name, text, target, position)
+
+
+@st.cache_resource(ttl=3600, show_spinner=False)
+def _tables() -> dict:
+    """(model, prompt set) -> the agreement summary, shared (read-only) by every session."""
+    return {}
+
+
+def table(name: str, which: str):
+    store = _tables()
+    if (name, which) not in store:
+        lm = _model(name)
+        bar = st.progress(0.0, text=t("Running the prompts…"))
+        prompts = {"ioi": lambda: FL.ioi_set(lm, 12), "induction": lambda: FL.induction_set(lm, 10),
+                   "animal": lambda: [FL.Prompt(FL.ANIMAL)]}[which]()
+        res = FL.agreement_table(lm, prompts, progress=lambda i, n: bar.progress(
+            i / n, text=t("{i} of {n} prompts", i=i, n=n)))
+        bar.empty()
+        if len(store) >= 8:
+            store.pop(next(iter(store)))
+        store[(name, which)] = res.summary()
+    return store[(name, which)]
+
+
+def readable(tokens, obj) -> list[str]:
+    if isinstance(load_ckpt(sel.name), lm_models.RealModel) and _kind(obj) == "lm":
+        return [lm_models.readable(x) for x in tokens]
+    return list(tokens)
+
+
+# ---------------------------------------------------------------- choose the prediction
+
+try:
+    obj = _model(sel.name)
+    kind = _kind(obj)
+    with st.spinner(t("Running the model…")):
+        base = _subject(sel.name, text, sel.target, None)
+except ValueError as e:
+    show_error(e, t("Shorten or change the text in the sidebar."))
+    st.stop()
+out_toks = readable(base.tokens[base.out_side], obj)
+n_pos = len(out_toks)
+what = {"lm": t("The position whose next token is explained"),
+        "seq2seq": t("The target word explained (the decoder position that writes it)"),
+        "encoder": t("The token whose final vector is explained")}[kind]
+seed_from_query("flow_pos", "pos", base.position, int, int_in(0, n_pos - 1))
+clamp_state("flow_pos", 0, n_pos - 1, "pos")
+if kind == "seq2seq":
+    nxt = [*base.tokens["tgt_tokens"][1:], "[EOS]"]
+    labels = [f"{i}: {nxt[i]}" for i in range(n_pos)]
+else:
+    labels = [f"{i}: {tok}" for i, tok in enumerate(out_toks)]
+position = st.selectbox(what, range(n_pos), key="flow_pos", format_func=option_labels(range(n_pos), labels.__getitem__))
+write_query(pos=position)
+try:
+    with st.spinner(t("Tracing where the prediction came from…")):
+        s, trace, routes, cmp = analysis(sel.name, text, sel.target, int(position))
+except ValueError as e:
+    show_error(e, t("Shorten or change the text in the sidebar."))
+    st.stop()
+tokens = {side: readable(toks, obj) for side, toks in s.tokens.items()}
+target = lm_models.readable(s.target_token) if kind == "lm" else s.target_token
+metric_id = "encoder" if kind == "encoder" else ("contrast" if s.contrast is not None else "logprob")
+if kind == "lm":
+    st.markdown(t("Explaining the prediction **“{tok}”** after “{prev}” (position {p}); measured: {metric}.",
+                  tok=target, prev=tokens["tgt_tokens"][s.position], p=s.position, metric=t(METRICS[metric_id])))
+elif kind == "seq2seq":
+    st.markdown(t("Explaining the target word **“{tok}”** (decoder position {p}); measured: {metric}.",
+                  tok=target, p=s.position, metric=t(METRICS[metric_id])))
+else:
+    st.markdown(t("Explaining the final vector of **“{tok}”** (position {p}); measured: {metric}.",
+                  tok=tokens["src_tokens"][s.position], p=s.position, metric=t(METRICS[metric_id])))
+
+# ---------------------------------------------------------------- the routes graph
+
+st.subheader(t("Information-flow routes"))
+st.caption(t("Ferrando & Voita (2024): every residual sum gives each of its terms — the residual, each attention "
+             "head's share from each token, the FFN — a contribution max(0, ‖y‖₁ − ‖y − term‖₁), normalised so the "
+             "contributions into a node sum to 1. Edges under τ are pruned; what remains reachable from the "
+             "prediction (red) is drawn. Click an attention edge (a blue dot) to open that head, a node to see "
+             "what its block wrote."))
+seed_from_query("flow_tau", "tau", 0.04, float, lambda v: v in TAUS)
+tau = st.select_slider(t("Threshold τ"), TAUS, key="flow_tau")
+write_query(tau=tau)
+edges = routes.edges(tau)
+total = routes.n_edges()
+if len(edges) > MAX_EDGES_DRAWN:
+    st.info(t("At τ = {tau} the graph keeps {n} edges, too many to draw; raise τ.", tau=tau, n=f"{len(edges):,}"))
+    edges = []
+heads = sum(e["kind"] == "head" for e in edges)
+st.caption(t("{n} of {total} edges have a contribution above τ = {tau} and are reachable from the prediction "
+             "({h} through attention heads).", n=f"{len(edges):,}", total=f"{total:,}", tau=tau, h=heads))
+
+
+def head_query(e: dict) -> tuple[str, dict]:
+    """The page and URL that open the head of an attention edge."""
+    info = s.module.describe()["attention"][e["module"]]
+    if kind == "lm":
+        q = {"checkpoint": sel.name, "view": "heads", "layer": info["layer"], "head": e["head"], "lang": lang}
+        if len(text) <= MAX_URL_TEXT:
+            q["prompt"] = text
+        return LLM_PAGE, q
+    q = {"checkpoint": sel.name, "attn_kind": KIND_IDS[info["kind"]], "layer": info["layer"], "head": e["head"],
+         "lang": lang}
+    if len(text) <= MAX_URL_TEXT:
+        q["text"] = text
+    if sel.target:
+        q["target"] = sel.target
+    return ATTENTION_PAGE, q
+
+
+event = show_figure(FF.routes_figure(routes, edges, tokens, title=t("Routes to “{tok}”", tok=target)),
+                    key="flow_routes", filename=f"{sel.name}-routes", on_select="rerun", selection_mode="points")
+points = (event or {}).get("selection", {}).get("points", []) if event else []
+picked = next((p["customdata"] for p in points if p.get("customdata")), None)
+if picked and picked[0] == "edge" and 0 <= int(picked[1]) < len(edges):
+    e = edges[int(picked[1])]
+    if e["kind"] == "head":
+        page, q = head_query(e)
+        st.switch_page(page, query_params={k: str(v) for k, v in q.items()})
+    st.info(t("Layer {l}: the {k} carries {c} of the node above it.", l=e["layer"],
+              k=t("residual") if e["kind"] == "resid" else t("FFN"), c=num(e["weight"])))
+elif picked and picked[0] == "node":
+    stack, row, pos = picked[1], int(picked[2]), int(picked[3])
+    wrote = FL.block_tokens(s, trace, stack, row, pos)
+    label = FF.row_label(routes, stack, row)
+    if wrote is None:
+        st.info(t("{row}: this node has no vocabulary to read its update in (an embedding, an encoder, or a model "
+                  "without an unembedding).", row=label))
+    else:
+        up, down = wrote
+        piece = lm_models.readable if kind == "lm" else str
+        shown = [", ".join(f"“{piece(a)}” ({num(v, 2)})" for a, v in side_) for side_ in (up, down)]
+        st.markdown(t("**{row}, position {p}** — its update, read through the unembedding, promotes {up} and "
+                      "suppresses {down}.", row=label, p=pos, up=shown[0], down=shown[1]))
+
+strongest = sorted((e for e in edges if e["kind"] == "head"), key=lambda e: -e["weight"])[:MAX_LINKS]
+if strongest:
+    st.caption(t("The strongest attention edges (open one):"))
+    cols = st.columns(4)
+    side = {st_: routes.desc["stacks"][st_]["tokens"] for st_ in routes.steps}
+    for i, e in enumerate(strongest):
+        page, q = head_query(e)
+        (s0, _, p0), (s1, _, p1) = e["src"], e["dst"]
+        cols[i % 4].page_link(page, label=t("layer {l} · head {h}: “{a}” → “{b}” ({c})", l=e["layer"], h=e["head"],
+                                            a=tokens[side[s0]][p0], b=tokens[side[s1]][p1], c=num(e["weight"], 2)),
+                              icon=":material/grid_view:", query_params={k: str(v) for k, v in q.items()})
+
+# ---------------------------------------------------------------- four methods vs the causal effect
+
+st.subheader(t("Four answers, one causal check"))
+st.caption(t("Each method's importance of every source token, beside the causal effect: the change of the measured "
+             "output when that token's value vectors are zeroed in every attention layer that reads it. ρ is "
+             "Spearman's rank correlation with the effect (1 = the same order)."))
+show_figure(FF.methods_figure(cmp, [m for m in (*FL.METHODS, "flow") if m in cmp.methods]), key="flow_methods",
+            filename=f"{sel.name}-methods")
+names = FF.method_names()
+best, r1, second, r2 = cmp.best()
+if best:
+    if second is None or r2 is None or math.isnan(r2):
+        st.markdown(t("Here **{m}** agrees best with the causal effect (ρ = {r}).", m=names[best], r=num(r1, 2)))
+    else:
+        st.markdown(t("Here **{m}** agrees best with the causal effect (ρ = {r}), ahead of {m2} (ρ = {r2}) by {d}; "
+                      "the last layer's raw weights reach ρ = {raw}.", m=names[best], r=num(r1, 2), m2=names[second],
+                      r2=num(r2, 2), d=num(r1 - r2, 2), raw=num(cmp.rho.get("raw", float("nan")), 2)))
+else:
+    st.markdown(t("The causal effect is the same for every token here, so no ranking can agree with it."))
+rows = [{t("method"): names[m], "ρ": num(cmp.rho[m], 3), t("top-{k} overlap", k=cmp.k): num(cmp.top_k[m], 2)}
+        for m in cmp.methods]
+st.dataframe(rows, hide_index=True)
+if "flow" in cmp.notes:
+    st.caption(t("Attention flow is left out here: {why}",
+                 why=t("the translator has two stacks") if kind == "seq2seq" else t(
+                     "it needs one max-flow per token, and this text is longer than the limit of {n} nodes "
+                     "(tokens × layers).", n=FL.FLOW_MAX_NODES)))
+
+# ---------------------------------------------------------------- the translator: alignment vs routes
+
+if kind == "seq2seq":
+    st.subheader(t("Cross-attention alignment vs routes"))
+    st.caption(t("The cross-attention row of “{w}” in each decoder layer (mean over heads) is what an alignment "
+                 "picture draws; the routes follow every path back to the source tokens' embeddings, through the "
+                 "encoder's own mixing.", w=target))
+    al = FL.cross_alignment(s, trace)
+    show_figure(FF.alignment_figure(al, tokens["src_tokens"], target), key="flow_alignment",
+                filename=f"{sel.name}-alignment")
+    last = [k for k in al if k != "routes"][-1]
+    st.markdown(t("Against the causal effect: the last layer's cross-attention ρ = {a}, the routes ρ = {b}.",
+                  a=num(FL.spearman(al[last], cmp.effect), 2), b=num(FL.spearman(al["routes"], cmp.effect), 2)))
+
+# ---------------------------------------------------------------- over a prompt set
+
+if kind == "lm":
+    st.subheader(t("Over a set of prompts"))
+    st.caption(t("One prompt is an anecdote. The same comparison over a prompt set gives each method's mean ρ and "
+                 "its spread (the table bench/flow.py prints)."))
+    seed_from_query("flow_set", "set", "ioi", valid=lambda v: v in SETS)
+    which = st.segmented_control(t("Prompt set"), list(SETS), key="flow_set", required=True,
+                                 format_func=option_labels(list(SETS), lambda v: t(SETS[v]))) or "ioi"
+    write_query(set=which)
+    if st.toggle(t("Run the agreement table (about a minute)"), key="flow_table_on"):
+        try:
+            summ = table(sel.name, which)
+        except ValueError as e:
+            show_error(e)
+            st.stop()
+        show_figure(FF.agreement_figure({t(SETS[which]): summ}), key="flow_agreement",
+                    filename=f"{sel.name}-agreement")
+        st.dataframe([{t("method"): names[m], t("mean ρ"): num(v["mean"], 3), t("std"): num(v["std"], 3),
+                       t("top-3 overlap"): num(v["top_k"], 2), t("prompts"): v["n"]} for m, v in summ.items()],
+                     hide_index=True)
+        ok = {m: v["mean"] for m, v in summ.items() if not math.isnan(v["mean"])}
+        if ok:
+            b = max(ok, key=ok.get)
+            st.markdown(t("Over this set, **{m}** agrees best on average (mean ρ = {r}); raw weights: {raw}.",
+                          m=names[b], r=num(ok[b], 2), raw=num(ok.get("raw", float("nan")), 2)))
