@@ -179,3 +179,23 @@ def test_sizes_for_pages_and_keeping_the_end(lm):
         lm.encode("x " * 2000)
     assert e.value.context_length == lm.max_tokens and e.value.n_tokens > lm.max_tokens
     assert lm.encode("x " * 2000, keep_last=lm.max_tokens).shape[1] == lm.max_tokens
+
+
+def test_long_figures(traces):
+    from viz.figures import long as FL
+
+    _, lazy = traces
+    ov = lg.pooled_overview(lazy, 1, 3, n=16)
+    toks = [f"t{i}" for i in range(149)] + ["<b>&\n"]
+    fig = FL.overview_figure(ov, toks)
+    cd = np.asarray(fig.data[0].customdata)
+    assert cd.shape == (16, 16, 4) and cd[0, 0].tolist() == [0, ov.q_edges[1], 0, ov.k_edges[1]]
+    assert cd[-1, -1, 1] == cd[-1, -1, 3] == 150
+    w = FL.window_figure(lg.zoom(lazy, 1, 3, 140, 150, 0, 10), 140, 0, toks)
+    assert list(w.data[0].y)[0].startswith("140: t140") and len(w.data[0].x) == 10
+    view = lg.document_view(lazy, 149, layer=1, head=3)
+    page = FL.document_html(toks, view)
+    assert "&lt;b&gt;&amp;⏎<br>" in page and "<b>" not in page.replace("<br>", "")
+    assert page.count("<span") == 150 and "outline:2px" in page
+    rows = FL.top_sources(toks, view)
+    assert len(rows) == 10 and rows[0][list(rows[0])[0]] == view.top[0][0]

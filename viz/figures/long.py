@@ -1,0 +1,121 @@
+"""Figures for long inputs (issue 24): pure builders, model.analysis.long's results in, plotly or HTML out.
+
+- `overview_figure(ov, tokens)`: a head's pooled map (keys summed, queries averaged: each row sums to 1),
+  axes labelled by the positions and first/last tokens of each block; each cell's customdata is the
+  window it covers [q0, q1, k0, k1], so a click can zoom there;
+- `window_figure(cells, q0, k0, tokens)`: the exact weights of a window, token labels once it is small;
+- `document_html(tokens, view)`: the prompt as text, each token shaded by the weight the chosen position
+  puts on it (the document view), the chosen token outlined;
+- `top_sources(tokens, view)`: the top sources as table rows.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from viz.figures.attention import WEIGHTS_SCALE, every_tick, num, show_token, token_labels
+from viz.i18n import t
+
+TOKEN_LABELS_UP_TO = 64  # a window this small (a side) names its positions' tokens on the axes
+
+
+def _block_labels(edges: Sequence[int], tokens: Sequence[str] | None) -> list[str]:
+    """One label per block: "a–e first…last" (positions a..e and their first and last tokens)."""
+    toks = list(tokens or [])
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        e = b - 1
+        label = f"{a}–{e}" if e > a else f"{a}"
+        if a < len(toks):
+            label += " " + show_token(toks[a]) + (f"…{show_token(toks[e])}" if a < e < len(toks) else "")
+        out.append(label)
+    return out
+
+
+def overview_figure(ov, tokens: Sequence[str] | None = None, title: str | None = None,
+                    height: int = 620) -> go.Figure:
+    """The pooled head map of `model.analysis.long.pooled_overview` (an Overview)."""
+    qe, ke = list(ov.q_edges), list(ov.k_edges)
+    y, x = _block_labels(qe, tokens), _block_labels(ke, tokens)
+    nq, nk = ov.cells.shape
+    custom = np.empty((nq, nk, 4), dtype=np.int64)  # the window a cell covers: q0, q1, k0, k1
+    custom[..., 0] = np.array(qe[:-1])[:, None]
+    custom[..., 1] = np.array(qe[1:])[:, None]
+    custom[..., 2] = np.array(ke[:-1])[None, :]
+    custom[..., 3] = np.array(ke[1:])[None, :]
+    fig = go.Figure(go.Heatmap(
+        z=ov.cells, x=x, y=y, customdata=custom, colorscale=WEIGHTS_SCALE, zmin=0,
+        zmax=max(float(np.nanmax(ov.cells)), 1e-9) if ov.cells.size else 1.0,
+        colorbar={"title": {"text": t("share of the row"), "side": "right"}, "thickness": 12},
+        hovertemplate=(t("queries %{y}") + "<br>" + t("keys %{x}") + "<br>"
+                       + t("mean summed weight: %{z:.4f}") + "<extra></extra>")))
+    fig.update_layout(
+        title=title or t("Layer {layer}, head {head}: the whole input, pooled ({n} × {n} blocks)",
+                         layer=ov.layer, head=ov.head, n=nq),
+        height=height, margin={"l": 10, "r": 10, "t": 60, "b": 10},
+        xaxis={"title": t("key (attended to)"), "showticklabels": nk <= 64, "type": "category"},
+        yaxis={"title": t("query (attending)"), "autorange": "reversed", "showticklabels": nq <= 64,
+               "type": "category"})
+    return fig
+
+
+def window_figure(cells: np.ndarray, q0: int, k0: int, tokens: Sequence[str] | None = None,
+                  title: str | None = None, height: int = 560) -> go.Figure:
+    """The exact weights of queries q0.. and keys k0.. (cells [nq, nk]); token labels when small."""
+    nq, nk = cells.shape
+    labels = token_labels(tokens, max(q0 + nq, k0 + nk))
+    small = max(nq, nk) <= TOKEN_LABELS_UP_TO
+    y = labels[q0:q0 + nq] if small else [str(i) for i in range(q0, q0 + nq)]
+    x = labels[k0:k0 + nk] if small else [str(i) for i in range(k0, k0 + nk)]
+    fig = go.Figure(go.Heatmap(
+        z=cells, x=x, y=y, colorscale=WEIGHTS_SCALE, zmin=0, zmax=1,
+        colorbar={"title": {"text": t("weight"), "side": "right"}, "thickness": 12},
+        hovertemplate=t("query %{y}") + "<br>" + t("key %{x}") + "<br>" + t("weight: %{z:.4f}") + "<extra></extra>"))
+    fig.update_layout(
+        title=title or t("Exact weights: queries {q0}–{q1}, keys {k0}–{k1}", q0=q0, q1=q0 + nq - 1, k0=k0,
+                         k1=k0 + nk - 1),
+        height=height, margin={"l": 10, "r": 10, "t": 60, "b": 10},
+        xaxis={"title": t("key (attended to)"), "type": "category", **every_tick(x)},
+        yaxis={"title": t("query (attending)"), "autorange": "reversed", "type": "category", **every_tick(y)})
+    return fig
+
+
+def _shade(w: float, top: float) -> str:
+    """A background for weight w (0 .. top): transparent to a strong orange, by the square root so a
+    small share stays visible beside a sink that takes most of the row."""
+    a = 0.0 if top <= 0 else min(1.0, (max(w, 0.0) / top) ** 0.5)
+    return f"rgba(255, 127, 14, {a:.3f})"
+
+
+def document_html(tokens: Sequence[str], view, max_chars: int | None = None) -> str:
+    """The prompt as text with each token's background shaded by view.weights (the document view of
+    model.analysis.long); the chosen position is outlined; hovering a token shows its weight. `tokens`
+    are the readable pieces (spaces and newlines as text). Tokens after the chosen position (which it
+    cannot see) are drawn plain and grey."""
+    w = np.asarray(view.weights, dtype=float)
+    top = float(w.max()) if w.size else 1.0
+    parts = []
+    for i, tok in enumerate(tokens):
+        text = html.escape(tok).replace("\n", "⏎<br>")
+        if i < w.size:
+            style = f"background:{_shade(float(w[i]), top)};border-radius:2px"
+            if i == view.position:
+                style += ";outline:2px solid #1f77b4"
+            tip = html.escape(t("position {i}: weight {w}", i=i, w=num(w[i])), quote=True)
+            parts.append(f'<span title="{tip}" style="{style}">{text}</span>')
+        else:
+            parts.append(f'<span style="color:#999">{text}</span>')
+    body = "".join(parts)
+    return (f'<div class="attention-document" style="white-space:pre-wrap;line-height:1.7;font-size:0.95rem;'
+            f'max-height:28rem;overflow-y:auto;padding:0.5rem;border:1px solid #ddd;border-radius:4px">{body}</div>')
+
+
+def top_sources(tokens: Sequence[str], view) -> list[dict]:
+    """The top sources of a document view as table rows: position, token, weight."""
+    toks = list(tokens)
+    return [{t("position"): i, t("token"): show_token(toks[i]) if i < len(toks) else str(i), t("weight"): num(w)}
+            for i, w in view.top]
