@@ -142,3 +142,37 @@ def test_smollm2_card_lens_sentence_and_language_note():
     text = texts(zh)
     assert "trained on English" in text and "general.languages = en" in text
     assert "a Chinese character is 3 bytes" in text
+
+
+def test_zh_llm_lessons_say_why_their_prompts_are_english():
+    at = run({"lesson": "12", "lang": "zh"}, "viz/pages/lessons.py")
+    assert "这里的提示词保持英文" in texts(at) and "general.languages = en" in texts(at)
+    en = run({"lesson": "12", "lang": "en"}, "viz/pages/lessons.py")
+    assert "stay in English" not in texts(en)  # the model speaks the page's language: nothing to explain
+
+
+def test_one_prompt_per_session_llm_to_phenomena_and_back(tiny):  # noqa: F811
+    """A prompt typed on /llm is the one /phenomena runs (it used to stay on /llm), and the sidebar's reaches /llm."""
+    at = run({"checkpoint": tiny, "view": "heads"}, "viz/pages/llm.py")
+    at.text_area(key="llm_prompt").set_value("the cat sat on the mat and the cat sat").run()
+    assert at.session_state["source_text"] == "the cat sat on the mat and the cat sat"
+    at.switch_page("viz/pages/phenomena.py").run()
+    assert_clean(at)
+    sink_links = [follow(ln) for ln in at.get("page_link") if follow(ln).get("stat") == "sink"]
+    assert sink_links and all(q["prompt"] == "the cat sat on the mat and the cat sat" for q in sink_links)
+    at.switch_page("viz/pages/llm.py").run()
+    at.sidebar.text_area(key="source_text").set_value("a dog ran in the park").run()
+    assert at.text_area(key="llm_prompt").value == "a dog ran in the park"
+
+
+@pytest.mark.parametrize("model", ["dates", "tiny"])
+def test_qk_offers_the_sidebar_prompt(model, tiny):  # noqa: F811
+    name = tiny if model == "tiny" else model
+    text = "3 november 2023" if model == "dates" else "the cat sat on the mat"
+    at = run({"checkpoint": name, "text": text, "batch": "prompt"}, "viz/pages/qk.py")
+    assert "the sidebar's text" in at.segmented_control(key="qk_batch").options
+    assert at.session_state["qk_batch"] == "prompt"
+    assert text in texts(at)  # "Inputs: the sidebar's text, “...”"
+    fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+    hover = json.dumps(fig["data"], ensure_ascii=False)
+    assert text.split()[1] in hover  # the map's points are the prompt's tokens

@@ -15,7 +15,7 @@ import streamlit as st
 from model.loaders import minilm as pretrained
 from viz import lessons as LS
 from viz.figures import attention as F
-from viz.i18n import N_, option_labels, t
+from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import lm_models
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
@@ -220,6 +220,18 @@ def page_query(lesson: LS.Lesson, text: str, value) -> dict:
 # ---------------------------------------------------------------- one lesson
 
 
+def english_note(lesson: LS.Lesson) -> None:
+    """Why a language-model lesson keeps its English prompt in a language the model was not trained on (its
+    own file says which: model.loaders.card)."""
+    from model.loaders.card import model_card
+
+    card = model_card(load_ckpt(lesson.checkpoint).obj)
+    if card.speaks(current_lang()) is False:
+        st.caption(t("The prompts here stay in English: {model} was trained on English only (its file says "
+                     "general.languages = {codes}). A prompt in another language reaches it as byte pieces it "
+                     "rarely saw, and its heads show little.", model=card.name, codes=", ".join(card.languages)))
+
+
 def text_control(lesson: LS.Lesson) -> str:
     """The lesson's input sentence (its own, not the sidebar's: the lesson stays reproducible)."""
     text = lesson.text
@@ -299,6 +311,9 @@ def show_lesson(n: int, present: bool) -> None:
         data = load(lesson, text)
     if data is None and lesson.source != "none":
         return
+    if lesson.source == "lm":
+        with ctrl:
+            english_note(lesson)
     with right:
         value = param_control(lesson, data)
     live = lesson.live(data) if lesson.param is None else lesson.live(data, value)

@@ -148,13 +148,30 @@ if repeat is not None:
 # ---------------------------------------------------------------- prompt
 
 
+SIDEBAR_SEEN = "_al_llm_sidebar_seen"  # the sidebar's prompt as this page last saw it
+
+
+def _to_sidebar() -> None:
+    """A prompt typed here becomes the session's prompt (the sidebar's), before the sidebar is drawn again."""
+    text = st.session_state.get("llm_prompt")
+    if isinstance(text, str):
+        st.session_state["source_text"] = st.session_state[SIDEBAR_SEEN] = text
+
+
 def _prompt_input():
     """(prompt, chat, trace) from the prompt box; stops the page with a sentence on input it cannot run."""
     seed_from_query("llm_prompt", "prompt", sel.text)
     seed_from_query("llm_chat", "chat", False, cast=lambda v: v == "1")
+    # One prompt per session: a prompt typed in the sidebar comes here (below), one typed here goes to the
+    # sidebar (_to_sidebar), so the other pages (Attention phenomena, ...) run what was typed last.
+    seen = st.session_state.get(SIDEBAR_SEEN)
+    if seen is not None and sel.text != seen:
+        st.session_state["llm_prompt"] = sel.text
+    st.session_state[SIDEBAR_SEEN] = sel.text
     c1, c2 = st.columns([5, 1])
-    prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80,
-                          help=t("Raw text: the model continues it. Its link carries it (up to {n} characters).",
+    prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80, on_change=_to_sidebar,
+                          help=t("Raw text: the model continues it. The same prompt as the sidebar's: edit either, "
+                                 "every page runs it. Its link carries it (up to {n} characters).",
                                  n=f"{MAX_URL_TEXT:,}"))
     chat = c2.toggle(t("Chat template"), key="llm_chat", disabled=not getattr(rm.obj, "chat_template", None),
                      help=t("Wrap the prompt in the model's chat template (a user turn, then the assistant's turn "

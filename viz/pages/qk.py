@@ -1,8 +1,8 @@
 """The Q/K map (AttentionViz for every model): one head's queries and keys over a batch of inputs, in one picture.
 
 URL parameters (with the sidebar's checkpoint=): qk_kind (enc | dec | cross), layer, head, color (kind | position |
-token), batch (sentences | repeat: a language model's repeated random tokens), query (input.position of the
-clicked query). A link reopens the same picture.
+token), batch (sentences | repeat: a language model's repeated random tokens | prompt: the sidebar's text), query
+(input.position of the clicked query). A link reopens the same picture.
 """
 
 import time
@@ -20,36 +20,40 @@ from viz.ui.models import load_ckpt, session_models
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import selection
 from viz.ui.state import clamp_state, int_in, note_replaced, seed_from_query, write_query
-from viz.ui.text import md_escape
+from viz.ui.text import md_escape, text_problems
 
-BATCHES = {"sentences": N_("40 sentences"), "repeat": N_("Random tokens, repeated (4 × [BOS] + 50 × 2)")}
+BATCHES = {"sentences": N_("40 sentences"), "repeat": N_("Random tokens, repeated (4 × [BOS] + 50 × 2)"),
+           "prompt": N_("the sidebar's text")}
 KIND_OF = {v: k for k, v in KIND_IDS.items()}  # URL id -> describe() kind
 SHARED_BATCHES = 3  # a real LM's batch (30 layers of q, k, weights over 40 sentences): ~60 MB
 
 
 @st.cache_resource(show_spinner=False, max_entries=SHARED_BATCHES, ttl=3600)
-def _shared_batch(name: str, batch: str) -> FQ.QKBatch:
-    return _build(load_ckpt(name), batch)
+def _shared_batch(name: str, batch: str, text: str | None = None, target: str | None = None) -> FQ.QKBatch:
+    return _build(load_ckpt(name), batch, text, target)
 
 
-def _build(ckpt, batch: str) -> FQ.QKBatch:
+def _build(ckpt, batch: str, text: str | None = None, target: str | None = None) -> FQ.QKBatch:
+    """`text` (and a toy model's `target`): the sidebar's input, for batch "prompt"."""
     if isinstance(ckpt, lm_models.RealModel):
         if ckpt.family == "decoder_lm":
             return QB.lm_batch(ckpt.obj, batch, readable=lm_models.readable if lm_models._byte_level(ckpt.obj)
-                               else None)
-        return QB.encoder_batch(ckpt.obj)
-    return QB.toy_batch(ckpt)
+                               else None, text=text)
+        return QB.encoder_batch(ckpt.obj, [text] if batch == "prompt" else None)
+    return QB.toy_batch(ckpt, pairs=[(text, target)] if batch == "prompt" else None)
 
 
-def get_batch(name: str, batch: str) -> FQ.QKBatch:
+def get_batch(name: str, batch: str, text: str | None = None, target: str | None = None) -> FQ.QKBatch:
     """The batch of model `name`: shared by every session for shipped and server models; a model trained in
     this session keeps its own (keyed by the model object: a retrained model gets a new batch)."""
+    if batch != "prompt":
+        text = target = None
     own = session_models().get(name)
     if own is None:
-        return _shared_batch(name, batch)
-    key = ("_al_qk_batch", id(own), batch)
+        return _shared_batch(name, batch, text, target)
+    key = ("_al_qk_batch", id(own), batch, text, target)
     if st.session_state.get("_al_qk_batch_key") != key:
-        st.session_state["_al_qk_batch"] = _build(own, batch)
+        st.session_state["_al_qk_batch"] = _build(own, batch, text, target)
         st.session_state["_al_qk_batch_key"] = key
     return st.session_state["_al_qk_batch"]
 
@@ -87,24 +91,31 @@ if sel is None:
     st.stop()
 ckpt = sel.ckpt
 is_lm = isinstance(ckpt, lm_models.RealModel) and ckpt.family == "decoder_lm"
-batches = list(BATCHES) if is_lm else ["sentences"]
+batches = list(BATCHES) if is_lm else ["sentences", "prompt"]
 
 seed_from_query("qk_batch", "batch", "sentences", valid=lambda v: v in batches)
 if st.session_state.get("qk_batch") not in batches:
     st.session_state["qk_batch"] = "sentences"
-if is_lm:
-    batch_id = st.segmented_control(t("Inputs"), batches, key="qk_batch", required=True,
-                                    format_func=option_labels(batches, lambda b: t(BATCHES[b])))
-else:
-    batch_id = "sentences"
-write_query(batch=batch_id if is_lm else None)
+batch_id = st.segmented_control(t("Inputs"), batches, key="qk_batch", required=True,
+                                format_func=option_labels(batches, lambda b: t(BATCHES[b] if is_lm or b != "sentences"
+                                                                             else N_("40 held-out pairs"))))
+write_query(batch=batch_id if is_lm or batch_id != "sentences" else None)
+if batch_id == "prompt":
+    problem = text_problems(sel.text) or (text_problems(sel.target) if sel.target else None)
+    if problem:
+        show_error(problem)
+        st.stop()
+# the cache key of what the maps below were built from (the prompt's text too: another text, another batch)
+batch_key = batch_id if batch_id != "prompt" else "\x1f".join(("prompt", sel.text, sel.target or ""))
 try:
     with st.spinner(t("Running the model on the whole batch (once per model)…")):
-        batch = get_batch(sel.name, batch_id)
-except ValueError as e:  # a toy model without a known task, a broken model
+        batch = get_batch(sel.name, batch_id, sel.text, sel.target or None)
+except ValueError as e:  # a toy model without a known task, a broken model, text it cannot take
     show_error(e)
     st.stop()
-if not isinstance(ckpt, lm_models.RealModel):
+if batch_id == "prompt":
+    what = t("the sidebar's text, “{text}”", text=md_escape(sel.text[:200]))
+elif not isinstance(ckpt, lm_models.RealModel):
     what = t("{n} held-out pairs of its task, teacher-forced (source → reference target)", n=len(batch.labels))
 elif batch_id == "repeat":
     what = t("{n} sequences of [BOS] + {k} random tokens, then the same {k} again", n=len(batch.labels),
@@ -208,7 +219,7 @@ else:
 
 st.subheader(t("Which heads look clear"))
 with st.spinner(t("Projecting every head…")):
-    rows, ch = _clarity(sel.name, batch_id, KIND_OF[kind], batch, id(batch))
+    rows, ch = _clarity(sel.name, batch_key, KIND_OF[kind], batch, id(batch))
 
 
 c1, c2 = st.columns([2, 1])
@@ -222,10 +233,10 @@ with c2:
     for _, li, h, c in rows[:8]:
         st.page_link("viz/pages/qk.py", label=t("layer {l} · head {h}: {c}", l=li, h=h, c=F.num(c, 2)),
                      query_params={"checkpoint": sel.name, "qk_kind": kind, "layer": li, "head": h, "color": color,
-                                   **({"batch": batch_id} if is_lm else {})})
+                                   **({"batch": batch_id} if is_lm or batch_id != "sentences" else {})})
 
-if is_lm:
-    what, li, h, score, share, chance_p, count = _structure(sel.name, batch_id, batch, id(batch))
+if is_lm and batch_id != "prompt":
+    what, li, h, score, share, chance_p, count = _structure(sel.name, batch_key, batch, id(batch))
     if what == "prev":
         head_txt = t("The strongest previous-token head on these sentences is layer {l} head {h} (score {s}: its "
                      "mean weight on the token just before).", l=li, h=h, s=F.num(score, 2))

@@ -6,7 +6,8 @@ model, so switching layer, head or colour only re-projects.
 - a decoder-only LM: the 40 sentences of viz.figures.qk.SENTENCES in one batched pass (right-padded: in causal
   attention a position never sees the padding after it, so each sentence's rows are its own pass's), or
   [BOS] + 50 random tokens repeated twice (model/analysis/phenomena.induction_sequence), 4 seeds;
-- an encoder (MiniLM): the same 40 sentences, one pass each (bidirectional: padding would be seen).
+- an encoder (MiniLM): the same 40 sentences, one pass each (bidirectional: padding would be seen);
+- any model, "prompt": the sidebar's text alone (a toy model: with its target, or its own greedy output).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from viz.figures.qk import SENTENCES, QKBatch
 
 N_PAIRS = 40
 REPEAT_N, REPEAT_SEEDS = 50, 4
-BATCHES = ("sentences", "repeat")
+BATCHES = ("sentences", "repeat", "prompt")
 
 
 def _arrays(trace, modules: list[str], row: int = 0, n_q: int | None = None, n_k: int | None = None) -> dict:
@@ -36,22 +37,24 @@ def _arrays(trace, modules: list[str], row: int = 0, n_q: int | None = None, n_k
 NAMES = ["*attn.q", "*attn.k", "*attn.weights"]
 
 
-def toy_batch(ckpt, n: int = N_PAIRS) -> QKBatch:
+def toy_batch(ckpt, n: int = N_PAIRS, pairs: list[tuple[str, str | None]] | None = None) -> QKBatch:
+    """`pairs`: (source, target or None = the model's own greedy output) instead of n held-out pairs."""
     from model.analysis.runs import held_out
 
-    pairs = held_out(ckpt, n)
+    pairs = pairs if pairs is not None else held_out(ckpt, n)
     labels, tokens, arrays, desc = [], [], [], {}
     for src, tgt in pairs:
         _, tr = ckpt.trace(src, target=tgt, names=NAMES)
         desc = described(tr.meta)
         arrays.append(_arrays(tr, list(desc["attention"])))
         tokens.append({"src_tokens": list(tr.meta["src_tokens"]), "tgt_tokens": list(tr.meta["tgt_tokens"])})
-        labels.append(f"{src} → {tgt}")
+        labels.append(f"{src} → {tgt}" if tgt is not None else src)
     return QKBatch(desc, labels, tokens, arrays)
 
 
-def lm_batch(lm, kind: str = "sentences", readable=None) -> QKBatch:
-    """`lm`: a model.loaders.lm.LanguageModel. `readable`: piece -> display text (byte-level BPE symbols)."""
+def lm_batch(lm, kind: str = "sentences", readable=None, text: str | None = None) -> QKBatch:
+    """`lm`: a model.loaders.lm.LanguageModel. `readable`: piece -> display text (byte-level BPE symbols).
+    kind "prompt": `text` alone."""
     from model.analysis.phenomena import induction_sequence
 
     readable = readable or (lambda p: p)
@@ -61,8 +64,9 @@ def lm_batch(lm, kind: str = "sentences", readable=None) -> QKBatch:
         labels = [f"[BOS] + {REPEAT_N} random tokens × 2 (sequence {i + 1})" for i in range(len(rows))]
         period = REPEAT_N
     else:
-        rows = [lm.encode(s)[0].tolist() for s in SENTENCES]
-        labels, period = list(SENTENCES), None
+        texts = [text] if kind == "prompt" else list(SENTENCES)
+        rows = [lm.encode(s)[0].tolist() for s in texts]
+        labels, period = texts, None
     T = max(map(len, rows))
     pad = lm.model.cfg.pad_id if lm.model.cfg.pad_id is not None else 0
     batch = torch.tensor([r + [pad] * (T - len(r)) for r in rows], dtype=torch.long)
@@ -75,10 +79,10 @@ def lm_batch(lm, kind: str = "sentences", readable=None) -> QKBatch:
     return QKBatch(desc, labels, tokens, arrays, period)
 
 
-def encoder_batch(enc) -> QKBatch:
-    """`enc`: a model.loaders.minilm.PretrainedEncoder."""
+def encoder_batch(enc, texts: list[str] | None = None) -> QKBatch:
+    """`enc`: a model.loaders.minilm.PretrainedEncoder; `texts` instead of the 40 sentences."""
     labels, tokens, arrays, desc = [], [], [], {}
-    for s in SENTENCES:
+    for s in texts or SENTENCES:
         _, tr = enc.run_with_trace(s, names=NAMES)
         desc = described(tr.meta)
         arrays.append(_arrays(tr, list(desc["attention"])))
