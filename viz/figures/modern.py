@@ -454,7 +454,8 @@ def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figu
                              hovertemplate=t("before %{x:.4g}<br>after %{y:.4g}") + "<extra></extra>"))
     for s in (-1, 1):
         fig.add_hline(y=s * cap, line=dict(color="#7f7f7f", dash="dash", width=1))
-    fig.update_layout(height=400, margin=dict(l=50, r=20, t=40, b=50), xaxis=dict(title=t("score before the cap")),
+    fig.update_layout(title=t("soft-cap c = {c}: one head's scores before and after", c=F_num(cap)),
+                      height=400, margin=dict(l=50, r=20, t=50, b=50), xaxis=dict(title=t("score before the cap")),
                       yaxis=dict(title=t("score after the cap")), legend=dict(orientation="h", y=-0.2))
     return fig
 
@@ -511,7 +512,8 @@ def rope_scaling_figure(plain: np.ndarray, scaled: np.ndarray, original_max_len:
     if original_max_len:
         fig.add_hline(y=float(original_max_len), line=dict(color="#d62728", dash="dash"),
                       annotation_text=t("trained context {n}", n=f"{int(original_max_len):,}"))
-    fig.update_layout(height=380, margin=dict(l=50, r=20, t=40, b=50), xaxis=dict(title=t("dimension pair i")),
+    fig.update_layout(title=t("RoPE wavelength of each dimension pair: plain vs scaled"),
+                      height=380, margin=dict(l=50, r=20, t=50, b=50), xaxis=dict(title=t("dimension pair i")),
                       yaxis=dict(title=t("wavelength (positions per turn)"), type="log"),
                       legend=dict(orientation="h", y=-0.2))
     return fig

@@ -1,0 +1,280 @@
+"""The 2024–2026 families on the pages (issue 23 §3): every page opens on a tiny random Gemma 3 and a tiny
+random Qwen2-MoE model (AppTest, en and zh) with no exception, and the pages that teach a mechanism draw it from
+the model's description with the live tensors:
+
+- Attention: the score pipeline with Gemma's own query scale, the soft-cap before/after and the sliding window in
+  M; the mask view with the window beside the look-ahead mask;
+- Architecture map: sandwich norms, q/k norm, the layer's window; the MoE router and experts;
+- What changed since 2017: sliding windows (the live reach and a token 5,000 back), q/k norm, soft-capping, RoPE
+  scaling, MoE routing; a one-sentence note where the model lacks the mechanism;
+- Inside a layer: the sandwich, post-norm (OLMo 2) and parallel-residual (GPT-NeoX) wirings recompose each layer
+  exactly; MoE routing in the FFN tab.
+
+Models: transformers' AutoConfig.for_model + save_pretrained (2 layers, hidden 64), built once per module, served
+as `--model PATH` models.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import APP, TINY_CORPUS, plotly_array
+from streamlit.testing.v1 import AppTest
+from test_i18n import english_in_zh
+
+from viz.figures import arch as FA
+from viz.figures import layer as FL
+from viz.figures import modern as FM
+from viz.ui import lm_models
+
+transformers = pytest.importorskip("transformers")
+
+PAGES = ["lessons", "architecture", "tokens", "tokenizers", "attention", "layer", "padding", "decoder", "pretrained",
+         "llm", "phenomena", "qk", "since2017", "experiments", "schedule", "training", "snapshots"]
+W = 4  # Gemma 3's sliding window here: the example prompt (~26 tokens) is several windows long
+COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+FAMILIES = {
+    "gemma3": ("gemma3_text", dict(head_dim=16, sliding_window=W, query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                                   layer_types=["sliding_attention", "full_attention"],
+                                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                       "rope_theta": 1e6},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 1e4}})),
+    "qwen2moe": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                   shared_expert_intermediate_size=48)),
+    "olmo2": ("olmo2", dict()),
+    "neox": ("gpt_neox", dict(rotary_pct=0.5, num_key_value_heads=4)),
+}
+
+
+def save_family(d, family: str) -> str:
+    """A tiny random model of `family` saved by transformers in `d` with a byte-level BPE tokenizer, registered as a
+    server model; returns its label."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    torch.manual_seed(0)
+    model_type, extra = FAMILIES[family]
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), **(COMMON | extra))
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    (label,) = lm_models.add_server_models([str(d)])
+    return label
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """family -> its server label, each built once (lazily: the AppTest sweep needs two of the four)."""
+    cache: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in cache:
+            cache[family] = save_family(tmp_path_factory.mktemp(family), family)
+        return cache[family]
+
+    return get
+
+
+def trace_of(label: str):
+    return lm_models.load(label).trace(lm_models.EXAMPLES["decoder_lm"])[1]
+
+
+def run_page(label: str, page: str, lang: str = "en", **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"checkpoint": label, "lang": lang, **{k: str(v) for k, v in query.items()}})
+    at.switch_page(f"viz/pages/{page}.py")
+    at.run()
+    assert not at.exception, (page, lang, [e.value for e in at.exception])
+    assert not at.error, (page, lang, [e.value for e in at.error])
+    return at
+
+
+def figures(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def titles(fig: dict) -> str:
+    """A figure's title and subplot titles, as one string."""
+    layout = fig["layout"]
+    title = layout.get("title", {})
+    title = title.get("text", "") if isinstance(title, dict) else str(title)
+    return " | ".join([title] + [a.get("text", "") for a in layout.get("annotations", [])])
+
+
+def figure_with(at, text: str) -> dict:
+    found = [f for f in figures(at) if text in titles(f)]
+    assert found, f"no figure titled with {text!r}: {[titles(f)[:80] for f in figures(at)]}"
+    return found[0]
+
+
+def texts(at) -> str:
+    return "\n".join(str(e.value) for kind in ("markdown", "caption", "info", "header") for e in at.get(kind))
+
+
+# ---------------------------------------------------------------- every page, both languages, both families
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2moe"])
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_every_page_opens(served, family, lang):
+    label = served(family)
+    for page in PAGES:
+        at = run_page(label, page, lang)
+        if lang == "zh" and page in ("since2017", "architecture", "layer", "attention"):
+            assert not english_in_zh(at), (page, english_in_zh(at))
+
+
+# ---------------------------------------------------------------- Attention: pipeline and masks
+
+
+def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
+    label = served("gemma3")
+    trace = trace_of(label)
+    info = trace.meta["model"]["attention"]["decoder.layers.0.self_attn"]
+    assert info["window"] == W and info["softcap"] == 3.0 and info["qk_norm"]
+    assert info["scale"] == pytest.approx(24 ** -0.5)
+    at = run_page(label, "attention", view="pipeline", layer=0, head=1)
+    assert "scales by 0.2041, not 1/√d_k" in texts(at) and "sliding window" in texts(at)
+    fig = figure_with(at, "× scale 0.2041")
+    assert "(not 1/√d_k = 0.25)" in titles(fig) and f"window {W}" in titles(fig)
+    heat = [d for d in fig["data"] if d["type"] == "heatmap"]
+    name = "decoder.layers.0.self_attn"
+    scores = trace[f"{name}.scores"][0, 1].double().numpy()
+    np.testing.assert_allclose(plotly_array(heat[0]["z"]), scores / info["scale"], rtol=1e-5, atol=1e-5)  # q·kᵀ
+    np.testing.assert_allclose(plotly_array(heat[1]["z"]), scores, rtol=1e-5, atol=1e-6)  # × the real scale
+    capped = plotly_array(heat[2]["z"])
+    np.testing.assert_allclose(capped, 3.0 * np.tanh(scores / 3.0), atol=1e-5)  # the soft-cap
+    np.testing.assert_allclose(capped, trace[f"{name}.scores_capped"][0, 1].numpy(), atol=1e-6)
+    masked = plotly_array(heat[3]["z"])
+    T = scores.shape[0]
+    i, j = np.indices((T, T))
+    assert np.isnan(masked[(j > i) | (i - j >= W)]).all() and not np.isnan(masked[(j <= i) & (i - j < W)]).any()
+    np.testing.assert_allclose(plotly_array(heat[-1]["z"]), trace[f"{name}.weights"][0, 1].numpy(), atol=1e-6)
+    assert figure_with(at, "‖q‖ per token")  # the q/k norm step
+
+    at = run_page(label, "attention", view="masks", layer=0)
+    fig = figure_with(at, f"sliding window, W = {W} (masks.sliding)")
+    masks = [plotly_array(d["z"]) for d in fig["data"][:3]]
+    np.testing.assert_array_equal(masks[1], trace["masks.sliding"].numpy().astype(np.float32))
+    np.testing.assert_array_equal(masks[2], trace[f"{name}.mask"][0, 0].numpy().astype(np.float32))
+    at = run_page(label, "attention", view="masks", layer=1)  # the global layer: the 2017 mask view
+    assert not [f for f in figures(at) if "masks.sliding" in titles(f)]
+
+
+# ---------------------------------------------------------------- Architecture map
+
+
+def test_architecture_map_is_drawn_from_the_description(served):
+    at = run_page(served("gemma3"), "architecture", layer=0)
+    fig = figure_with(at, "sandwich norms")
+    labels = titles(fig).replace("<br>", " ")
+    for part in ("q/k RMSNorm", "RMSNorm after attention", "RMSNorm after the FFN", f"sliding window W = {W}",
+                 "soft-cap ±3", "query scale 0.2041", "sliding (W = 4) × 1, full × 1", "Token embedding × √d"):
+        assert part in labels, part
+    ids = [c[0] for c in next(d for d in fig["data"] if d.get("customdata"))["customdata"]]
+    assert {"lm_qknorm", "lm_post1", "lm_post2"} <= set(ids) <= set(FA.LM_BY_ID)
+    at = run_page(served("qwen2moe"), "architecture")
+    labels = titles(figure_with(at, "experts: top 2 of 4")).replace("<br>", " ")
+    assert "Router → top 2" in labels and "Mixture of experts: top 2 of 4" in labels and "shared expert" in labels
+
+
+def test_architecture_shapes_of_the_new_families_are_the_traces(served):
+    for family in ("gemma3", "qwen2moe", "olmo2", "neox"):
+        trace = trace_of(served(family))
+        T = trace["decoder.embed.out"].shape[1]
+        for layer in (0, 1):
+            for name, shape in FA.lm_shapes(trace.meta["model"], 1, T, layer).items():
+                assert tuple(trace[name].shape) == shape, (family, name)
+
+
+# ---------------------------------------------------------------- What changed since 2017
+
+
+def test_since2017_draws_gemmas_mechanisms(served):
+    label = served("gemma3")
+    trace = trace_of(label)
+    at = run_page(label, "since2017", layer=0, head=0)
+    body = texts(at)
+    for header in ("6. Sliding windows", "7. q/k norm", "8. Soft-capping", "9. RoPE scaling", "10. Mixture of experts"):
+        assert header in body
+    # Sliding windows: the live mask, what reaches the last token, and a token 5,000 back (one global layer).
+    fig = figure_with(at, f"sliding-window mask, W = {W}")
+    np.testing.assert_array_equal(plotly_array(fig["data"][0]["z"]), trace["masks.sliding"].numpy())
+    reach = plotly_array(fig["data"][1]["z"])  # (layers + 1, T): the sliding layer reaches W back, the full one all
+    T = reach.shape[1]
+    assert reach[1].sum() == W and reach[2].all()
+    assert list(fig["data"][2]["y"]) == [0, W - 1, 5000]
+    assert "5,000 positions back reaches the present in one step" in body
+    # q/k norm: the lengths before and after.
+    fig = figure_with(at, "‖q‖ per token")
+    q_in = trace["decoder.layers.0.self_attn.q_norm.in"][0, 0].double().numpy()
+    np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), np.linalg.norm(q_in, axis=-1), rtol=1e-5)
+    # Soft-capping: the live scores on the curve 3·tanh(s/3).
+    fig = figure_with(at, "soft-cap c = 3")
+    pts = fig["data"][2]
+    np.testing.assert_allclose(plotly_array(pts["y"]), 3 * np.tanh(plotly_array(pts["x"]) / 3), atol=1e-5)
+    # RoPE scaling: the global layer's linear ×4, and its live angles are position × the scaled frequencies.
+    fig = figure_with(at, "plain vs scaled")
+    plain, scaled = (plotly_array(d["y"]) for d in fig["data"][:2])
+    np.testing.assert_allclose(scaled / plain, 4.0, rtol=1e-9)
+    assert "Layer 1: linear scaling, factor 4" in body
+    angles = trace["decoder.rope.angles"].double().numpy()
+    inv = FM.inv_freq_of(trace.meta["model"]["attention"]["decoder.layers.1.self_attn"]["rope"], 16)
+    np.testing.assert_allclose(angles, np.arange(T)[:, None] * inv[None], rtol=1e-5, atol=1e-5)
+    assert "has one dense feed-forward network per layer" in body  # no experts: one sentence
+
+
+def test_since2017_draws_moe_routing(served):
+    label = served("qwen2moe")
+    trace = trace_of(label)
+    at = run_page(label, "since2017", layer=1, pos=3)
+    body = texts(at)
+    for no in ("has no sliding window", "does not normalise q and k", "does not cap its scores", "uses plain RoPE"):
+        assert no in body
+    fig = figure_with(at, "router probabilities")
+    R = "decoder.layers.1.ffn.router"
+    np.testing.assert_allclose(plotly_array(fig["data"][0]["z"]), trace[f"{R}.probs"][0].numpy(), atol=1e-6)
+    loads = plotly_array(fig["data"][2]["z"])  # (layers, experts): every token's top-2 picks
+    T = trace[f"{R}.probs"].shape[1]
+    assert loads.shape == (2, 4) and (loads.sum(1) == 2 * T).all()
+    np.testing.assert_array_equal(loads[1], np.bincount(trace[f"{R}.topk_ids"][0].flatten().numpy(), minlength=4))
+    choice = figure_with(at, "the router's choice")
+    np.testing.assert_allclose(plotly_array(choice["data"][0]["y"]), trace[f"{R}.probs"][0, 3].numpy(), atol=1e-6)
+    chosen = [int(e) for e in trace[f"{R}.topk_ids"][0, 3]]
+    assert f"goes to experts {chosen[0]}, {chosen[1]}" in body
+
+
+# ---------------------------------------------------------------- Inside a layer
+
+
+@pytest.mark.parametrize("family, kind", [("gemma3", "sandwich"), ("olmo2", "post_norm"), ("neox", "parallel")])
+def test_layer_wiring_recomposes_the_layer(served, family, kind):
+    trace = trace_of(served(family))
+    assert FL.wiring_kind(trace) == kind
+    for layer in ("decoder.layers.0", "decoder.layers.1"):
+        for sub in ("self_attn", "ffn"):
+            s = FL.residual_steps(trace, layer, sub)
+            added = {"sandwich": 3, "post_norm": 2}.get(kind)
+            total = s[0].value + (s[added].value if added else s[2].value + s[3].value)
+            np.testing.assert_allclose(total, s[-1].value, atol=1e-5)
+            fig = FL.model_wiring_figure(s, kind, 2, sub, FL.norm_kind(trace))
+            marks = next(d for d in fig.data if d.customdata is not None)
+            np.testing.assert_allclose([c[0] for c in marks.customdata],
+                                       [np.linalg.norm(x.value[2]) for x in s], rtol=1e-5)
+
+
+def test_layer_page_shows_the_models_wiring_and_its_experts(served):
+    at = run_page(served("neox"), "layer", layer=1, sub="ffn")
+    assert figure_with(at, "parallel residual: x + Attn(Norm₁(x)) + FFN(Norm₂(x))")
+    assert "side by side from the same input" in texts(at)
+    at = run_page(served("qwen2moe"), "layer", layer=0, sub="ffn", token=2)
+    assert figure_with(at, "router probabilities") and figure_with(at, "the router's choice")
+    assert "A mixture of experts takes the FFN's place" in texts(at)
