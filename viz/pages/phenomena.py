@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from model.analysis import ioi as IOI
-from model.analysis import lessons_llm as LL
-from model.analysis import patching as PT
 from model.analysis import phenomena as PH
+from model.analysis import shared as AN
 from viz.figures import attention as F
 from viz.figures import phenomena as FPH
 from viz.i18n import N_, current_lang, option_labels, t
@@ -50,17 +48,17 @@ def _lm(name: str):
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _sinks(name: str, text: str):
-    return PH.sink_effect(_lm(name), text)
+    return AN.sink_effect(_lm(name), text)  # shared with lesson 12 (model/analysis/shared.py)
 
 
 @st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
 def _sinks_per_head(name: str, text: str):
-    return PH.sink_effect(_lm(name), text, per_head=True).kl_per_head
+    return AN.sinks_per_head(_lm(name), text)
 
 
 @st.cache_resource(max_entries=16, ttl=3600, show_spinner=False)
 def _block(name: str, text: str, heads: tuple | None):
-    return LL.block_sink(_lm(name), text, None if heads is None else list(heads))
+    return AN.block_sink(_lm(name), text, heads)
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
@@ -70,28 +68,27 @@ def _prompt_stats(name: str, text: str):
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _induction(name: str, n: int, seed: int):
-    return PH.induction(_lm(name), n=n, seed=seed)
+    return AN.induction(_lm(name), n, seed)  # shared with lesson 13
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _induction_ablation(name: str, n: int, seed: int, k: int, mode: str):
-    return PH.ablate_top_induction(_lm(name), _induction(name, n, seed), k=k, mode=mode)
+    return AN.induction_ablation(_lm(name), n, seed, k, mode)
 
 
 @st.cache_resource(max_entries=2, ttl=3600, show_spinner=False)
 def _ioi(name: str):
-    return IOI.ioi(_lm(name))
+    return AN.ioi(_lm(name))  # shared with lesson 14
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _ioi_ablation(name: str, k: int, mode: str):
-    return IOI.ablate_heads_ld(_lm(name), _ioi(name), k=k, mode=mode, n_controls=2)
+    return AN.ioi_ablation(_lm(name), k, mode, n_controls=2)
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _patching(name: str, i: int):
-    p = _ioi(name).prompts[i]
-    return PT.activation_patching(_lm(name), p.text, p.corrupted, p.io_id, p.s_id, heads=False)
+    return AN.patching(_lm(name), i)
 
 
 # ---------------------------------------------------------------- shared pieces

@@ -1,0 +1,160 @@
+"""Analyses of shipped models on shipped prompts, computed once per process and shared read-only (issue 26 §3).
+
+When 30 students open the same lesson, the same analysis must run once. A lesson and a /phenomena section
+often show the same experiment (lesson 13's induction run is /phenomena's default; lesson 14's IOI run
+too), so both ask this cache, keyed by what was run: (analysis, model, arguments). A second caller of a
+result being computed waits for it instead of computing it again (single flight); results are never
+written after they are stored (dataclasses of numpy arrays, read by the figures).
+
+The cache is bounded (least recently used out first), per process, and holds a reference to each model it
+keys on, so that a model's id cannot be reused by another object while its results are stored.
+
+model/ never imports streamlit: the pages may wrap these in their own caches; the warm-up
+(viz/ui/warmup.py) fills them at server start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+MAX_ENTRIES = 48
+
+
+class SharedResults:
+    """A bounded, thread-safe, single-flight cache: get(key, compute) runs compute() once per key."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES):
+        self.max_entries = max_entries
+        self._done: OrderedDict[Hashable, tuple[Any, float]] = OrderedDict()  # key -> (result, seconds)
+        self._running: dict[Hashable, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.computed = 0  # how many computations ran (a test counts them)
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        while True:
+            with self._lock:
+                if key in self._done:
+                    self._done.move_to_end(key)
+                    return self._done[key][0]
+                event = self._running.get(key)
+                if event is None:  # ours to compute
+                    event = self._running[key] = threading.Event()
+                    break
+            event.wait()  # another caller computes it; then look again (it may have failed: then we try)
+        try:
+            t0 = time.perf_counter()
+            result = compute()
+            with self._lock:
+                self.computed += 1
+                self._done[key] = (result, time.perf_counter() - t0)
+                while len(self._done) > self.max_entries:
+                    self._done.popitem(last=False)
+            return result
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+            event.set()
+
+    def has(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._done
+
+    def seconds(self, key: Hashable) -> float | None:
+        """How long the stored result took to compute (None if not stored)."""
+        with self._lock:
+            hit = self._done.get(key)
+            return None if hit is None else hit[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+
+
+RESULTS = SharedResults()
+_models: dict[int, object] = {}  # id -> model: keeps every keyed model alive, so its id stays its own
+_models_lock = threading.Lock()
+
+
+def _key(analysis: str, lm, *args) -> tuple:
+    with _models_lock:
+        _models.setdefault(id(lm), lm)
+    return (analysis, id(lm), *args)
+
+
+def cached(analysis: str, lm, args: tuple, compute: Callable[[], Any]) -> Any:
+    """compute(), once per (analysis, lm, args) in this process."""
+    return RESULTS.get(_key(analysis, lm, *args), compute)
+
+
+def is_cached(analysis: str, lm, *args) -> bool:
+    return RESULTS.has(_key(analysis, lm, *args))
+
+
+# ---------------------------------------------------------------- the analyses the pages and lessons show
+
+
+def sink_effect(lm, text: str):
+    from model.analysis import phenomena as PH
+
+    return cached("sink_effect", lm, (text,), lambda: PH.sink_effect(lm, text))
+
+
+def sinks_per_head(lm, text: str):
+    """[L, H] KL with token 0 blocked in one head at a time (L x H rows, batched)."""
+    from model.analysis import phenomena as PH
+
+    return cached("sinks_per_head", lm, (text,), lambda: PH.sink_effect(lm, text, per_head=True).kl_per_head)
+
+
+def block_sink(lm, text: str, heads: tuple | None):
+    from model.analysis import phenomena as PH
+
+    return cached("block_sink", lm, (text, heads), lambda: PH.block_sink(lm, text, None if heads is None else
+                                                                         list(heads)))
+
+
+def induction(lm, n: int = 50, seed: int = 0):
+    from model.analysis import phenomena as PH
+
+    return cached("induction", lm, (int(n), int(seed)), lambda: PH.induction(lm, n=int(n), seed=int(seed)))
+
+
+def induction_ablation(lm, n: int, seed: int, k: int, mode: str):
+    from model.analysis import phenomena as PH
+
+    return cached("induction_ablation", lm, (int(n), int(seed), int(k), mode),
+                  lambda: PH.ablate_top_induction(lm, induction(lm, n, seed), k=int(k), mode=mode))
+
+
+def ioi(lm):
+    from model.analysis import ioi as IOI
+
+    return cached("ioi", lm, (), lambda: IOI.ioi(lm))
+
+
+def ioi_ablation(lm, k: int, mode: str, n_controls: int = 2):
+    from model.analysis import ioi as IOI
+
+    return cached("ioi_ablation", lm, (int(k), mode, int(n_controls)),
+                  lambda: IOI.ablate_heads_ld(lm, ioi(lm), k=int(k), mode=mode, n_controls=int(n_controls)))
+
+
+def patching(lm, i: int):
+    """The residual patching map of IOI prompt i (clean vs names swapped)."""
+    from model.analysis import patching as PT
+
+    def run():
+        p = ioi(lm).prompts[int(i)]
+        return PT.activation_patching(lm, p.text, p.corrupted, p.io_id, p.s_id, heads=False)
+
+    return cached("patching", lm, (int(i),), run)
+
+
+def logit_lens(lm, text: str):
+    from model.analysis import logit_lens as LLN
+
+    return cached("logit_lens", lm, (text,), lambda: LLN.logit_lens(lm, text))
