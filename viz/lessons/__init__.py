@@ -311,18 +311,18 @@ LENS_COLUMNS = 12  # the lens lesson draws the last this-many positions
 def lm_compute(slug: str, lm, text: str):
     """The numbers a language-model lesson draws, from model/analysis (the page caches them per input):
     `lm` is a model.loaders.lm.LanguageModel."""
-    from model.analysis import ioi, logit_lens, phenomena
+    from model.analysis import shared  # computed once per server, shared with /phenomena's defaults
 
     if slug == "llm-2017":
         return lm.model.describe()
     if slug == "sinks":
-        return phenomena.sink_effect(lm, text)
+        return shared.sink_effect(lm, text)
     if slug == "induction":
-        return phenomena.induction(lm, n=50, seed=0)
+        return shared.induction(lm, n=50, seed=0)
     if slug == "ioi":
-        return ioi.ioi(lm)
+        return shared.ioi(lm)
     if slug == "lens":
-        return logit_lens.logit_lens(lm, text)
+        return shared.logit_lens(lm, text)
     raise ValueError(f"no language-model lesson {slug!r}")
 
 
