@@ -265,6 +265,7 @@ def test_encoder_only_graph_and_cosine_effect():
 # ---------------------------------------------------------------------- the causal effect and agreement
 
 
+@torch.no_grad()
 def test_causal_effect_is_one_hook_per_token():
     m = tiny_llama()
     s = lm_subject(m)
@@ -311,3 +312,16 @@ def test_agreement_table_over_a_prompt_set():
 def test_bad_position_is_a_sentence():
     with pytest.raises(ValueError, match="outside the text"):
         flow.prepare(tiny_llama(), IDS, position=9)
+
+
+def test_notebook_flow_view_exports_offline(tmp_path):
+    from viz import notebook as nb
+
+    m = tiny_llama()
+    s = lm_subject(m)
+    fig = nb.flow_view(s, tau=0.0)
+    r = flow.routes(s)
+    dots = [d for d in fig.data if d.customdata is not None and d.customdata[0][0] == "edge"]
+    assert sum(len(d.customdata) for d in dots) == len(r.edges(0.0))
+    page = nb.export_html([fig, nb.flow_compare(s)], tmp_path / "routes.html")
+    assert (tmp_path / "routes.html").exists() and "Plotly" in page and "src=\"http" not in page

@@ -90,3 +90,29 @@ def export_html(figures: Sequence[go.Figure], path: str | Path | None = None, ti
     if path is not None:
         Path(path).write_text(page, encoding="utf-8")
     return page
+
+
+def flow_view(model, text=None, tau: float = 0.04, position: int | None = None, **kw) -> go.Figure:
+    """The information-flow routes graph of one prediction (model.analysis.flow): `model` is a language model,
+    MiniLM or a toy translator checkpoint (text: its prompt / sentence; position: default the next-token
+    prediction), or an already prepared `flow.Subject`. Edges with contribution > tau that reach the
+    prediction are drawn; `export_html([flow_view(...)], "routes.html")` saves it offline.
+
+        nb.flow_view(load_model("smollm2"), "When Mary and John went to the store, John gave a drink to").show()
+    """
+    from model.analysis import flow
+    from viz.figures import flow as FF
+
+    s = model if isinstance(model, flow.Subject) else flow.prepare(model, text, position=position, **kw)
+    routes = flow.routes(s)
+    return FF.routes_figure(routes, routes.edges(tau), s.tokens,
+                            title=f"Routes to “{s.target_token}” (τ = {tau})" if s.target_token else None)
+
+
+def flow_compare(model, text=None, position: int | None = None, **kw) -> go.Figure:
+    """Raw weights, norm-based attention, rollout and routes beside the causal effect, each with its Spearman ρ."""
+    from model.analysis import flow
+    from viz.figures import flow as FF
+
+    s = model if isinstance(model, flow.Subject) else flow.prepare(model, text, position=position, **kw)
+    return FF.methods_figure(flow.compare(s))

@@ -822,3 +822,55 @@ def cross_alignment(subject: Subject, trace) -> dict[str, np.ndarray]:
            for n, info in desc["attention"].items() if info["kind"] == "cross"}
     out["routes"] = routes(subject, trace).importance()["encoder"]
     return out
+
+
+# ---------------------------------------------------------------------- lesson 16: a sink head
+
+
+@dataclass
+class SinkHead:
+    """One head at the last position: where its weights go, and where its norm-based output comes from."""
+
+    layer: int
+    head: int
+    module: str
+    weights: np.ndarray  # [T]: the attention row
+    norms: np.ndarray  # [T]: ||alpha_j v_j W^O_h|| per key
+    tokens: list[str]
+
+    @property
+    def weight_on_first(self) -> float:
+        return float(self.weights[0])
+
+    @property
+    def norm_share_on_first(self) -> float:
+        """Token 0's share of the head's norm-based output, sum_j ||alpha_j v_j W^O|| = 1."""
+        total = float(self.norms.sum())
+        return float(self.norms[0]) / total if total > 0 else float("nan")
+
+
+@torch.no_grad()
+def sink_head(lm, text, min_weight: float = 0.5) -> SinkHead:
+    """Among the heads that put at least `min_weight` of the last position's attention on token 0, the one
+    with the largest gap between that weight and token 0's norm-based share: the weights say "token 0", the
+    vectors it moves say otherwise. (Falls back to the head with the most weight on token 0 when none
+    reaches min_weight.)"""
+    s = prepare(lm, text)
+    trace = capture(s)
+    desc = described(trace.meta)
+    modules = dict(s.module.named_modules())
+    best, fallback, best_gap = None, None, -math.inf
+    for name, info in desc["attention"].items():
+        W = trace[f"{name}.weights"][0][:, s.position]  # (H, T)
+        per_head, _ = norm_based(modules[name], trace[f"{name}.weights"][0][:, s.position:s.position + 1],
+                                 trace[f"{name}.v"][0])
+        norms = per_head[:, 0]  # (H, T)
+        for h in range(W.shape[0]):
+            cand = SinkHead(info["layer"], h, name, W[h].double().numpy(), norms[h].double().numpy(),
+                            list(s.tokens[s.out_side]))
+            if fallback is None or cand.weight_on_first > fallback.weight_on_first:
+                fallback = cand
+            gap = cand.weight_on_first - cand.norm_share_on_first
+            if cand.weight_on_first >= min_weight and (best is None or gap > best_gap):
+                best, best_gap = cand, gap
+    return best or fallback

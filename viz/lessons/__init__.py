@@ -323,6 +323,10 @@ def lm_compute(slug: str, lm, text: str):
         return shared.ioi(lm)
     if slug == "lens":
         return shared.logit_lens(lm, text)
+    if slug == "not-explanation":
+        from model.analysis import flow
+
+        return flow.sink_head(lm, text)
     raise ValueError(f"no language-model lesson {slug!r}")
 
 
@@ -461,6 +465,24 @@ def live_lens(lens, param=None) -> Live:
                "lens reads “{before}”.", tok=answer, p=F.num(float(lens.top_probs[-1, -1])), l=first,
                before=readable[first - 1][-1] if first > 0 else "—")
     return Live(fig, ids, {i: t("layer {l}", l=i) for i in ids}, (str(first),), fb, args={"token": answer})
+
+
+def live_not_explanation(sh, param=None) -> Live:
+    """Lesson 16: a sink head's weights beside its norm-based shares (model.analysis.flow.sink_head)."""
+    from viz.figures import flow as FF
+    from viz.ui import lm_models
+
+    toks = [lm_models.readable(x) for x in sh.tokens]
+    fig = FF.sink_head_figure(sh.weights, sh.norms, toks,
+                              title=t("Layer {l} · head {h}: weights vs norm-based shares", l=sh.layer, h=sh.head))
+    share = sh.norm_share_on_first
+    labels = {"lt10": t("under 10%"), "10-30": t("10% to 30%"), "30-60": t("30% to 60%"), "gt60": t("over 60%")}
+    correct = next(k for k, hi in SINK_BINS.items() if share < hi)
+    fb = t("The weights put {w} on “{tok}”, but its vector is short: ‖α v W^O‖ gives token 0 only {s} of the head's "
+           "output. The largest share goes to “{big}” ({b}).", w=f"{sh.weight_on_first:.0%}", tok=toks[0],
+           s=f"{share:.0%}", big=toks[int(np.argmax(sh.norms))], b=f"{float(sh.norms.max() / sh.norms.sum()):.0%}")
+    return Live(fig, list(SINK_BINS), labels, (correct,), fb,
+                args={"layer": sh.layer, "head": sh.head, "w": f"{sh.weight_on_first:.0%}", "tok": toks[0]})
 
 
 # ---------------------------------------------------------------- the syllabus
@@ -606,5 +628,16 @@ LESSONS: list[Lesson] = [
         N_("Type another fact (“The capital of Japan is”): does the answer appear at the same depth?"),
         N_("From which layer on is “{token}” the top token at the last position?"),
         "viz/pages/llm.py", {"view": "lens"}, source="lm", checkpoint=LM_NAME, text=LENS_TEXT, live=live_lens),
+    Lesson(
+        "not-explanation", N_("Attention is not (quite) an explanation"),
+        N_("A head's weights say where it looks, not what it moves. Each key j adds α_j · v_j W^O to the output, "
+           "so a head can put most of its weight on token 0 (a sink) while that token's value vector is nearly "
+           "zero: the weight is large, the vector it carries is small. Norm-based attention (Kobayashi et al., "
+           "2020) measures ‖α_j v_j W^O‖ instead; the “Why this token?” page goes further and checks every method "
+           "against the causal effect of removing a token."),
+        N_("Open the “Why this token?” page and compare the raw weights' ρ with the routes' ρ on this prompt."),
+        N_("Layer {layer}, head {head} puts {w} of the last position's attention on token 0 (“{tok}”). What share "
+           "of what the head moves (its norm-based output ‖α_j v_j W^O‖) comes from token 0?"),
+        "viz/pages/flow.py", source="lm", checkpoint=LM_NAME, text=IOI_TEXT, live=live_not_explanation),
 ]
 
