@@ -80,8 +80,9 @@ def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over keys; in bfloat16/float16 computed in float32 and cast back (as Hugging Face's eager
-    attention), in float32 the plain softmax (the same bits as before)."""
-    if x.dtype == torch.float32:
+    attention), in float32 and float64 the plain softmax (never narrowed: a float64 model, as the attribution
+    tests' finite differences use, keeps float64)."""
+    if x.dtype not in (torch.bfloat16, torch.float16):
         return F.softmax(x, dim=-1)
     return F.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
 
