@@ -61,6 +61,8 @@ MEM_OURS = PEAK + """
 import json, sys
 sys.path.insert(0, {root!r})
 import torch
+if {threads}:
+    torch.set_num_threads({threads})
 from model import load_model
 lm = load_model("smollm2")
 ids = torch.tensor([lm.tokenizer.encode({text!r} * ({T} // 40 + 2)).ids[:{T}]])
@@ -71,6 +73,8 @@ print(json.dumps({{"nbytes": tr.nbytes(), "peak_growth": p.growth}}))
 
 MEM_REF = PEAK + """
 import json, torch
+if {threads}:
+    torch.set_num_threads({threads})
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 logging.disable_progress_bar()
@@ -116,7 +120,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--skip-long", action="store_true", help="leave out the --long memory run")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (0: torch's default). On a machine shared by other busy processes, 1 "
+                         "avoids OpenMP's spinning threads (measured: 2 threads 10-20x slower than 1 there)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
@@ -202,10 +211,11 @@ def main() -> int:
         shapes = lm.model.capture_names(1, n)
         return recorder.estimate_bytes(shapes, list(shapes), 4)
 
-    mem = {T: run_child(MEM_OURS.format(root=str(ROOT), text=TEXT, T=T))}
+    mem = {T: run_child(MEM_OURS.format(root=str(ROOT), text=TEXT, T=T, threads=args.threads))}
     if not args.skip_long:
-        mem[args.long] = run_child(MEM_OURS.format(root=str(ROOT), text=TEXT, T=args.long))
-    ref_mem = run_child(MEM_REF.format(dir=str(path.parent), file=path.name, ids=ids[0].tolist()))
+        mem[args.long] = run_child(MEM_OURS.format(root=str(ROOT), text=TEXT, T=args.long, threads=args.threads))
+    ref_mem = run_child(MEM_REF.format(dir=str(path.parent), file=path.name, ids=ids[0].tolist(),
+                                       threads=args.threads))
 
     print(f"load average {os.getloadavg()[0]:.1f} (after)")
     print(f"{'':<58} {'ours':>12} {'transformers':>14} {'ratio':>8}  {'target':<10}")
