@@ -122,3 +122,51 @@ def test_translator_alignment_vs_routes(lang):
     check_comparison(at, FL.compare(s, flow=True))
     if lang == "zh":
         assert not english_in_zh(at), english_in_zh(at)
+
+
+# ---------------------------------------------------------------- lesson 16
+
+
+def lesson16(lang: str = "en") -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"lesson": "16", "lang": lang})
+    at.switch_page("viz/pages/lessons.py")
+    at.run()
+    assert_clean(at)
+    return at
+
+
+def test_lesson_16_norm_share_from_scratch():
+    """The lesson's answer bin: token 0's share of the head's ||alpha_j v_j W^O_h||, computed here by hand."""
+    from viz import lessons as LS
+
+    smol = load_model("smollm2")
+    sh = FL.sink_head(smol, LS.IOI_TEXT)
+    _, tr = smol.run_with_trace(LS.IOI_TEXT, names=[f"{sh.module}.weights", f"{sh.module}.v"])
+    attn = smol.model.decoder.layers[sh.layer].self_attn
+    a = tr[f"{sh.module}.weights"][0, sh.head, -1].double()
+    v = tr[f"{sh.module}.v"][0, sh.head // (attn.n_heads // attn.n_kv_heads)].double()
+    hs = attn.d_head
+    W = attn.w_o.weight.detach().double()[:, sh.head * hs:(sh.head + 1) * hs]
+    norms = np.array([float((a[j] * (W @ v[j])).norm()) for j in range(len(a))])
+    share = norms[0] / norms.sum()
+    assert share == pytest.approx(sh.norm_share_on_first, rel=1e-4)
+    assert sh.weight_on_first == pytest.approx(float(a[0]), rel=1e-5) and sh.weight_on_first > share
+    right = next(k for k, hi in LS.SINK_BINS.items() if share < hi)
+    at = lesson16()
+    assert at.get("plotly_chart")
+    radio = next(r for r in at.radio if r.key and r.key.startswith("lesson_q_"))
+    radio.set_value(next(o for o in LS.SINK_BINS if o != right)).run()
+    assert at.warning and not at.success
+    radio = next(r for r in at.radio if r.key and r.key.startswith("lesson_q_"))
+    radio.set_value(right).run()
+    assert at.success and not at.warning
+
+
+def test_lesson_16_in_zh_has_no_english():
+    import re
+
+    at = lesson16("zh")
+    assert at.get("plotly_chart")
+    found = [f for f in english_in_zh(at) if not re.search(r"text_input|Sentence", f)]
+    assert not found, found

@@ -26,6 +26,8 @@ from viz.ui.text import text_problems
 
 LLM_PAGE = "viz/pages/llm.py"
 ATTENTION_PAGE = "viz/pages/attention.py"
+HEAD_KEYS = {LLM_PAGE: ("llm_view", "llm_layer", "llm_head", "llm_prompt"),  # the target page's remembered widgets:
+             ATTENTION_PAGE: ("attn_kind", "attn_layer", "attn_head", "attn_view")}  # dropped so the URL wins
 KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # the Attention page's ?attn_kind=
 TAUS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3)
 MAX_EDGES_DRAWN = 1500  # a lower tau on a long prompt: the page asks for a higher one
@@ -210,6 +212,8 @@ if picked and picked[0] == "edge" and 0 <= int(picked[1]) < len(edges):
     e = edges[int(picked[1])]
     if e["kind"] == "head":
         page, q = head_query(e)
+        for key in HEAD_KEYS[page]:
+            st.session_state.pop(key, None)
         st.switch_page(page, query_params={k: str(v) for k, v in q.items()})
     st.info(t("Layer {l}: the {k} carries {c} of the node above it.", l=e["layer"],
               k=t("residual") if e["kind"] == "resid" else t("FFN"), c=num(e["weight"])))
