@@ -275,13 +275,17 @@ def ablate_top_induction(lm, result: InductionResult, k: int = 5, mode: str = "z
     knock out k random other heads (seeded, `n_controls` draws) as the control."""
     top = [(layer, h) for layer, h, _ in result.scores["induction"].top(k)]
     controls = [random_heads(lm, k, exclude=top, seed=seed + i) for i in range(n_controls)]
-    m = as_decoder(lm)
-
-    def second(heads):
-        logits = m.run_with_hooks(result.ids, hooks=heads_hooks(lm, heads, mode) if heads else None)
-        return repeat_loss(logits, result.ids, result.n).second
-
-    return AblationResult(top, controls, result.loss.second, second(top), [second(c) for c in controls],
+    m, names = as_decoder(lm), attention_names(lm)
+    # ONE forward for the top heads and every control (issue 26 §3): batch block r = the input with sets[r]
+    # knocked out (per-row hooks), the same numbers as one forward per set under heads_hooks
+    sets, B = [top, *controls], result.ids.shape[0]
+    table: dict[str, list[tuple[int, int]]] = {}
+    for r, heads in enumerate(sets):
+        for layer, h in heads:
+            table.setdefault(names[layer], []).extend((r * B + b, int(h)) for b in range(B))
+    logits = m.run_with_hooks(result.ids.repeat(len(sets), 1), hooks=iv.ablate_heads_by_row(table, mode))
+    second = [repeat_loss(logits[r * B:(r + 1) * B], result.ids, result.n).second for r in range(len(sets))]
+    return AblationResult(top, controls, result.loss.second, second[0], second[1:],
                           "mean loss on the second copy (nats)", mode)
 
 

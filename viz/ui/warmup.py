@@ -15,6 +15,12 @@ import logging
 import os
 import threading
 
+# Idle OpenMP threads sleep instead of spinning. Every session's script thread that calls torch gets its own
+# OpenMP team, and a spinning team burns the cores the others need: on this 2-core machine under load, one
+# SmolLM2 forward took 2.7 s of CPU and 19 s wall with the default (active) policy, 0.26 s and 0.6-1.2 s
+# passive (issue 26 §3). libgomp reads this once, when torch loads it: app.py imports this module before
+# anything imports torch. An operator's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _LOG = logging.getLogger(__name__)
 _THREAD = "attention-lab-warm-up"
 WARM_LM_ENV = "ATTENTION_LAB_WARM_LM"  # "0": do not load SmolLM2 at start (a server that never shows it)
@@ -80,10 +86,30 @@ def warm_lm() -> None:
 
         if "smollm2" not in lm_models.names():
             return
-        models.get_trace("smollm2", models.load_ckpt("smollm2").example)
+        rm = models.load_ckpt("smollm2")
+        models.get_trace("smollm2", rm.example)
     except Exception:
         _LOG.warning("SmolLM2 warm-up failed; its first page will load it itself", exc_info=True)
         return
     finally:
         # SmolLM2's load froze the heap (models._load_shared); its first trace imports a few more modules
         freeze_heap_once("warm:lm")
+    warm_analyses(rm.obj)
+
+
+def warm_analyses(lm) -> None:
+    """The SmolLM2 results that lessons 11–15 and /phenomena's sections show on their defaults, into the
+    per-server shared cache (model/analysis/shared.py) the pages read: the first student finds them
+    computed, the 30th too. Cheapest first; each one alone (a failure skips only that one). Never raises."""
+    from model.analysis import shared
+    from viz import lessons as LS
+
+    for fn, args in ((shared.sink_effect, (LS.IOI_TEXT,)),  # lesson 12, /phenomena sinks (the example prompt)
+                     (shared.logit_lens, (LS.LENS_TEXT,)),  # lesson 15
+                     (shared.induction, (50, 0)),  # lesson 13, /phenomena patterns and induction
+                     (shared.induction_ablation, (50, 0, 5, "zero")),  # /phenomena induction: knock them out
+                     (shared.ioi, ())):  # lesson 14, /phenomena IOI
+        try:
+            fn(lm, *args)
+        except Exception:
+            _LOG.warning("warming %s failed; its page computes it itself", fn.__name__, exc_info=True)
