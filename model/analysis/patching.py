@@ -60,9 +60,11 @@ def _rows_hook(rows: torch.Tensor, index: torch.Tensor, source: torch.Tensor):
 
 @torch.no_grad()
 def activation_patching(lm, clean, corrupted, good: int, bad: int, heads: bool = True,
-                        batch: int = 32) -> Patching:
+                        batch: int = 32, progress=None) -> Patching:
     """The residual (layer x position) and head (layer x head) patching maps; `clean` and `corrupted`
-    are texts or ids of the same length; `good`/`bad` the token ids whose logit difference is the metric."""
+    are texts or ids of the same length; `good`/`bad` the token ids whose logit difference is the metric.
+    progress(done, total): called after each batched forward with the patched runs done so far (a page's
+    progress bar)."""
     m = as_decoder(lm)
     c_ids, x_ids = as_ids(lm, clean)[:1], as_ids(lm, corrupted)[:1]
     if c_ids.shape != x_ids.shape:
@@ -80,6 +82,9 @@ def activation_patching(lm, clean, corrupted, good: int, bad: int, heads: bool =
         raise ValueError(f"the clean and corrupted prompts give the same logit difference ({ld_clean:.3g}): "
                          "nothing to restore")
 
+    total = L * T + (L * H if heads else 0)
+    done = [0]
+
     def run(jobs: list[tuple[str, int]]) -> np.ndarray:
         """jobs: (hook point, index) per row -> normalised restored share per row."""
         out = []
@@ -92,6 +97,9 @@ def activation_patching(lm, clean, corrupted, good: int, bad: int, heads: bool =
                      for p, ri in by_point.items()}
             logits = m.run_with_hooks(x_ids.expand(len(chunk), -1), hooks=hooks)
             out.append(((logit_diff(logits, good, bad) - ld_corr) / span).numpy())
+            done[0] += len(chunk)
+            if progress is not None:
+                progress(done[0], total)
         return np.concatenate(out)
 
     resid = run([(names[i], t) for i in range(L) for t in range(T)]).reshape(L, T)

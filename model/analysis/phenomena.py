@@ -398,10 +398,11 @@ class SinkEffect:
 
 @torch.no_grad()
 def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
-                thresholds: dict | None = None) -> SinkEffect:
+                thresholds: dict | None = None, progress=None) -> SinkEffect:
     """Attention sinks on one input: each head's share on token 0, and what happens to the output when
     token 0's key is blocked everywhere (and, with per_head, in one head at a time: L x H passes,
-    `batch` per forward). Every KL is next_token_kl (KL_WHERE)."""
+    `batch` per forward). Every KL is next_token_kl (KL_WHERE). progress(done, total): called after each
+    per-head batch (a page's progress bar)."""
     m = as_decoder(lm)
     ids = as_ids(lm, text_or_ids)[:1]
     if ids.shape[1] < 2:
@@ -421,6 +422,8 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
             kls.append(next_token_kl(logits.expand(len(chunk), -1, -1),
                                      m.run_with_hooks(ids.expand(len(chunk), -1),
                                                       hooks=_rowwise_sink_hooks(names, chunk))))
+            if progress is not None:
+                progress(s + len(chunk), len(pairs))
         per = torch.cat(kls).reshape(L, H).numpy()
     share = stats["sink"]
     return SinkEffect(share, float(np.mean(share.scores)), block_sink(lm, ids, None),

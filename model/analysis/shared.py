@@ -94,6 +94,48 @@ def is_cached(analysis: str, lm, *args) -> bool:
     return RESULTS.has(_key(analysis, lm, *args))
 
 
+# ---------------------------------------------------------------- honest estimates
+
+# Tokens forwarded per second by the batched analyses on this server, as measured (calibrate() at warm-up,
+# then every patching map and per-head sink run): what a page's "about N s" is computed from.
+_rate = {"tokens": 0.0, "seconds": 0.0}
+_rate_lock = threading.Lock()
+
+
+def note_throughput(tokens: float, seconds: float) -> None:
+    with _rate_lock:
+        _rate["tokens"] += tokens
+        _rate["seconds"] += seconds
+
+
+def tokens_per_second() -> float | None:
+    with _rate_lock:
+        return _rate["tokens"] / _rate["seconds"] if _rate["seconds"] > 0 else None
+
+
+def estimate_seconds(tokens: float) -> float | None:
+    """How long forwarding `tokens` token-rows in batches takes here, from what was measured (None before)."""
+    rate = tokens_per_second()
+    return None if rate is None else tokens / rate
+
+
+def calibrate(lm, rows: int = 16, T: int = 16) -> float:
+    """Time one batched forward (rows x T tokens) and record it; returns tokens per second."""
+    import torch
+
+    from model.analysis.phenomena import as_decoder
+
+    m = as_decoder(lm)
+    ids = torch.randint(0, m.cfg.vocab_size, (rows, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        m(ids[:1, :4])  # the first call's one-off costs stay out of the rate
+        t0 = time.perf_counter()
+        m(ids)
+        seconds = time.perf_counter() - t0
+    note_throughput(rows * T, seconds)
+    return rows * T / seconds
+
+
 # ---------------------------------------------------------------- the analyses the pages and lessons show
 
 
@@ -103,11 +145,19 @@ def sink_effect(lm, text: str):
     return cached("sink_effect", lm, (text,), lambda: PH.sink_effect(lm, text))
 
 
-def sinks_per_head(lm, text: str):
+def sinks_per_head(lm, text: str, progress: Callable[[int, int], None] | None = None):
     """[L, H] KL with token 0 blocked in one head at a time (L x H rows, batched)."""
     from model.analysis import phenomena as PH
 
-    return cached("sinks_per_head", lm, (text,), lambda: PH.sink_effect(lm, text, per_head=True).kl_per_head)
+    def run():
+        d = PH.as_decoder(lm)
+        T = PH.as_ids(lm, text).shape[1]
+        t0 = time.perf_counter()
+        out = PH.sink_effect(lm, text, per_head=True, progress=progress).kl_per_head
+        note_throughput(d.cfg.n_layers * d.cfg.n_heads * T, time.perf_counter() - t0)
+        return out
+
+    return cached("sinks_per_head", lm, (text,), run)
 
 
 def block_sink(lm, text: str, heads: tuple | None):
@@ -143,15 +193,28 @@ def ioi_ablation(lm, k: int, mode: str, n_controls: int = 2):
                   lambda: IOI.ablate_heads_ld(lm, ioi(lm), k=int(k), mode=mode, n_controls=int(n_controls)))
 
 
-def patching(lm, i: int):
-    """The residual patching map of IOI prompt i (clean vs names swapped)."""
+def patching(lm, i: int, progress: Callable[[int, int], None] | None = None):
+    """The residual patching map of IOI prompt i (clean vs names swapped). progress(done, total): patched
+    runs done (not part of the key: a second caller waits for the first's result)."""
     from model.analysis import patching as PT
+    from model.analysis.phenomena import as_decoder, as_ids
 
     def run():
         p = ioi(lm).prompts[int(i)]
-        return PT.activation_patching(lm, p.text, p.corrupted, p.io_id, p.s_id, heads=False)
+        T, L = as_ids(lm, p.text).shape[1], as_decoder(lm).cfg.n_layers
+        t0 = time.perf_counter()
+        out = PT.activation_patching(lm, p.text, p.corrupted, p.io_id, p.s_id, heads=False, progress=progress)
+        note_throughput(L * T * T, time.perf_counter() - t0)
+        return out
 
     return cached("patching", lm, (int(i),), run)
+
+
+def patching_token_rows(lm, T: int) -> int:
+    """Tokens the residual patching map of a T-token prompt forwards: one T-token row per (layer, position)."""
+    from model.analysis.phenomena import as_decoder
+
+    return as_decoder(lm).cfg.n_layers * T * T
 
 
 def logit_lens(lm, text: str):
