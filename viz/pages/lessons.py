@@ -42,6 +42,7 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/pretrained.py": N_("Pretrained encoder"),
     "viz/pages/phenomena.py": N_("Attention phenomena"),
     "viz/pages/llm.py": N_("Language model"),
+    "viz/pages/flow.py": N_("Why this token?"),
 }
 PRESENT_FIG_HEIGHT = 440  # px: the figure and the title row fit a 1280×720 projector
 
