@@ -17,6 +17,7 @@ from viz.figures import attention as F
 from viz.figures import phenomena as FPH
 from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui.models import get_trace, load_ckpt
+from viz.ui.progress import ProgressBar, estimate_text
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
@@ -52,8 +53,8 @@ def _sinks(name: str, text: str):
 
 
 @st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
-def _sinks_per_head(name: str, text: str):
-    return AN.sinks_per_head(_lm(name), text)
+def _sinks_per_head(name: str, text: str, _progress=None):  # _progress: not hashed (Streamlit's rule)
+    return AN.sinks_per_head(_lm(name), text, progress=_progress)
 
 
 @st.cache_resource(max_entries=16, ttl=3600, show_spinner=False)
@@ -87,8 +88,8 @@ def _ioi_ablation(name: str, k: int, mode: str):
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
-def _patching(name: str, i: int):
-    return AN.patching(_lm(name), i)
+def _patching(name: str, i: int, _progress=None):
+    return AN.patching(_lm(name), i, progress=_progress)
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -243,11 +244,15 @@ def sinks_view() -> None:
                       "the last position (the token after the prompt) moves by KL = {kl} nats.",
                       l=heads[0][0], h=heads[0][1],
                       verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl)))
+    n_tok = int(PH.as_ids(lm, text).shape[1])
     if st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
-                 help=t("Token 0 blocked in one head at a time, batched: about half a minute on a laptop CPU for "
-                        "SmolLM2.")):
-        with st.spinner(t("Blocking token 0 in each head in turn…")):
-            kl = _sinks_per_head(sel.name, text)
+                 help=t("Token 0 blocked in one head at a time, batched: {estimate} on this server.",
+                        estimate=estimate_text(AN.estimate_seconds(L * H * n_tok)))):
+        bar = None if AN.is_cached("sinks_per_head", lm, text) else ProgressBar(
+            t("Blocking token 0 in each head in turn"), AN.estimate_seconds(L * H * n_tok))
+        kl = _sinks_per_head(sel.name, text, bar)
+        if bar is not None:
+            bar.close()
         show_figure(FPH.head_map(kl, t("KL (nats)"), title=t(
             "Output change (KL at the last position) when token 0 is blocked in that head alone")),
             key="phen_sink_kl")
@@ -403,11 +408,16 @@ def ioi_view() -> None:
     write_query(ioi_prompt=i)
     p = res.prompts[i]
     st.caption(t("Corrupted: {text}", text=p.corrupted))
-    if not st.toggle(t("Compute the patching map ({n} patched runs, about half a minute)",
-                       n=len(pt_positions(p)) * len(res.dla)), key="phen_ioi_patch_on"):
+    estimate = AN.estimate_seconds(AN.patching_token_rows(lm, len(pt_positions(p))))
+    if not st.toggle(t("Compute the patching map ({n} patched runs, {estimate})",
+                       n=len(pt_positions(p)) * len(res.dla), estimate=estimate_text(estimate)),
+                     key="phen_ioi_patch_on"):
         return
-    with st.spinner(t("Patching every layer and position…")):
-        pt = guarded(_patching, sel.name, int(i))
+    bar = None if AN.is_cached("patching", lm, int(i)) else ProgressBar(
+        t("Patching every layer and position"), estimate)
+    pt = guarded(_patching, sel.name, int(i), bar)
+    if bar is not None:
+        bar.close()
     if pt is None:
         return
     show_figure(FPH.patching_map(pt.resid, [_readable(x) for x in pt.clean_tokens or []]),

@@ -104,7 +104,8 @@ def warm_analyses(lm) -> None:
     from model.analysis import shared
     from viz import lessons as LS
 
-    for fn, args in ((shared.sink_effect, (LS.IOI_TEXT,)),  # lesson 12, /phenomena sinks (the example prompt)
+    for fn, args in ((shared.calibrate, ()),  # this server's batched throughput: the pages' "about N s"
+                     (shared.sink_effect, (LS.IOI_TEXT,)),  # lesson 12, /phenomena sinks (the example prompt)
                      (shared.logit_lens, (LS.LENS_TEXT,)),  # lesson 15
                      (shared.induction, (50, 0)),  # lesson 13, /phenomena patterns and induction
                      (shared.induction_ablation, (50, 0, 5, "zero")),  # /phenomena induction: knock them out
