@@ -18,6 +18,7 @@ import streamlit as st
 from viz import i18n
 from viz.i18n import N_, t
 from viz.ui import failover, lm_models, warmup
+from viz.ui.chrome import install_chrome_words
 from viz.ui.sidebar import sidebar
 from viz.ui.state import install_history_patch
 from viz.ui.task_help import task_help
@@ -83,7 +84,8 @@ def main() -> None:
     st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
     install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
     failover.install()  # a tab whose replica died reloads its URL on the live one (viz/ui/failover.py)
-    i18n.language_switch()
+    lang = i18n.language_switch()
+    install_chrome_words(lang)  # Streamlit's own "Stop", "Running...", "Help for ..." in zh (viz/ui/chrome.py)
     pages = {  # the default page's address is the root ("/"), so its stem is free for the alias below
         t(section): [st.Page(f, title=t(title), icon=icon, url_path="" if f == DEFAULT else Path(f).stem,
                              default=(f == DEFAULT)) for f, title, icon in entries if (ROOT / f).is_file()]

@@ -26,16 +26,42 @@ _KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while
 # Streamlit's frontend calls history.pushState for every query-string change (one entry per
 # click, several per rerun). Keep pushes that change the page path (a page change); turn the
 # others into replaceState. Installed once per browser tab; st.html is not iframed.
+# Two cases the replace alone missed (issue 26 §4, found in a browser):
+# - a fresh load pushes a few entries (same path) before this script runs: Back then took up to 6 presses.
+#   Every entry made once the patch runs is marked (__al); Back landing on an unmarked entry of the page
+#   it just left goes on back;
+# - st.switch_page writes the next page's query into this page's entry a moment before the page change:
+#   Back then reopened this page with the other page's parameters. The entry's URL as the last finished
+#   run left it is kept until the next run finishes; a page change during a run puts it back first.
 _HISTORY_PATCH = """<script>
 (() => {
   const h = window.history;
   if (h.__attentionLabReplace) return;
   h.__attentionLabReplace = true;
-  const push = h.pushState.bind(h);
+  const push = h.pushState.bind(h), replace = h.replaceState.bind(h);
+  const mark = (state) => Object.assign({}, state || {}, {__al: 1});
+  let before = null;  // this entry's URL and state as the last finished run left them (null: unchanged since)
+  h.replaceState = (state, title, url) => replace(mark(state), title, url);
   h.pushState = (state, title, url) => {
     const next = new URL(url ?? location.href, location.href);
-    return next.pathname === location.pathname ? h.replaceState(state, title, url) : push(state, title, url);
+    if (next.pathname === location.pathname) {
+      before = before || {url: location.href, state: h.state};
+      return replace(mark(state), title, url);
+    }
+    if (before) replace(before.state, "", before.url);
+    before = null;
+    return push(mark(state), title, url);
   };
+  new MutationObserver(() => {  // a run finished: the URL it wrote is this page's own
+    if (document.querySelector('[data-test-script-state="notRunning"]')) before = null;
+  }).observe(document.body, {subtree: true, attributes: true, attributeFilter: ["data-test-script-state"]});
+  replace(mark(h.state), "", location.href);
+  let path = location.pathname;
+  window.addEventListener("popstate", (ev) => {
+    const same = location.pathname === path;
+    path = location.pathname;
+    if (same && !(ev.state && ev.state.__al)) h.back();
+  });
 })();
 </script>"""
 
