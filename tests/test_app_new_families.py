@@ -252,6 +252,21 @@ def test_since2017_draws_moe_routing(served):
     assert f"goes to experts {chosen[0]}, {chosen[1]}" in body
 
 
+def test_reach_back_through_sliding_layers():
+    # Mistral 7B: 32 sliding layers of W = 4096, so a token can travel 32 × 4095 = 131,040 positions.
+    assert FM.reach_back(["sliding"] * 32, [4096] * 32, 200_000)[-1] == 32 * 4095
+    assert FM.reach_back(["sliding"] * 2, [4] * 2, 5000) == [0, 3, 6]  # 5,000 back: out of reach
+    assert FM.reach_back(["sliding", "full"], [4, None], 5000) == [0, 3, 5000]  # a global layer reaches it
+    # The live rows walked backwards equal the forward product of the masks.
+    rng = np.random.default_rng(0)
+    masks = [np.triu(np.ones((9, 9), bool), 1) | (rng.random((9, 9)) < 0.4) for _ in range(3)]
+    rows = FM.live_reach(masks, query=7)
+    r = np.eye(9, dtype=bool)
+    for n, m in enumerate(masks, start=1):
+        r = ((~m | np.eye(9, dtype=bool)).astype(int) @ r.astype(int)) > 0
+        np.testing.assert_array_equal(rows[n], r[7])
+
+
 # ---------------------------------------------------------------- Inside a layer
 
 

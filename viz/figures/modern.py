@@ -363,25 +363,29 @@ def reach_back(kinds: Sequence[str], windows: Sequence[int | None], distance: in
     return out
 
 
-def live_reach(masks: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Reachability through the layers from the live masks [T, T] (True = blocked): R_0 = I, R_l = R_{l-1} ∘ A_l
-    with A_l = not blocked (a query reads the keys its mask lets through; the residual keeps itself). Returns
-    the R_l [T, T] bool: row p says which positions' tokens can have reached position p after layer l."""
+def live_reach(masks: Sequence[np.ndarray], query: int = -1) -> list[np.ndarray]:
+    """Which positions can have reached position `query` after each layer, from the live masks [T, T] (True =
+    blocked): a query reads the keys its mask lets through, and the residual stream keeps each position's own.
+    Returns [T] bool rows: index 0 = the embeddings (only `query` itself), index l = after layers 1..l. Walked
+    backwards from `query` (O(l·T²) per row, no T³ product), so a long input stays cheap."""
     T = masks[0].shape[0]
-    r = np.eye(T, dtype=bool)
-    out = [r]
-    for m in masks:
-        a = ~m.astype(bool) | np.eye(T, dtype=bool)
-        r = (a.astype(np.int64) @ r.astype(np.int64)) > 0
-        out.append(r)
+    q = query % T
+    open_ = [~m.astype(bool) | np.eye(T, dtype=bool) for m in masks]
+    out = []
+    for n in range(len(masks) + 1):
+        seen = np.zeros(T, bool)
+        seen[q] = True
+        for a in reversed(open_[:n]):  # the last layer's query reads keys; each key was a query one layer down
+            seen = a[seen].any(0) | seen
+        out.append(seen)
     return out
 
 
 def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[int], distance: int,
                    labels: Sequence[str], window: int) -> go.Figure:
     """Left: a sliding layer's live mask (this prompt). Middle: after each layer, which positions can have reached
-    the last token (live, from the masks). Right: how far back information can come from after each layer
-    for a query `distance` positions into a long text (the closed form `reach_back`)."""
+    the last token (live, from the masks: `live_reach` rows). Right: how far back information can come from after
+    each layer for a query `distance` positions into a long text (the closed form `reach_back`)."""
     fig = make_subplots(rows=1, cols=3, column_widths=[0.34, 0.33, 0.33], horizontal_spacing=0.09,
                         subplot_titles=(t("sliding-window mask, W = {w}", w=window),
                                         t("what reaches the last token, layer by layer"),
@@ -389,7 +393,7 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
     fig.add_trace(go.Heatmap(z=mask.astype(np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
                              colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
                              hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, 1)
-    rows = np.stack([r[-1] for r in reach]).astype(np.float32)  # (layers + 1, T)
+    rows = np.stack(reach).astype(np.float32)  # (layers + 1, T)
     fig.add_trace(go.Heatmap(z=rows, x=list(labels), y=[t("embedding")] + [t("layer {l}", l=i)
                                                                           for i in range(len(reach) - 1)],
                              zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2ca02c"]], showscale=False,

@@ -24,7 +24,9 @@ KV_TOKENS = 8192  # the context length the KV-cache bytes are given at
 st.title(t("What changed since 2017"))
 st.caption(t("Today's language models are still the decoder of “Attention Is All You Need”, with five blocks "
              "replaced. Each section below shows one, with the live tensors of a modern model beside the lab's "
-             "2017-style toy model."))
+             "2017-style toy model.") + " " + t("Sections 6–10 add what the 2024–2026 families brought (sliding "
+                                              "windows, q/k norm, soft-capping, RoPE scaling, mixtures of experts), "
+                                              "drawn on a model that has them."))
 sel = selection()
 if sel is None:
     st.stop()
@@ -293,7 +295,7 @@ else:
     reach = FM.live_reach(masks)
     far = FM.reach_back(kinds, windows, FAR)
     show_figure(FM.sliding_figure(masks[first], reach, far, FAR, labels, W), key="s17_window")
-    earliest = int(np.flatnonzero(reach[-1][-1])[0])  # the earliest position that reaches the last token
+    earliest = int(np.flatnonzero(reach[-1])[0])  # the earliest position that reaches the last token
     n_sl = sum(k == "sliding" for k in kinds)
     full = [i for i, k in enumerate(kinds) if k != "sliding"]
     msg = t("{model}: {s} of its {l} layers slide with a window of W = {w} tokens (layer {first} on the left: each "
