@@ -382,6 +382,12 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int, me
         "softmax into saturation (almost one-hot rows, vanishing gradients); dividing by √d_k brings the "
         "variance back to 1. Left: this head's actual scores with and without the scaling; right: how peaked "
         "the softmax rows would be (entropy 0 = one-hot, log n = uniform)."))
+    info = attention_of(meta, name) or {}
+    if info.get("scale") and not FM.mechanisms(info)["scale_is_plain"]:  # Gemma 2/3: query_pre_attn_scalar
+        st.caption(t("This model does not divide by √d_k = {r}: it multiplies q·kᵀ by {s} (1/√{n}, a size the model "
+                     "sets). The figures below follow the paper's √d_k; the Score pipeline view shows the model's "
+                     "own scale.", r=f"{info['d_head'] ** 0.5:.4g}", s=f"{info['scale']:.4g}",
+                     n=f"{info['scale'] ** -2:.4g}"))
     show_figure(cached_figure(trace, F.scaling_figure, name, shared=_shared(trace)), key=f"{key}_scale_fig",
                        filename=f"{name}-sqrt-dk")
     s = F.scaling_stats(trace, name)
