@@ -66,3 +66,39 @@ def test_streamlits_own_words_in_chinese(server, paths, page):
     wait_drawn(page)
     labels = page.eval_on_selector_all("[aria-label]", "els => els.map(e => e.getAttribute('aria-label'))")
     assert [x for x in labels if x.startswith("Help for")] and not [x for x in labels if x.endswith("的帮助")]
+
+
+OVERLAPS = """(sel) => {
+  const boxes = [...document.querySelectorAll(sel)].map(e => e.getBoundingClientRect())
+      .filter(r => r.width > 0 && r.height > 0);
+  let n = 0;
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const a = boxes[i], b = boxes[j];
+    if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) n++;
+  }
+  return [boxes.length, n];
+}"""
+
+
+@pytest.mark.parametrize("lesson", [12, 14, 15])
+def test_presentation_mode_is_readable_at_1080p(server, paths, browser, lesson):
+    """Lessons on the 30-layer SmolLM2 at 1920×1080, zh: rows at least 20 px, no two row labels overlapping, no
+    two cell texts of the logit lens overprinting (screenshots: artifacts/screenshots/present-lesson-N.png)."""
+    from browser_support import SHOTS
+
+    context = browser.new_context(viewport={"width": 1920, "height": 1080})
+    page = context.new_page()
+    try:
+        page.goto(server + paths["lessons"] + f"?lang=zh&lesson={lesson}&present=1")
+        wait_drawn(page)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"present-lesson-{lesson}.png"))
+        row_px = page.evaluate("""() => { const y = document.querySelector('.js-plotly-plot')._fullLayout.yaxis;
+            return y._length / Math.abs(y.range[1] - y.range[0]); }""")
+        assert row_px >= 20, row_px
+        n, overlapping = page.evaluate(OVERLAPS, ".js-plotly-plot .ytick text")
+        assert n >= 10 and overlapping == 0, (n, overlapping)
+        n, overlapping = page.evaluate(OVERLAPS, ".js-plotly-plot .heatmaplayer text, .js-plotly-plot .textpoint text")
+        assert overlapping == 0, (n, overlapping)
+    finally:
+        context.close()

@@ -14,7 +14,7 @@ import streamlit as st
 
 from model.loaders import minilm as pretrained
 from viz import lessons as LS
-from viz.figures import attention as F
+from viz.figures import present as FPR
 from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import lm_models
 from viz.ui.models import get_trace, load_ckpt
@@ -44,7 +44,9 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/llm.py": N_("Language model"),
     "viz/pages/flow.py": N_("Why this token?"),
 }
-PRESENT_FIG_HEIGHT = 440  # px: the figure and the title row fit a 1280×720 projector
+PRESENT_FIG_HEIGHT = 440  # px: the least a figure gets (the title row and it fit a 1280×720 projector); a
+# heatmap with many rows gets more (viz.figures.present: at least 26 px a row, up to 880 px)
+PRESENT_FIG_WIDTH = 1280  # px: the least a presented figure is drawn at (a 1280-wide projector; 1080p: wider)
 
 PRESENT_CSS = """<style>
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"] {display: none;}
@@ -319,7 +321,8 @@ def show_lesson(n: int, present: bool) -> None:
         value = param_control(lesson, data)
     live = lesson.live(data) if lesson.param is None else lesson.live(data, value)
     if present:
-        F.scale_fonts(live.figure.update_layout(height=PRESENT_FIG_HEIGHT), 18)  # ticks too, not just layout.font
+        # big text, a minimum row height, fewer labels when crowded, cell texts where they fit (1080p projector)
+        FPR.projector(live.figure, 18, min_height=PRESENT_FIG_HEIGHT, width=PRESENT_FIG_WIDTH)
     with view:
         show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
     st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
