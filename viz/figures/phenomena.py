@@ -41,9 +41,10 @@ def head_map(scores, label: str, found: Sequence[tuple[int, int]] = (), title: s
         z=z, x=list(range(H)), y=list(range(L)), customdata=custom, xgap=1, ygap=1, **scale,
         colorbar={"title": {"text": label, "side": "right"}, "thickness": 12},
         hovertemplate=t("layer %{y} · head %{x}") + "<br>" + label + ": %{z:.3f}<extra></extra>"))
-    for layer, head in found:
-        fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
-                      line={"color": FOUND, "width": 2.5})
+    # every outline in one layout update: add_shape re-validates all earlier shapes each time (quadratic:
+    # 226 sink heads took 25,877 shape validations, 15-30 s of a lesson-12 run on a busy machine)
+    fig.update_layout(shapes=[{"type": "rect", "x0": head - 0.5, "x1": head + 0.5, "y0": layer - 0.5,
+                               "y1": layer + 0.5, "line": {"color": FOUND, "width": 2.5}} for layer, head in found])
     fig.update_layout(
         title={"text": title or label}, height=max(320, 20 * L + 130), width=max(360, 44 * H + 220),
         margin={"l": 60, "r": 20, "t": 60, "b": 60 if note else 40},
