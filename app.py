@@ -24,9 +24,10 @@ from viz.ui.state import install_history_patch
 from viz.ui.task_help import task_help
 
 ROOT = Path(__file__).parent
-# `streamlit run app.py -- --model PATH [--model PATH2]`: real models this server offers beside the shipped
-# ones (HF directories, .gguf files). Only these paths: a browser names a model by its label, never a path.
-lm_models.add_server_models(lm_models.parse_model_args(sys.argv[1:]))
+# `streamlit run app.py -- --model PATH [--model PATH2] [--dtype bfloat16] [--device cuda]`: real models this
+# server offers beside the shipped ones (HF directories, .gguf files), loaded in that dtype / on that device.
+# Only these paths: a browser names a model by its label, never a path.
+lm_models.add_server_models(lm_models.parse_model_args(sys.argv[1:]), lm_models.parse_precision_args(sys.argv[1:]))
 DEFAULT = "viz/pages/attention.py"  # opens at "/": the view that shows a Transformer thinking
 SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A page appears once its file exists.
     N_("Learn"): [

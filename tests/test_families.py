@@ -415,3 +415,22 @@ def test_a_trace_of_a_new_family_saves_and_loads_with_its_config(loaded, tmp_pat
     back = Trace.load(tmp_path / "t.safetensors")
     assert back.names() == trace.names() and all(torch.equal(back[n], trace[n]) for n in trace.names())
     assert LMConfig.from_dict(back.meta["config"]) == lm.model.cfg  # layer_types: a JSON list back to a tuple
+
+
+def test_the_server_command_line_loads_its_models_in_bfloat16(saved):
+    from viz.ui import lm_models
+
+    argv = ["--model", str(saved("gemma3")[1]), "--dtype", "bfloat16", "--port", "1"]
+    assert lm_models.parse_precision_args(argv) == {"dtype": "bfloat16"}
+    assert lm_models.parse_precision_args(["--dtype=float16", "--device=cpu"]) == {"dtype": "float16", "device": "cpu"}
+    (label,) = lm_models.add_server_models(lm_models.parse_model_args(argv), lm_models.parse_precision_args(argv))
+    try:
+        real = lm_models.load(label)
+        assert next(real.obj.model.parameters()).dtype == torch.bfloat16
+        lm_models.add_server_models(lm_models.parse_model_args(argv), {"dtype": "int3"})
+        with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16"):
+            lm_models.load(label)
+    finally:  # the server's model list is process-wide: leave it as found
+        lm_models._SERVER.pop(label, None)
+        lm_models._PRECISION.pop(label, None)
+        clear_cache()

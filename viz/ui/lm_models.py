@@ -26,6 +26,7 @@ EXAMPLES = {  # the sentence a model opens on
     "encoder": "The animal didn't cross the street because it was too tired",
 }
 _SERVER: dict[str, str] = {}  # label -> path, set once at server start (app.py), read by every session
+_PRECISION: dict[str, dict] = {}  # label -> load_model's dtype/device (`--dtype bfloat16`, `--device cuda`)
 _SERVER_LOCK = threading.Lock()
 
 
@@ -45,9 +46,24 @@ def parse_model_args(argv: list[str]) -> list[str]:
     return [p for p in out if p.strip()]
 
 
-def add_server_models(paths: list[str]) -> list[str]:
+def parse_precision_args(argv: list[str]) -> dict[str, str]:
+    """`--dtype bfloat16` / `--device cuda` (also `--dtype=...`): how the `--model` models are loaded
+    (load_model's dtype and device; checked when a model loads, which says what is wrong in a sentence)."""
+    out, it = {}, iter(argv)
+    for a in it:
+        for key in ("dtype", "device"):
+            if a == f"--{key}":
+                value = next(it, None)
+                if value:
+                    out[key] = value
+            elif a.startswith(f"--{key}="):
+                out[key] = a.split("=", 1)[1]
+    return out
+
+
+def add_server_models(paths: list[str], precision: dict[str, str] | None = None) -> list[str]:
     """Register models named at server start; returns their labels (the file or directory name, made
-    unique). Only these paths can ever be loaded from a label."""
+    unique). Only these paths can ever be loaded from a label. `precision`: their dtype/device."""
     labels = []
     with _SERVER_LOCK:
         for p in paths:
@@ -55,12 +71,16 @@ def add_server_models(paths: list[str]) -> list[str]:
             known = next((k for k, v in _SERVER.items() if v == resolved), None)
             if known:
                 labels.append(known)
+                if precision:
+                    _PRECISION[known] = dict(precision)
                 continue
             base = Path(resolved).name or "model"
             label, i = base, 2
             while label in _SERVER or label in BUILTIN:
                 label, i = f"{base}-{i}", i + 1
             _SERVER[label] = resolved
+            if precision:
+                _PRECISION[label] = dict(precision)
             labels.append(label)
     return labels
 
@@ -202,7 +222,9 @@ def load(name: str) -> RealModel:
     from model import load_model
 
     try:
-        obj = load_model(where)
+        with _SERVER_LOCK:
+            precision = dict(_PRECISION.get(name, {}))
+        obj = load_model(where, **precision)
     except (ImportError, OSError, ValueError) as e:
         raise ValueError(f"{name}: {e}") from None
     family = obj.model.describe().get("family", "decoder_lm")
