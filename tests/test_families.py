@@ -403,6 +403,10 @@ def test_a_model_that_will_not_fit_is_refused_in_its_own_dtype_before_allocating
     hf.check_fits(cfg, torch.bfloat16)
     with pytest.raises(ModelLoadError, match=f"{n:,} parameters .* in float32.*Refused before loading"):
         hf.check_fits(cfg, torch.float32)
+    raw = FAMILIES["qwen3"][1] | COMMON | {"model_type": "qwen3"}
+    assert hf.config_from_hf(raw, "bfloat16") == cfg  # a directory loaded in bfloat16 is checked in bfloat16
+    with pytest.raises(ModelLoadError, match="in float32"):
+        hf.config_from_hf(raw)
 
 
 def test_a_trace_of_a_new_family_saves_and_loads_with_its_config(loaded, tmp_path):

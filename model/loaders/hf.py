@@ -118,10 +118,10 @@ def _layer_types(kind: str, hf: Mapping, n_layers: int, window: int | None) -> t
     return ("sliding",) * n_layers  # mistral, phi3, mixtral: every layer
 
 
-def config_from_hf(hf: Mapping) -> LMConfig:
+def config_from_hf(hf: Mapping, dtype=None) -> LMConfig:
     """A Hugging Face config dict of a decoder-only type (LM_TYPES) -> LMConfig. Absurd sizes are refused
-    here, before any memory is spent: each size has a ceiling, and the whole model must fit in RAM
-    (in float32: call check_fits(cfg, dtype) for another dtype)."""
+    here, before any memory is spent: each size has a ceiling, and the whole model must fit in RAM in
+    `dtype` (default float32)."""
     kind = hf.get("model_type")
     if kind not in LM_TYPES:
         raise ModelLoadError(_unsupported(kind))
@@ -151,7 +151,7 @@ def config_from_hf(hf: Mapping) -> LMConfig:
         cfg = LMConfig(**sizes, activation=ACTIVATIONS[act], **switches, **tokens)
     except ValueError as e:
         raise ModelLoadError(f"config.json: {e}") from None
-    check_fits(cfg)
+    check_fits(cfg, resolve_dtype(dtype))
     return cfg
 
 
@@ -366,8 +366,7 @@ def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[t
     parameter itself. Every parameter must be filled with a tensor of its shape; unknown tensors are
     an error naming them."""
     dtype = resolve_dtype(dtype)
-    cfg = config_from_hf(config)
-    check_fits(cfg, dtype)
+    cfg = config_from_hf(config, dtype)
     kind = config["model_type"]
     names = key_map(kind, cfg)
     with torch.device("meta"):
@@ -559,8 +558,7 @@ def load_hf_dir(path: str | os.PathLike, dtype=None, device=None):
         if torch_dtype != torch.float32 or torch_device.type != "cpu":
             raise ModelLoadError("BERT encoders load in float32 on the CPU only")
         return _load_bert(d, hf, files)
-    cfg = config_from_hf(hf)  # sizes checked before any tensor is read
-    check_fits(cfg, torch_dtype)
+    cfg = config_from_hf(hf, torch_dtype)  # sizes checked before any tensor is read
     model = lm_from_hf(hf, _read_tensors(files), torch_dtype)
     if torch_device.type != "cpu":
         model = model.to(torch_device)
