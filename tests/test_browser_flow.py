@@ -13,12 +13,12 @@ pytestmark = pytest.mark.browser
 
 PROMPT = "The capital of France is"
 
-# The routes chart's edge dots (customdata ["edge", i]); of the attention edges, the dot farthest from every
-# other dot and node (a click lands on it, not on a neighbour): its index and its hover text.
+# The routes chart (its Streamlit key: flow_routes), its edge dots (customdata ["edge", i]); of the attention
+# edges, the dot farthest from every other dot and node (a click lands on it, not on a neighbour): its index
+# and its hover text.
 PICK = """() => {
-  const gd = [...document.querySelectorAll('.js-plotly-plot')]
-    .find(el => (el.layout?.title?.text || '').startsWith('Routes'));
-  if (!gd) return null;
+  const gd = document.querySelector('.st-key-flow_routes .js-plotly-plot');
+  if (!gd || !gd.data) return null;
   const ti = gd.data.findIndex(d => d.customdata && d.customdata.length && d.customdata[0][0] === 'edge');
   const ni = gd.data.findIndex(d => d.customdata && d.customdata.length && d.customdata[0][0] === 'node');
   const dots = gd.data[ti], nodes = gd.data[ni];
@@ -49,7 +49,7 @@ def test_clicking_an_edge_opens_its_head(server, paths, page):
     pick = page.evaluate(PICK)
     assert pick and pick["index"] >= 0, pick
     layer, head = map(int, re.search(r"layer (\d+) · head (\d+)", pick["text"]).groups())
-    plot = page.locator(".js-plotly-plot").filter(has=page.locator("text=Routes"))
+    plot = page.locator(".st-key-flow_routes .js-plotly-plot")
     point = plot.locator(".scatterlayer .trace").nth(pick["trace"]).locator(".point").nth(pick["index"])
     point.click(force=True)
     page.wait_for_url(lambda url: "/llm" in url and "head=" in url, timeout=120_000)
