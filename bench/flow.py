@@ -36,15 +36,6 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
         "far that ordinary merchants could own them.")
 
 
-def timed(fn, reps: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(reps):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
-
-
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -69,20 +60,31 @@ def main() -> None:
     T = ids.shape[1]
     s = flow.prepare(lm, ids)
     m = lm.model
-    with torch.no_grad():
-        fwd, _ = timed(lambda: m(ids), args.reps)
-    cap, trace = timed(lambda: flow.capture(s), args.reps)
-    before = rss_mib()
-    rt, r = timed(lambda: flow.routes(s, trace), args.reps)
-    grew = rss_mib() - before
-    desc = trace.meta["model"]
+    desc = m.describe()
     mods = dict(m.named_modules())
+    trace = flow.capture(s)
 
     def norms():
         return [flow.norm_based(mods[n], trace[f"{n}.weights"][0], trace[f"{n}.v"][0]) for n in desc["attention"]]
 
-    nt, _ = timed(norms, args.reps)
-    ro, _ = timed(lambda: flow.rollout_importance(s, trace), args.reps)
+    def forward():
+        with torch.no_grad():
+            return m(ids)
+
+    # interleaved: rep k runs every variant once, so a shared machine's drift hits them alike
+    jobs = {"forward": forward, "capture": lambda: flow.capture(s), "routes": lambda: flow.routes(s, trace),
+            "norms": norms, "rollout": lambda: flow.rollout_importance(s, trace)}
+    times: dict[str, list[float]] = {k: [] for k in jobs}
+    before = rss_mib()
+    for _ in range(args.reps):
+        for k, fn in jobs.items():
+            t0 = time.perf_counter()
+            out = fn()
+            times[k].append(time.perf_counter() - t0)
+            if k == "routes":
+                r = out
+    grew = rss_mib() - before
+    fwd, cap, rt, nt, ro = (statistics.median(times[k]) for k in jobs)
     cfg = m.cfg
     full = cfg.n_layers * T * T * cfg.n_heads * cfg.d_model * 4
     print(f"\nSmolLM2, {T} tokens ({cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.kv_heads} K/V heads), "
@@ -93,23 +95,26 @@ def main() -> None:
     print(f"  norm-based, every layer     {nt * 1000:8.1f} ms   {nt / fwd:5.2f}x   (target <= 1 s)")
     print(f"  rollout                     {ro * 1000:8.1f} ms   {ro / fwd:5.2f}x   (target <= 1 s)")
     print(f"  routes: peak block {r.peak_chunk_bytes / 2**20:.1f} MiB (the whole L x T x T x H x d tensor would be "
-          f"{full / 2**30:.2f} GiB); process max RSS grew {grew:.0f} MiB during routes")
+          f"{full / 2**30:.2f} GiB); process max RSS grew {grew:.0f} MiB over the timed runs (the capture included)")
     print(f"  edges: {r.n_edges()} in the full graph; reachable from the prediction with contribution > tau:")
     for tau in (0.01, 0.03, 0.05, 0.1):
         print(f"    tau {tau:<5} {len(r.edges(tau)):6d}")
-    try:
-        flow.compare(s, flow=True, trace=trace, routes_=r)
-    except flow.FlowTooLarge as e:  # compare() records it in notes; this is for the print
-        print("  flow:", e)
-    else:
-        print("  flow:", flow.compare(s, flow=True, trace=trace, routes_=r).notes.get("flow", "computed"))
+    t0 = time.perf_counter()
+    c = flow.compare(s, flow=True, trace=trace, routes_=r)  # + the causal effect: one ablated batch row per token
+    print(f"  one full comparison (all methods + the causal effect, {T} ablations): {time.perf_counter() - t0:.2f} s")
+    print("  flow:", c.notes.get("flow", "computed"))
+    print("  rho here:", ", ".join(f"{k} {v:+.2f}" for k, v in c.rho.items()))
 
+    if not args.ioi and not args.induction:
+        return
     prompts = flow.ioi_set(lm, args.ioi)
     t0 = time.perf_counter()
     ioi = flow.agreement_table(lm, prompts, progress=lambda i, n: print(f"\r  IOI {i}/{n}", end="", flush=True))
     took = time.perf_counter() - t0
     print(f"\n  agreement table over {len(prompts)} IOI prompts: {took:.1f} s (target <= 60 s)")
     table(f"IOI ({len(prompts)} prompts, logit difference IO - S)", ioi)
+    if not args.induction:
+        return
     ind = flow.agreement_table(lm, flow.induction_set(lm, args.induction))
     table(f"Induction ({args.induction} random sequences repeated, log-prob of the copied token)", ind)
 
