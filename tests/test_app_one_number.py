@@ -176,3 +176,18 @@ def test_qk_offers_the_sidebar_prompt(model, tiny):  # noqa: F811
     fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart"))
     hover = json.dumps(fig["data"], ensure_ascii=False)
     assert text.split()[1] in hover  # the map's points are the prompt's tokens
+
+
+def test_lesson_progress_survives_a_reload_through_the_url():
+    """Progress lives in the browser's URL (?done=1.3), never on the server: a reload (a new session) and a
+    ?present=1 link keep it; a right answer adds its lesson number."""
+    from viz import lessons as LS
+
+    at = run({"lesson": "2", "done": "1.3", "present": "1"}, "viz/pages/lessons.py")
+    bar = at.get("progress")[0]
+    assert "· 2 of" in bar.proto.text and at.query_params["done"] in ("1.3", ["1.3"])
+    at.session_state["lessons_done"] = {LS.LESSONS[0].slug, LS.LESSONS[2].slug, LS.LESSONS[1].slug}
+    at.run()  # as a right answer on lesson 2 does
+    assert at.query_params["done"] in ("1.2.3", ["1.2.3"])
+    fresh = run({"lesson": "2", "done": "1.2.3", "present": "1"}, "viz/pages/lessons.py")  # the reload
+    assert "· 3 of" in fresh.get("progress")[0].proto.text

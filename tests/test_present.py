@@ -30,3 +30,18 @@ def test_the_lens_shows_a_token_only_where_it_fits():
     assert all(s == "" or FPR.text_width(s, 18) <= width for r in text for s in r)
     assert text[0][0] == "␣Paris" and text[0][2] == ""  # the long token is left to the hover
     assert fig.data[0].customdata[0][2] == "␣a-very-long-token-indeed" and "%{customdata}" in fig.data[0].hovertemplate
+
+
+def test_the_llm_head_heatmap_gets_a_minimum_cell():
+    """/llm's head heatmap on the default 14-token prompt: rows of at least 22 px (was ~8 px, 110 px of plot)."""
+    import plotly.graph_objects as go
+
+    labels = [f"{i}: ␣tok{i} → ␣next{i}" for i in range(14)]
+    fig = go.Figure(go.Heatmap(z=np.ones((14, 14)), x=[f"{i}: ␣tok{i}" for i in range(14)], y=labels))
+    fig.update_layout(height=380, width=600)
+    FL.with_min_cells(fig)
+    below = 6 * max(len(f"{i}: ␣tok{i}") for i in range(14)) + 40
+    assert (fig.layout.height - 70 - below) / 14 >= FL.MIN_CELL
+    long = go.Figure(go.Heatmap(z=np.ones((300, 300))))  # a long prompt: capped, not 6600 px tall
+    long.update_layout(height=900)
+    assert FL.with_min_cells(long).layout.height <= FL.MAX_HEATMAP_HEIGHT

@@ -131,3 +131,27 @@ def logit_lens_figure(top_tokens: Sequence[Sequence[str]], probs, positions: Seq
                       yaxis={"title": {"text": t("layer (output of)")}, "autorange": "reversed", "dtick": 1,
                              "type": "category"})  # "embed" beside "0" … : not a numeric axis
     return fig
+
+
+MIN_CELL = 22  # px: a head heatmap's least row height on the Language model page (12 px labels, apart)
+MAX_HEATMAP_HEIGHT = 1000
+
+
+def with_min_cells(fig: go.Figure, cell: int = MIN_CELL, max_height: int = MAX_HEATMAP_HEIGHT) -> go.Figure:
+    """A head heatmap (viz.figures.attention.attention_heatmap) with rows of at least `cell` px, square cells, as
+    far as `max_height` allows (issue 26 §2: the default 14-token prompt drew ~110 px of plot, labels overlapping).
+    In place; a figure already that large is left alone."""
+    tr = fig.data[0]
+    if tr.z is None or not len(tr.z):
+        return fig
+    rows, cols = len(tr.z), len(tr.z[0])
+    x = [str(v) for v in (tr.x if tr.x is not None else range(cols))]
+    y = [str(v) for v in (tr.y if tr.y is not None else range(rows))]
+    below = 6 * max(map(len, x), default=2) + 40  # rotated x tick labels (as attention._square_width)
+    label = 7 * max(map(len, y), default=2) + 40
+    want = int(min(max_height, rows * cell + 70 + below))
+    if (fig.layout.height or 0) >= want:
+        return fig
+    side = (want - 70 - below) / rows
+    fig.update_layout(height=want, width=int(min(1400, max(fig.layout.width or 0, side * cols + label + 130))))
+    return fig

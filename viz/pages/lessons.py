@@ -173,6 +173,22 @@ def seed_state() -> None:
     # Streamlit drops a widget's state on another page: `_lesson_keep` brings the lesson back.
     seed_from_query("lesson_n", "lesson", st.session_state.get("_lesson_keep", 1), int, int_in(1, N))
     seed_from_query("lesson_present", "present", False, lambda v: v in ("1", "true"), None)
+    if DONE_KEY not in st.session_state:  # a reload (a new session): the progress the URL kept
+        st.session_state[DONE_KEY] = done_from_url(st.query_params.get("done"))
+
+
+def done_from_url(raw: str | None) -> set[str]:
+    """`?done=1.2.12`: the lessons answered right, by number (the browser keeps them, the server never does)."""
+    out = set()
+    for part in (raw or "").split("."):
+        if part.isdigit() and 1 <= int(part) <= N:
+            out.add(LS.LESSONS[int(part) - 1].slug)
+    return out
+
+
+def done_to_url(done: set[str]) -> str | None:
+    numbers = [str(i) for i, lesson in enumerate(LS.LESSONS, 1) if lesson.slug in done]
+    return ".".join(numbers) or None
 
 
 def go(delta: int) -> None:
@@ -193,6 +209,7 @@ def nav(n: int) -> None:
 def progress(slot, n: int) -> None:
     """Fill the progress bar's slot (reserved at the top, filled last: after this run's answer)."""
     done = st.session_state.setdefault(DONE_KEY, set())
+    write_query(done=done_to_url(done))  # kept across reloads and in a ?present=1 link, in the URL only
     slot.progress(len(done) / N, text=t("Lesson {n} of {total} · {done} of {total} questions answered",
                                        n=n, total=N, done=len(done)))
 

@@ -306,7 +306,7 @@ def heads_view() -> None:
                      n_layers=n_layers, n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best])),
                      sl=layer, sh=head, sv=F.num(float(scores[layer, head]))))
     name = modules[layer]
-    fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
+    fig = FL.with_min_cells(F.attention_heatmap(trace, name, head, meta=meta, all_heads=True))
     show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
     if len(fig.data) > 1:  # the head buttons switch in the browser; the server follows (as on the Attention page)
         _head_clicks(key="llm_head_clicks", data={"figure": "llm_head_fig"}, height=0,
