@@ -1,0 +1,165 @@
+"""Long inputs on a language model (issue 24 §3): the views a page shows when a prompt is too long to keep
+every attention map. The trace is lazy (model/core/trace.py: q, k, v per layer; a head's weights computed
+when shown), so memory grows like the prompt, not its square.
+
+    from viz.ui.long_views import render_long_attention
+    render_long_attention(sel, lm, trace, key="attn")
+
+- a head's whole map, pooled (keys summed, queries averaged: each row still sums to 1), beside a zoom
+  window of exact cells (its corner and size in the URL: `win=q0,k0,size`; token labels once small);
+- the document view: the prompt as text, each token shaded by how much the chosen position attends to
+  it (one head, the layer's mean, or the model's mean), with the top 10 sources.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from model.analysis import long as LG
+from model.core import recorder
+from viz.figures import long as FLONG
+from viz.i18n import N_, t
+from viz.ui.models import load_ckpt
+from viz.ui.render import show_error, show_figure
+from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
+
+FULL_BUDGET = recorder.DEFAULT_BUDGET_BYTES  # the full trace the other views use, at most this
+LONG_BUDGET = 2**30  # a lazy trace (q, k, v of every layer), at most this: SmolLM2 at 8,192 tokens is 0.92 GiB
+EXACT_UP_TO = 512  # up to this many tokens the lazy trace is fed by the step-by-step forward (bit for bit the
+                   # full capture's weights); beyond, by the fused fast path (equal to ~1e-6)
+LONG_TRACES = 2  # lazy traces kept for all sessions (SmolLM2 at 2,048 tokens: 236 MB each)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+@st.cache_resource(show_spinner=False, max_entries=LONG_TRACES, ttl=1800)
+def _long_trace(name: str, text: str, chat: bool, keep: int | None):
+    rm = load_ckpt(name)
+    lm = rm.obj
+    ids = lm.encode(text, chat=chat, keep_last=keep)
+    T = ids.shape[1]
+    _, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET, last_only=True)
+    meta = trace.meta
+    meta["checkpoint"] = name
+    meta["tgt_pieces"] = lm.tokens(ids[0])
+    meta["tgt_tokens"] = rm.readable(meta["tgt_pieces"])
+    return trace.with_meta(meta)
+
+
+def _keep_button(n: int, key: str) -> None:
+    if st.button(t("Keep the last {n} tokens", n=f"{n:,}"), key=f"{key}_keep_{n}",
+                 help=t("The end of the text is kept: it is where the model predicts the next token.")):
+        write_query(keep=n)
+        st.rerun()
+
+
+def long_trace(sel, key: str = "attn", chat: bool = False):
+    """The lazy trace of the selection's text when it is too long for a full trace on this server, else
+    None (the page's usual views run). A text longer than the model reads, or than even a lazy trace may
+    hold here, is said in the UI's words with the length that works and a button keeping the text's end;
+    the page then stops. `?keep=N` (set by that button) keeps the last N tokens."""
+    rm = sel.ckpt
+    lm = rm.obj
+    raw_keep = st.query_params.get("keep")
+    keep = int(raw_keep) if raw_keep is not None and str(raw_keep).isdigit() and int(raw_keep) > 0 else None
+    try:
+        n = lm.encode(sel.text, chat=chat).shape[1]
+    except recorder.ContextLengthError as e:
+        if keep is None or keep > e.context_length:
+            show_error(t("This text is {n} tokens long, and {model} reads at most {limit} tokens at once (its "
+                         "context length).", n=f"{e.n_tokens:,}", model=rm.title, limit=f"{e.context_length:,}"))
+            _keep_button(min(e.context_length, lm.max_tokens_within(LONG_BUDGET, lazy=True)), key)
+            st.stop()
+        n = e.n_tokens
+    except ValueError as e:
+        show_error(e)
+        st.stop()
+    T = min(n, keep) if keep else n
+    if keep is not None and keep < n:
+        st.info(t("Showing the last {k} of the text's {n} tokens.", k=f"{T:,}", n=f"{n:,}"), icon="✂️")
+    full = lm.trace_bytes(T)
+    if full <= FULL_BUDGET:
+        return None
+    fit = lm.max_tokens_within(LONG_BUDGET, lazy=True)
+    if T > fit:
+        show_error(t("This text is {n} tokens long; this server shows at most {fit} tokens of it (the model's "
+                     "queries, keys and values of every layer must fit in {budget}).", n=f"{T:,}",
+                     fit=f"{fit:,}", budget=_mib(LONG_BUDGET)))
+        _keep_button(fit, key)
+        st.stop()
+    with st.spinner(t("Running the model on {n} tokens…", n=f"{T:,}")):
+        trace = _long_trace(sel.name, sel.text, chat, T if keep else None)
+    st.info(t("{n} tokens: every attention map would take {full}. The page keeps the model's queries, keys and "
+              "values ({held}) and computes a head's map when you open it; very long maps are shown pooled, "
+              "with a window of exact cells.", n=f"{T:,}", full=_mib(full), held=_mib(trace.nbytes())),
+            icon="📏")
+    return trace
+
+OVERVIEW_BLOCKS = 128  # the pooled map's side (cells); a block holds T / 128 positions
+ZOOM_SIZES = (16, 32, 64, 128, 256)
+SCOPES = {"head": N_("this head"), "layer": N_("this layer's mean over heads"), "model": N_("the model's mean")}
+
+
+def _win(raw: str | None, T: int) -> tuple[int, int, int] | None:
+    try:
+        q0, k0, size = (int(x) for x in str(raw).split(","))
+    except (TypeError, ValueError):
+        return None
+    if size in ZOOM_SIZES and 0 <= q0 < T and 0 <= k0 < T:
+        return q0, k0, size
+    return None
+
+
+def render_long_attention(trace, tokens: list[str], key: str = "attn") -> None:
+    """Layer/head choice, the pooled overview with its zoom window, and the document view of `trace` (a
+    LazyTrace of a decoder LM); `tokens` are the readable pieces."""
+    T = LG.n_tokens(trace)
+    mods = trace.modules()
+    n_layers, n_heads = len(mods), trace.n_heads(0)
+    seed_from_query(f"{key}_long_layer", "layer", 0, int, int_in(0, n_layers - 1))
+    seed_from_query(f"{key}_long_head", "head", 0, int, int_in(0, n_heads - 1))
+    clamp_state(f"{key}_long_layer", 0, n_layers - 1)
+    clamp_state(f"{key}_long_head", 0, n_heads - 1)
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox(t("Layer"), range(n_layers), key=f"{key}_long_layer")
+    head = c2.selectbox(t("Head"), range(n_heads), key=f"{key}_long_head")
+    write_query(layer=layer, head=head)
+
+    # ---- the whole map, pooled, and a window of exact cells
+    st.subheader(t("The whole input"))
+    st.caption(t("Each cell is a block of about {b} queries × {b} keys: the weights a query puts on the block's "
+                 "keys are summed, then averaged over the block's queries, so every row still sums to 1. Pick a "
+                 "window below to see its exact cells.", b=max(1, round(T / OVERVIEW_BLOCKS))))
+    ov = LG.pooled_overview(trace, layer, head, n=OVERVIEW_BLOCKS)
+    win = _win(st.query_params.get("win"), T) or (max(0, T - 32), max(0, T - 32), 32)
+    c1, c2, c3 = st.columns(3)
+    size = c3.select_slider(t("Window size"), ZOOM_SIZES, value=win[2], key=f"{key}_long_size")
+    q0 = c1.number_input(t("First query"), 0, T - 1, value=min(win[0], T - 1), key=f"{key}_long_q0")
+    k0 = c2.number_input(t("First key"), 0, T - 1, value=min(win[1], T - 1), key=f"{key}_long_k0")
+    write_query(win=f"{q0},{k0},{size}")
+    fig = FLONG.overview_figure(ov, tokens)
+    fig.add_shape(type="rect", xref="x domain", yref="y domain", x0=k0 / T, x1=min(T, k0 + size) / T,
+                  y0=1 - min(T, q0 + size) / T, y1=1 - q0 / T, line={"color": "#1f77b4", "width": 2})
+    show_figure(fig, key=f"{key}_long_overview")
+    cells = LG.zoom(trace, layer, head, q0, q0 + size, k0, k0 + size)
+    show_figure(FLONG.window_figure(cells, q0, k0, tokens), key=f"{key}_long_window")
+    if k0 > q0 + size - 1:
+        st.caption(t("Keys after a query are blocked (it cannot see the future): this window is all zeros."))
+
+    # ---- the document view
+    st.subheader(t("The document view"))
+    seed_from_query(f"{key}_long_pos", "pos", T - 1, int, int_in(0, T - 1))
+    seed_from_query(f"{key}_long_scope", "scope", "head", valid=lambda v: v in SCOPES)
+    c1, c2 = st.columns([1, 2])
+    pos = c1.number_input(t("Position"), 0, T - 1, key=f"{key}_long_pos",
+                          help=t("The query position: its weights over every earlier token shade the text. The "
+                                 "last position is the one whose output predicts the next token."))
+    scope = c2.segmented_control(t("Weights of"), list(SCOPES), format_func=lambda v: t(SCOPES[v]),
+                                 key=f"{key}_long_scope", required=True)
+    write_query(pos=pos, scope=scope)
+    view = LG.document_view(trace, pos, None if scope == "model" else layer, head if scope == "head" else None)
+    st.html(FLONG.document_html(tokens, view))
+    st.caption(t("Top {n} source tokens of position {pos}:", n=len(view.top), pos=pos))
+    st.dataframe(FLONG.top_sources(tokens, view), hide_index=True, use_container_width=True)
