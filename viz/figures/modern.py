@@ -276,8 +276,8 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
     y = list(y)[sl]
     last = capped if capped is not None else scaled
     panels = [(qk, "q·kᵀ"), (scaled, t("× scale {s}", s=f"{m['scale']:.4g}")
-                                      + ("" if m["scale_is_plain"] else " " + t("(not 1/√d_k = {p})",
-                                                                              p=f"{plain_scale(info):.4g}")))]
+                                      + ("" if m["scale_is_plain"] else "<br>" + t("(not 1/√d_k = {p})",
+                                                                                 p=f"{plain_scale(info):.4g}")))]
     if capped is not None:
         panels.append((capped, t("soft-cap: {c}·tanh(s/{c})", c=F_num(m["softcap"]))))
     panels.append((np.where(blocked, np.nan, last), t("+ M (dark = −∞)") if not m["window"]
@@ -286,8 +286,10 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.035)
     r = float(np.nanmax(np.abs(qk))) or 1.0  # one colour range for every score panel: the steps shrink visibly
     for c, (z, _title) in enumerate(panels, start=1):
+        bar = dict(orientation="h", x=0.4, xanchor="center", y=-0.32, yanchor="top", len=0.7, thickness=10,
+                   title=dict(text=t("scores (one scale)"), side="bottom"))  # under the score panels
         fig.add_trace(go.Heatmap(z=z[sl].astype(np.float32), x=list(x), y=y, colorscale="RdBu_r", zmin=-r, zmax=r,
-                                 zmid=0, showscale=c == len(panels), colorbar=dict(x=0.78, len=0.8, thickness=10),
+                                 zmid=0, showscale=c == len(panels), colorbar=bar,
                                  hovertemplate=t("query %{y}<br>key %{x}<br>value %{z:.6g}") + "<extra></extra>"),
                       1, c)
     over = np.where(blocked[sl], 1.0, np.nan).astype(np.float32)
@@ -295,15 +297,16 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
                              hovertemplate=t("query %{y}<br>key %{x}<br>M = −∞ (blocked)") + "<extra></extra>"),
                   1, len(panels))
     fig.add_trace(go.Heatmap(z=w[sl].astype(np.float32), x=list(x), y=y, colorscale="Blues", zmin=0, zmax=1,
-                             colorbar=dict(x=1.0, len=0.8, thickness=10),
+                             colorbar=dict(x=1.01, len=0.8, thickness=10),
                              hovertemplate=t("query %{y}<br>key %{x}<br>weight %{z:.4f}") + "<extra></extra>"),
                   1, len(titles))
+    fig.update_annotations(font_size=11)  # the subplot titles: five panels side by side
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=len(y) <= 40, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=n_k <= 40, tickangle=-60)
     fig.update_layout(title=t("{name} · head {head}: softmax(M + {steps})", name=name, head=head,
                               steps="c·tanh(q·kᵀ × s / c)" if capped is not None else "q·kᵀ × s"),
-                      height=max(340, min(620, 120 + 12 * len(y))), margin=dict(l=10, r=10, t=80, b=60))
+                      height=max(420, min(700, 200 + 12 * len(y))), margin=dict(l=90, r=10, t=90, b=150))
     return fig
 
 
@@ -388,8 +391,8 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
     each layer for a query `distance` positions into a long text (the closed form `reach_back`)."""
     fig = make_subplots(rows=1, cols=3, column_widths=[0.34, 0.33, 0.33], horizontal_spacing=0.09,
                         subplot_titles=(t("sliding-window mask, W = {w}", w=window),
-                                        t("what reaches the last token, layer by layer"),
-                                        t("reach back from a token at position {d}", d=f"{distance:,}")))
+                                        t("what reaches the last token,<br>layer by layer"),
+                                        t("reach back from a token<br>at position {d}", d=f"{distance:,}")))
     fig.add_trace(go.Heatmap(z=mask.astype(np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
                              colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
                              hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, 1)
@@ -399,16 +402,19 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
                              zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2ca02c"]], showscale=False,
                              hovertemplate="%{y}<br>%{x}<br>" + t("reaches the last token: %{z}") + "<extra></extra>"),
                   1, 2)
-    fig.add_trace(go.Scatter(x=list(range(len(far))), y=list(far), mode="lines+markers", name=t("reach back"),
+    steps = [t("embedding")] + [t("layer {l}", l=i) for i in range(len(far) - 1)]
+    fig.add_trace(go.Scatter(x=steps, y=list(far), mode="lines+markers+text", name=t("reach back"),
+                             text=[f"{int(v):,}" for v in far], textposition="top left",
                              line=dict(color="#d62728"), showlegend=False,
-                             hovertemplate=t("after layer %{x}: %{y:,} positions back") + "<extra></extra>"), 1, 3)
+                             hovertemplate="%{x}: " + t("%{y:,} positions back") + "<extra></extra>"), 1, 3)
     fig.add_hline(y=distance, line=dict(color="#7f7f7f", dash="dot"), row=1, col=3)
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=len(labels) <= 40, row=1, col=1)
     fig.update_yaxes(autorange="reversed", type="category", row=1, col=2)
     fig.update_xaxes(type="category", showticklabels=False, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=False, row=1, col=2)
-    fig.update_xaxes(title_text=t("layer"), row=1, col=3)
+    fig.update_xaxes(type="category", row=1, col=3)
     fig.update_yaxes(title_text=t("positions back"), row=1, col=3)
+    fig.update_annotations(font_size=11)  # three subplot titles side by side
     fig.update_layout(height=420, margin=dict(l=50, r=20, t=60, b=50))
     return fig
 
@@ -536,12 +542,12 @@ def moe_figure(probs: np.ndarray, topk_ids: np.ndarray, loads: np.ndarray, label
     """Left: the router's probabilities, tokens × experts, of one layer; a ring marks each token's top-k (the
     experts that run on it). Right: load per expert (top-k picks) in every layer."""
     T, E = probs.shape
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.22,
                         subplot_titles=(t("layer {l}: router probabilities (○ = chosen)", l=layer),
                                         t("load per expert, every layer")))
     ex = [str(e) for e in range(E)]
     fig.add_trace(go.Heatmap(z=probs.astype(np.float32), x=ex, y=list(labels), colorscale="Purples", zmin=0,
-                             zmax=float(max(probs.max(initial=0), 1e-6)), colorbar=dict(x=0.5, len=0.85, thickness=10),
+                             zmax=float(max(probs.max(initial=0), 1e-6)), colorbar=dict(x=0.45, len=0.85, thickness=10),
                              hovertemplate=t("token %{y}<br>expert %{x}<br>p = %{z:.4f}") + "<extra></extra>"), 1, 1)
     ids = np.asarray(topk_ids)  # (T, k)
     ti, te = np.repeat(np.arange(T), ids.shape[1]), ids.ravel()
