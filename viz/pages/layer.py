@@ -167,7 +167,12 @@ tabs = st.tabs([t("Residual stream & Add & Norm"), t("Post-LN vs pre-LN wiring")
 # ---------------------------------------------------------------- residual stream
 with tabs[0]:
     wiring = "pre-LN" if pre_ln else "post-LN"
-    if norm_kind == "rmsnorm":
+    if wiring_kind in WIRING_NOTES:  # sandwich, post norms, parallel: the steps below follow the model's own wiring
+        st.caption(t("This model's wiring: **{wiring}**. The residual connection still adds what the sublayer "
+                     "computed to its input, so information and gradients have a direct path through the stack. Top: "
+                     "the length ‖·‖ of every token's vector at each step, in the order the model computes them; "
+                     "bottom: the chosen token's vectors themselves.", wiring=t(FL.WIRING_TITLES[wiring_kind])))
+    elif norm_kind == "rmsnorm":
         st.caption(t("This model is **{wiring}**. The residual connection adds the sublayer's output to its input "
                      "(x + sublayer(x)), so information and gradients have a direct path through the stack; RMSNorm "
                      "rescales the sublayer's input by its root mean square (times a learned γ): no mean is "
