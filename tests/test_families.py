@@ -39,7 +39,8 @@ FAMILIES = {
     "olmo2": ("olmo2", dict()),
     "gpt_neox": ("gpt_neox", dict(rotary_pct=0.5, num_key_value_heads=4)),
     "qwen2_moe": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                    shared_expert_intermediate_size=48)),
+                                    shared_expert_intermediate_size=48, num_hidden_layers=3,
+                                    mlp_only_layers=[1])),  # layer 1: a dense FFN between MoE layers
     "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2)),
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
 }
@@ -94,6 +95,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_logits_weights_and_greedy_tokens_match_transformers(family, saved):
     ref, d = saved(family)
     lm = load_hf_dir(d)
+    assert lm.model.num_parameters() == lm.model.cfg.num_parameters() == sum(p.numel() for p in ref.parameters())
     x = ids()
     out = ref(x, output_attentions=True)
     logits, trace = lm.run_with_trace(x, names=["*.weights", "logits"])
@@ -206,7 +208,7 @@ def test_the_description_says_each_layers_mechanisms(loaded):
     assert loaded("olmo2").model.describe()["attention"]["decoder.layers.0.self_attn"]["qk_norm_over"] == "full"
     moe = loaded("qwen2_moe").model.describe()["blocks"]["moe"]
     assert moe == {"n_experts": 4, "top_k": 2, "d_ff": 32, "norm_topk": False, "shared": True, "shared_d_ff": 48,
-                   "shared_gate": True, "layers": [0, 1]}
+                   "shared_gate": True, "layers": [0, 2]}
     assert json.loads(json.dumps(loaded("gemma3").model.describe())) == loaded("gemma3").model.describe()
 
 
