@@ -79,7 +79,7 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False
     if r < x.shape[-1]:
         return torch.cat((apply_rotary(x[..., :r], angles, in_float32), x[..., r:]), dim=-1)
     emb = torch.cat((angles, angles), dim=-1)
-    if in_float32 and x.dtype != torch.float32:
+    if in_float32 and x.dtype in (torch.bfloat16, torch.float16):
         cos, sin = emb.cos(), emb.sin()
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -209,7 +209,7 @@ class MoEFeedForward(nn.Module):
 
     Capture points (<ffn> = decoder.layers.{i}.ffn), each also a hook point:
       <ffn>.router.logits        (B, T, E)   router output
-      <ffn>.router.probs         (B, T, E)   softmax, float32
+      <ffn>.router.probs         (B, T, E)   softmax (float32 for a bfloat16/float16 model)
       <ffn>.router.topk_ids      (B, T, k)   int64, the chosen experts, most probable first
       <ffn>.router.topk_weights  (B, T, k)   their weights (the model's dtype)
       <ffn>.experts.{e}.out      (B, T, D)   expert e's output before its weight, at the positions routed
@@ -234,7 +234,8 @@ class MoEFeedForward(nn.Module):
         n = self.name
         B, T, D = x.shape
         logits = record(f"{n}.router.logits", self.router(x))  # (B, T, E)
-        probs = record(f"{n}.router.probs", torch.softmax(logits, dim=-1, dtype=torch.float32))
+        low = logits.dtype in (torch.bfloat16, torch.float16)  # as HF: the router's softmax in float32
+        probs = record(f"{n}.router.probs", torch.softmax(logits, dim=-1, dtype=torch.float32 if low else None))
         top_w, top_ids = probs.topk(self.top_k, dim=-1)  # (B, T, k)
         if self.norm_topk:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
