@@ -191,3 +191,23 @@ def test_lesson_progress_survives_a_reload_through_the_url():
     assert at.query_params["done"] in ("1.2.3", ["1.2.3"])
     fresh = run({"lesson": "2", "done": "1.2.3", "present": "1"}, "viz/pages/lessons.py")  # the reload
     assert "· 3 of" in fresh.get("progress")[0].proto.text
+
+
+def test_generate_at_temperature_shows_the_drawn_probability_and_the_chosen_token(tiny):  # noqa: F811
+    """T = 0.8: "Chosen: x (probability p ...)" says p from softmax(logits / 0.8) (was the T = 1 number), and the
+    bars are that distribution's top 10 with the chosen token always among them."""
+    from viz.ui import lm_models
+
+    lm = lm_models.load(tiny).obj
+    at = run({"checkpoint": tiny, "prompt": IOI_TEXT, "view": "generate", "max_new": "6", "temperature": "0.8",
+              "seed": "4"}, "viz/pages/llm.py")
+    next(b for b in at.button if b.label == "Generate").click().run()
+    assert_clean(at)
+    want = lm.generate(IOI_TEXT, max_new_tokens=6, temperature=0.8, seed=4).steps[0]
+    chosen = [c.value for c in at.caption if c.value.startswith("Chosen:")][0]
+    from viz.figures.attention import num
+
+    assert f"probability {num(want.sampled_prob)} in the distribution it was drawn from" in chosen
+    assert f"temperature 1: {num(want.prob)}" in chosen
+    bars = next(f for k, f in figures(at).items() if "drawn from" in k)["data"][0]
+    assert list(decode(bars["x"])) == pytest.approx([p for _, p in want.drawn_top])

@@ -102,3 +102,12 @@ def test_presentation_mode_is_readable_at_1080p(server, paths, browser, lesson):
         assert overlapping == 0, (n, overlapping)
     finally:
         context.close()
+
+
+def test_lesson_progress_survives_a_reload(server, paths, page):
+    page.goto(server + paths["lessons"] + "?lesson=2&done=1.3&present=1")
+    wait_drawn(page, need_chart=False)
+    page.reload()
+    wait_drawn(page, need_chart=False)
+    bar = page.locator('[data-testid="stProgress"]').inner_text()
+    assert "· 2 of" in bar and "done=1.3" in page.url, (bar, page.url)
