@@ -354,7 +354,7 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
         attn += " · " + " · ".join(extra)
     ffn = (t("SwiGLU FFN: down({act}(gate·x) ⊙ up·x), d_ff = {f}", act=act, f=f["d_ff"]) if f["gated"]
            else t("Feed-forward network: {act}, d_ff = {f}", act=act, f=f["d_ff"]))
-    moe = f["moe"]
+    moe = f["moe"] if f["moe"] and layer in f["moe"].get("layers", [layer]) else None  # dense layers between
     if moe:
         ffn = t("Mixture of experts: top {k} of {E}, d_ff = {f}", k=moe["top_k"], E=moe["n_experts"], f=moe["d_ff"])
         if moe.get("shared"):
