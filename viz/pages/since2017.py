@@ -213,7 +213,7 @@ st.markdown(t("2017: $\\mathrm{FFN}(x) = W_2\\, \\mathrm{ReLU}(W_1 x)$. SwiGLU m
               "learned gate: $\\mathrm{FFN}(x) = W_2\\,(\\mathrm{SiLU}(W_g x) \\odot W_1 x)$, "
               "$\\mathrm{SiLU}(z) = z\\,\\sigma(z)$. Each hidden unit's gate decides, token by token, how much of "
               "its up projection passes."))
-if blocks.get("moe"):
+if blocks.get("moe") and f"{L}.ffn.gate" not in trace:  # this layer's FFN is experts (a dense layer may sit between)
     st.info(t("The feed-forward network of {model} is a mixture of experts, each expert a SwiGLU network: section 10 "
               "shows which experts each token uses.", model=lm_label), icon="🧩")
 elif blocks.get("ffn") != "gated":
