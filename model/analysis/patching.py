@@ -102,7 +102,37 @@ def activation_patching(lm, clean, corrupted, good: int, bad: int, heads: bool =
                 progress(done[0], total)
         return np.concatenate(out)
 
-    resid = run([(names[i], t) for i in range(L) for t in range(T)]).reshape(L, T)
+    def run_resid() -> np.ndarray:
+        """The residual map, position by position (issue 26 §3): a patch at position t changes nothing
+        before t (causal attention), so the corrupted run's keys and values of positions < t are computed
+        once and every layer's patch at t runs only positions t.. (a KV cache, as in generation), with the
+        logits of the last position only. About 2.5x fewer FLOPs than one full forward per patch; the
+        same numbers up to float32 rounding (tests/test_lm_phenomena.py, bench/lm_pages.py)."""
+        full = m.new_cache()
+        m(x_ids, cache=full)  # the corrupted run's keys and values at every position
+        out = np.zeros((L, T))
+        step = max(1, batch)
+        for t in range(T):
+            for s in range(0, L, step):
+                layers = list(range(s, min(L, s + step)))
+                R = len(layers) + 1  # + the last row, unpatched: this path's own corrupted baseline, so that a
+                # patch that changes nothing reads 0 exactly, not the float noise between two code paths
+                cache = [{k: v[:, :, :t].expand(R, -1, -1, -1) for k, v in c.items()} for c in full]
+                by_point: dict[str, list[int]] = {}
+                for r, i in enumerate(layers):
+                    by_point.setdefault(names[i], []).append(r)
+                hooks = {p: _rows_hook(torch.tensor(rows), torch.zeros(len(rows), dtype=torch.long),
+                                       trace[p][:, t:t + 1]) for p, rows in by_point.items()}
+                with m.hooks(hooks):
+                    logits = m(x_ids[:, t:].expand(R, -1), cache=cache, offset=t, last_only=True)
+                ld = logit_diff(logits, good, bad)
+                out[layers, t] = ((ld[:-1] - ld[-1]) / span).numpy()
+                done[0] += R - 1
+                if progress is not None:
+                    progress(done[0], total)
+        return out
+
+    resid = run_resid()
     head_map = run([(heads_names[i], h) for i in range(L) for h in range(H)]).reshape(L, H) if heads else None
     toks = getattr(lm, "tokens", None)
     return Patching(resid, head_map, ld_clean, ld_corr,
