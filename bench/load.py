@@ -19,6 +19,16 @@ sessions (Playwright) and reads the server's CPU time (utime + stime) and reside
 
 Absolute times are noise on a shared machine; compare the ratios within one run.
 
+    .venv/bin/python bench/load.py --llm-soak [--sessions 20] [--long-sessions 5] [--long-tokens 2048] [--clicks 4]
+
+Issue 24 §6: the class on /llm with SmolLM2, some sessions with long prompts (the longest /llm takes, when it
+refuses the length asked for: said in the output). Memory after the class / before, exceptions, sessions that
+showed another session's prompt (each prompt names its own marker word), head-switch redraw p50/p95.
+
+    .venv/bin/python bench/load.py --warm-lm-ratio [--clicks 12]
+
+Issue 26 §3: server CPU per toy head switch on a server that warmed SmolLM2 and on one that did not.
+
     .venv/bin/python bench/load.py --hall 2 --sessions 40 [--hall-port 8700] [--via select]
 
 A lecture hall (issue 20 §2): `deploy/hall.sh up N` (N replicas behind HAProxy, cookie affinity) and
@@ -291,6 +301,213 @@ class Group(threading.Thread):
                 out["foreign"].append(title)
 
 
+LLM_HEATMAP = ".st-key-llm_head_fig .js-plotly-plot"  # /llm's head heatmap (head buttons switch in the browser)
+MARKERS = ["otter", "zebra", "falcon", "walnut", "violin", "harbor", "pepper", "candle", "meadow", "rocket",
+           "saddle", "turnip", "glacier", "lantern", "mango", "beetle", "anchor", "tulip", "cobalt", "pebble",
+           "marble", "lizard", "orchid", "bucket"]  # one per session: its prompt names it, no other does
+FILLER = ("The river runs past the old mill, where the miller counts his sacks of grain each morning before the "
+          "market opens and the carts roll in from the villages along the valley road. ")
+PLOT_TEXT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => [el.layout?.title?.text || '',
+    ...(el.data || []).flatMap(d => [...(d.x || []), ...(d.y || [])].map(String))].join(' ')).join(' ')"""
+
+
+def soak_prompt(i: int, tokens: int, lm) -> str:
+    """Session i's prompt: its marker word, then filler cut to `tokens` tokens (short: a sentence)."""
+    head = f"A note about the {MARKERS[i]}: the {MARKERS[i]} came back today."
+    if tokens <= 0:
+        return head
+    ids = lm.encode(head + " " + FILLER * (tokens // 20 + 2))[0, :tokens]
+    return lm.decode(ids.tolist())
+
+
+def llm_pick_head(page, h: int) -> float:
+    """/llm: click head h's button in the head heatmap (or, where the heatmap carries one head only, choose it
+    in the Head select: a server round trip); seconds until it is redrawn with that head."""
+    buttons = page.locator(f"{LLM_HEATMAP} .updatemenu-button")
+    if buttons.count() > h:
+        target = buttons.nth(h)
+        target.scroll_into_view_if_needed()
+    else:
+        page.get_by_test_id("stMainBlockContainer").get_by_role("combobox", name="Head", exact=True).first.click()
+        target = page.get_by_role("option", name=str(h), exact=True)
+        target.wait_for(timeout=60_000)
+    t0 = time.perf_counter()
+    target.click()
+    page.wait_for_function(
+        "h => [...document.querySelectorAll('.js-plotly-plot')].some("
+        "el => (el.layout?.title?.text || '').includes('· head ' + h + ' ·'))", arg=h, polling="raf",
+        timeout=300_000)
+    took = time.perf_counter() - t0
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=300_000)
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=300_000)
+    return took
+
+
+def set_llm_prompt(page, text: str) -> None:
+    """Type (paste) a prompt into /llm's prompt box and submit it (Ctrl+Enter), then wait for the page."""
+    box = page.get_by_test_id("stMainBlockContainer").get_by_label("Prompt", exact=True)  # not the sidebar's
+    box.fill(text)
+    box.press("Control+Enter")
+    page.wait_for_timeout(300)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=600_000)
+    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=600_000)
+
+
+def llm_page_problem(page) -> str | None:
+    """None when /llm shows its head heatmap and no error; else what it shows."""
+    for sel in ('[data-testid="stException"]', '[data-testid="stAlertContentError"]'):
+        if page.locator(sel).count():
+            return page.locator(sel).first.inner_text()[:300]
+    if not page.locator(f"{LLM_HEATMAP} .main-svg").count():
+        return "no head heatmap"
+    return None
+
+
+class LLMGroup(threading.Thread):
+    """Some students of the soak in one Chromium: each opens /llm on SmolLM2 with its own prompt (typed into
+    the prompt box), then switches heads `clicks` times. Every page is checked for exceptions and for
+    another session's marker word (in the page's text or any figure's labels)."""
+
+    def __init__(self, base: str, students: list[int], prompts: dict[int, str], clicks: int, results: list,
+                 start: threading.Barrier, long: frozenset = frozenset()):
+        super().__init__(daemon=True)
+        self.base, self.students, self.prompts, self.clicks, self.long = base, students, prompts, clicks, long
+        self.results, self.start_line = results, start
+
+    def run(self) -> None:
+        from playwright.sync_api import sync_playwright
+
+        out = {"redraw": [], "long_redraw": [], "errors": [], "foreign": [], "own_missing": [], "clicks": 0}
+        try:
+            with sync_playwright() as p:
+                b = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+                try:
+                    pages = [b.new_context(viewport={"width": 1400, "height": 2000}).new_page() for _ in self.students]
+                    for page in pages:
+                        page.set_default_timeout(600_000)
+                    self.start_line.wait()
+                    for page in pages:
+                        page.goto(f"{self.base}/llm?checkpoint=smollm2&view=heads", wait_until="commit")
+                    for page, i in zip(pages, self.students, strict=True):
+                        Group.guarded(out, settled, page, 600_000)
+                        Group.guarded(out, set_llm_prompt, page, self.prompts[i])
+                        self.check(page, i, out)
+                    for k in range(self.clicks):
+                        for page, i in zip(pages, self.students, strict=True):
+                            took = Group.guarded(out, llm_pick_head, page, (k + 1) % 9)
+                            if took is not None:
+                                out["long_redraw" if i in self.long else "redraw"].append(took)
+                            out["clicks"] += 1
+                            self.check(page, i, out)
+                finally:
+                    b.close()
+        except Exception as e:  # noqa: BLE001 - a failed group is a result
+            out["errors"].append(f"{type(e).__name__}: {str(e)[:200]}")
+        self.results.append(out)
+
+    def check(self, page, i: int, out: dict) -> None:
+        try:
+            problem = llm_page_problem(page)
+            if problem:
+                out["errors"].append(f"session {i}: {problem}")
+            seen = page.evaluate(PLOT_TEXT) + " " + page.locator("body").inner_text()
+        except Exception as e:  # noqa: BLE001
+            out["errors"].append(f"session {i}: {type(e).__name__}: {str(e)[:200]}")
+            return
+        others = [m for j, m in enumerate(MARKERS) if j != i and j in self.prompts and m in seen]
+        if others:
+            out["foreign"].append(f"session {i} ({MARKERS[i]}) shows {others}")
+        if MARKERS[i] not in seen:
+            out["own_missing"].append(i)
+
+
+def longest_llm_prompt(browser, base: str, lm, want: int) -> tuple[int, str | None]:
+    """The longest prompt (tokens) /llm shows without an error, trying want, then 1024, 512, 276, 256, 128;
+    with the message the page gave at `want` when it refused it."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    page = ctx.new_page()
+    page.set_default_timeout(600_000)
+    first_problem = None
+    try:
+        page.goto(f"{base}/llm?checkpoint=smollm2&view=heads")
+        settled(page, 600_000)
+        for n in sorted({want, *(x for x in (1024, 512, 276, 256, 128) if x < want)}, reverse=True):
+            set_llm_prompt(page, soak_prompt(len(MARKERS) - 1, n, lm))
+            problem = llm_page_problem(page)
+            if problem is None:
+                return n, first_problem
+            first_problem = first_problem or problem
+        return 0, first_problem
+    finally:
+        ctx.close()
+
+
+def llm_soak(args) -> None:
+    """Issue 24 §6: `args.sessions` browsers on /llm (SmolLM2), `args.long_sessions` of them with
+    `args.long_tokens`-token prompts (or the longest /llm takes), `args.clicks` head switches each."""
+    from playwright.sync_api import sync_playwright
+
+    from model import load_model
+
+    lm = load_model("smollm2")  # its tokenizer cuts the long prompts to an exact length
+    port = bench.free_port()
+    proc = bench.start_server(ROOT / "app.py", port, extra=["--server.disconnectedSessionTTL", "2"])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        bench.wait_health(port)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+            try:
+                long_n, refused = longest_llm_prompt(browser, base, lm, args.long_tokens)
+            finally:
+                browser.close()
+        time.sleep(3)  # > disconnectedSessionTTL: the probe's session is dropped
+        quiet_cpu(proc.pid, 2.0)
+        mem_before = rss_mb(proc.pid)
+        n_long = min(args.long_sessions, args.sessions) if long_n else 0
+        prompts = {i: soak_prompt(i, long_n if i < n_long else 0, lm) for i in range(args.sessions)}
+        results: list = []
+        n_groups = min(args.browsers, args.sessions)
+        line = threading.Barrier(n_groups)
+        groups = [LLMGroup(base, list(range(g, args.sessions, n_groups)), prompts, args.clicks, results, line,
+                           frozenset(range(n_long))) for g in range(n_groups)]
+        c0, t0, peak = cpu_seconds(proc.pid), time.perf_counter(), mem_before
+        for g in groups:
+            g.start()
+        while any(g.is_alive() for g in groups):
+            peak = max(peak, rss_mb(proc.pid))
+            time.sleep(0.2)
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
+        time.sleep(6)  # > disconnectedSessionTTL: closed sessions are dropped
+        quiet_cpu(proc.pid, 1.0)
+        mem_after = rss_mb(proc.pid)
+    finally:
+        bench.stop_server(proc)
+    red = [x for r in results for x in r["redraw"]]
+    long_red = [x for r in results for x in r["long_redraw"]]
+    errors = [e for r in results for e in r["errors"]]
+    foreign = [f for r in results for f in r["foreign"]]
+    missing = sorted({i for r in results for i in r["own_missing"]})
+    clicks = sum(r["clicks"] for r in results)
+    print(f"soak (issue 24 §6): {args.sessions} browser sessions on /llm (SmolLM2), {n_long} of them with "
+          f"{long_n}-token prompts" + (f" (asked for {args.long_tokens}; /llm refused it: {refused[:160]!r})"
+                                       if long_n != args.long_tokens else "")
+          + f", the others with one sentence; {args.clicks} head switches each, {args.browsers} Chromium processes;"
+          f" {wall:.0f} s, server CPU {cpu:.0f} s; load average {os.getloadavg()[0]:.1f} at the end (2 cores)")
+    print(f"memory (RSS): before the class {mem_before:.0f} MB, peak {peak:.0f} MB, after every session closed "
+          f"{mem_after:.0f} MB   after / before {mem_after / mem_before:.2f}")
+    print(f"exceptions or error messages {len(errors)}   sessions that showed another's prompt {len(foreign)}   "
+          f"[{verdict(not errors and not foreign)}]")
+    for e in (errors + foreign)[:6]:
+        print("   ", e)
+    if missing:
+        print(f"  sessions whose own marker word was not on the page at some check: {missing}")
+    for label, xs in (("short prompts", red), (f"{long_n}-token prompts", long_red)):
+        if xs:
+            print(f"head switch redraw, {label}: p50 {statistics.median(xs) * 1000:.0f} ms, p95 "
+                  f"{percentile(xs, .95) * 1000:.0f} ms ({len(xs)} of {clicks} clicks)")
+
+
 def replica_of(page) -> str | None:
     """The replica HAProxy pinned this browser context to (its affinity cookie), None without a hall."""
     return next((c["value"] for c in page.context.cookies() if c["name"] == HALL_COOKIE), None)
@@ -485,7 +702,14 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="", help="hall: the model every session opens (?checkpoint=)")
     ap.add_argument("--warm-lm-ratio", action="store_true",
                     help="only: server CPU per toy head switch with SmolLM2 warm vs ATTENTION_LAB_WARM_LM=0")
+    ap.add_argument("--llm-soak", action="store_true",
+                    help="only: issue 24 §6, --sessions browsers on /llm (SmolLM2), --long-sessions of them long")
+    ap.add_argument("--long-sessions", type=int, default=5, help="--llm-soak: sessions with a long prompt")
+    ap.add_argument("--long-tokens", type=int, default=2048, help="--llm-soak: the long prompts' length")
     args = ap.parse_args()
+    if args.llm_soak:
+        llm_soak(args)
+        return
     if args.warm_lm_ratio:
         from playwright.sync_api import sync_playwright
 

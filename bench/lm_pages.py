@@ -1,0 +1,213 @@
+"""A class that does not wait (issue 26 §3): the language-model pages' times against their targets.
+
+    .venv/bin/python bench/lm_pages.py [--parts server,new,generate,switch] [--omp-active]
+
+Prints one table, each row: what was done, seconds, target, ratio, verdict.
+- server: every lesson and every /phenomena section on its defaults, a new session's script run (AppTest,
+  in this process) once the server is warm (viz/ui/warmup.warm(), which also fills the per-server shared
+  cache of analyses, model/analysis/shared.py); the first session's run beside it. Target <= 1 s.
+- new: what a student's own choice computes (nothing cached): induction with a new seed and its
+  ablation, the IOI ablation, the patching map, token 0 blocked in each head, /llm's trace of a 222-token
+  prompt. Targets <= 10 s (induction, ablation), <= 20 s (patching map).
+- generate: SmolLM2 streaming 24 tokens after a 34-token prompt (greedy), tokens/s between the first and
+  the last token, and the first token's latency. Target >= 10 tokens/s.
+- switch: a real browser (Playwright + /usr/bin/chromium) on `streamlit run app.py`: a plain page switch
+  through the sidebar, click -> the new page's script finished and drawn, with the server CPU it took.
+  Target <= 1.5 s (median).
+
+Like the server (viz/ui/warmup.py), this process sets OMP_WAIT_POLICY=PASSIVE before torch loads;
+--omp-active leaves OpenMP's default (spinning) policy, to see what it costs on a busy machine.
+Times are wall seconds with CPU seconds beside: on a shared, busy machine compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+TARGET_PAGE_S = 1.0  # a lesson or a /phenomena section on its defaults, once warm
+TARGET_NEW_S = 10.0  # a new seed or prompt: induction, ablation
+TARGET_PATCH_S = 20.0  # the patching map on a new prompt
+TARGET_TOKENS_S = 10.0  # generation, streamed
+TARGET_SWITCH_S = 1.5  # a plain page switch in the browser
+PROMPT_34 = ("The lab opened at nine. Students came in, sat down at the long tables, and waited for the "
+             "first lesson to begin, while the teacher wrote on the board.")  # 34 tokens for SmolLM2
+PHENOMENA = ("sinks", "patterns", "induction", "ioi")
+ROWS: list[tuple[str, float, float | None, str, str]] = []  # (what, seconds, cpu, target text, verdict)
+
+
+def row(what: str, seconds: float, cpu: float | None, target: float | None, higher_is_better: bool = False,
+        unit: str = "s") -> None:
+    if target is None:
+        ROWS.append((what, seconds, cpu, "", ""))
+        return
+    ok = seconds >= target if higher_is_better else seconds <= target
+    ratio = seconds / target
+    ROWS.append((what, seconds, cpu, f"{'>=' if higher_is_better else '<='} {target:g} {unit}  ratio {ratio:.2f}",
+                 "ok" if ok else "MISSED"))
+    print(f"  {what}: {seconds:.2f} {unit}" + (f" (cpu {cpu:.2f} s)" if cpu is not None else ""), flush=True)
+
+
+def timed(fn, *args, **kw):
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+# ---------------------------------------------------------------- server time (AppTest)
+
+
+def open_page(file: str, query: dict):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=900)
+    at.query_params.update({k: str(v) for k, v in query.items()})
+    at.run()
+    at.switch_page(file)
+    t0, c0 = time.perf_counter(), time.process_time()
+    at.run()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    errors = [e.value for e in at.exception] + [e.value for e in at.error]
+    return wall, cpu, errors
+
+
+def server_part() -> None:
+    from viz import lessons as LS
+    from viz.ui import warmup
+
+    _, wall, cpu = timed(warmup.warm)
+    print(f"warm-up (toy models, SmolLM2, the shared analyses): {wall:.1f} s wall, {cpu:.1f} s cpu", flush=True)
+    pages = [(f"lesson {i + 1} ({lesson.slug})", "viz/pages/lessons.py", {"lesson": i + 1})
+             for i, lesson in enumerate(LS.LESSONS)]
+    pages += [(f"/phenomena {v}", "viz/pages/phenomena.py", {"checkpoint": "smollm2", "phen": v}) for v in PHENOMENA]
+    for what, file, query in pages:
+        first, first_cpu, _ = open_page(file, query)  # the first session (what warm-up did not cover)
+        wall, cpu, errors = open_page(file, query)  # a new session once warm: the class's 30th student
+        note = f" [first session {first:.2f} s]" + (f" ERRORS: {errors[:1]}" if errors else "")
+        row(f"{what}, defaults, warm{note}", wall, cpu, TARGET_PAGE_S)
+
+
+# ---------------------------------------------------------------- a student's own choice (nothing cached)
+
+
+def new_part() -> None:
+    from model import load_model
+    from model.analysis import phenomena as PH
+    from model.analysis import shared as AN
+    from viz.ui import lm_models
+
+    lm = load_model("smollm2")
+    AN.ioi(lm)  # the page has it (warm) before any toggle below
+    seed = 1 + int(time.time()) % 9000  # a seed no cache holds
+    (_, w1, c1), (_, w2, c2) = timed(AN.induction, lm, 50, seed), timed(AN.induction_ablation, lm, 50, seed, 5, "zero")
+    row(f"induction, new seed {seed} (scores + loss + ablation of the top 5 vs 3 controls)", w1 + w2, c1 + c2,
+        TARGET_NEW_S)
+    _, w, c = timed(AN.ioi_ablation, lm, 4, "zero", 2)  # a k the warm-up did not compute
+    row("IOI ablation (12 prompts x top heads + 2 controls, batched)", w, c, TARGET_NEW_S)
+    _, w, c = timed(AN.patching, lm, 1)
+    row(f"patching map, IOI prompt 1 ({PH.as_ids(lm, AN.ioi(lm).prompts[1].text).shape[1]} positions x 30 layers)",
+        w, c, TARGET_PATCH_S)
+    text = AN.ioi(lm).prompts[2].text
+    _, w, c = timed(AN.sinks_per_head, lm, text)
+    row("token 0 blocked in each head alone (270 runs, batched), a new prompt", w, c, None)
+    rm = lm_models.load("smollm2")
+    long = (PROMPT_34 + " ") * 7
+    n = lm.encode(long).shape[1]
+    _, w, c = timed(rm.trace, long)
+    row(f"/llm heads view: the trace of a new {n}-token prompt", w, c, TARGET_NEW_S)
+
+
+def generate_part() -> None:
+    from model import load_model
+
+    lm = load_model("smollm2")
+    n = lm.encode(PROMPT_34).shape[1]
+    list(lm.stream(PROMPT_34, max_new_tokens=2))  # first use
+    t0, c0 = time.perf_counter(), time.process_time()
+    stamps = [time.perf_counter() for _ in lm.stream(PROMPT_34, max_new_tokens=24)]
+    cpu = time.process_time() - c0
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    row(f"generate 24 tokens after a {n}-token prompt: streamed rate (first token after "
+        f"{stamps[0] - t0:.2f} s)", rate, cpu, TARGET_TOKENS_S, higher_is_better=True, unit="tokens/s")
+
+
+# ---------------------------------------------------------------- a page switch in the browser
+
+
+def switch_part(switches: int = 3) -> None:
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from load import cpu_seconds, quiet_cpu
+
+    import app as bench  # bench/app.py: servers and the browser
+
+    port = bench.free_port()
+    proc = bench.start_server(ROOT / "app.py", port)
+    try:
+        bench.wait_health(port)
+        quiet_cpu(proc.pid, 2.0)  # warm-up done
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.set_default_timeout(300_000)
+            page.goto(f"http://127.0.0.1:{port}/")
+            bench.wait_drawn(page)
+            tour = [("Tokens & embeddings", "/tokens"), ("Attention", "/"), ("Inside a layer", "/layer"),
+                    ("Attention", "/")] * switches
+            times, cpus = [], []
+            for k, (link, path) in enumerate(tour):
+                quiet_cpu(proc.pid, 0.3)
+                c0 = cpu_seconds(proc.pid)
+                t0 = time.perf_counter()
+                page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=link, exact=True).click()
+                page.wait_for_function(f"() => location.pathname === {path!r}")
+                page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]')
+                page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached")
+                page.wait_for_load_state("networkidle")
+                took = time.perf_counter() - t0
+                cpus.append(quiet_cpu(proc.pid, 0.3) - c0)
+                if k >= 2:  # the first visit of each page warms its imports
+                    times.append(took)
+            browser.close()
+    finally:
+        bench.stop_server(proc)
+    med = statistics.median(times)
+    row(f"page switch (sidebar link), median of {len(times)}: max {max(times):.2f} s; server CPU median "
+        f"{statistics.median(cpus[2:]):.2f} s", med, None, TARGET_SWITCH_S)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="server,new,generate,switch")
+    ap.add_argument("--omp-active", action="store_true", help="OpenMP's default spinning wait policy")
+    args = ap.parse_args()
+    if not args.omp_active:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server does (viz/ui/warmup.py)
+    sys.path.insert(0, str(ROOT))
+    parts = args.parts.split(",")
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    for part in ("server", "new", "generate", "switch"):
+        if part in parts:
+            print(f"[{part}]", flush=True)
+            {"server": server_part, "new": new_part, "generate": generate_part, "switch": switch_part}[part]()
+    import torch
+
+    print(f"\nissue 26 §3 on this machine ({os.cpu_count()} cores, load average {load0:.1f} at the start and "
+          f"{os.getloadavg()[0]:.1f} at the end; torch {torch.get_num_threads()} threads; OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'default')}); {time.perf_counter() - t0:.0f} s in all")
+    width = max(len(r[0]) for r in ROWS)
+    for what, v, cpu, target, verdict in ROWS:
+        cpu_s = f"cpu {cpu:6.2f} s" if cpu is not None else " " * 12
+        print(f"{what:{width}s}  {v:8.2f}  {cpu_s}  {target:28s} {verdict}")
+
+
+if __name__ == "__main__":
+    main()
