@@ -65,3 +65,71 @@ def test_a_warm_language_model_adds_nothing_to_the_collectors_walk():
     assert warm["frozen"] > no_lm["frozen"] + 50_000 and late["frozen"] > no_lm["frozen"] + 50_000
     assert warm["walked"] / no_lm["walked"] <= MAX_RATIO, (warm, no_lm)
     assert late["walked"] / no_lm["walked"] <= MAX_RATIO, (late, no_lm)
+
+
+# ---------------------------------------------------------------- one run per server (model/analysis/shared.py)
+
+
+def tiny_lm():
+    import torch
+
+    from model.families.lm import DecoderLM, LMConfig
+
+    torch.manual_seed(0)
+    return DecoderLM(LMConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_len=128,
+                              positional="rotary", norm="rmsnorm", ffn="gated", activation="silu",
+                              tie_embeddings=True, bos_id=1)).eval()
+
+
+def test_thirty_sessions_asking_at_once_run_the_analysis_once():
+    import threading
+
+    from model.analysis.shared import SharedResults
+
+    cache, calls, release = SharedResults(max_entries=2), [], threading.Event()
+
+    def compute():
+        calls.append(1)
+        release.wait(timeout=30)  # every other session arrives while this one computes
+        return object()
+
+    got = []
+    sessions = [threading.Thread(target=lambda: got.append(cache.get(("lesson", 13), compute))) for _ in range(30)]
+    for s in sessions:
+        s.start()
+    release.set()
+    for s in sessions:
+        s.join(timeout=30)
+    assert len(calls) == 1 and len(got) == 30 and all(g is got[0] for g in got)
+    cache.get("a", object)
+    cache.get("b", object)  # bounded: the least recently used entry goes
+    assert not cache.has(("lesson", 13)) and cache.has("a") and cache.has("b")
+
+
+def test_a_failed_analysis_is_not_stored_and_the_next_caller_tries_again():
+    import pytest
+
+    from model.analysis.shared import SharedResults
+
+    cache = SharedResults()
+
+    def broken():
+        raise ValueError("no names in this vocabulary")
+
+    with pytest.raises(ValueError):
+        cache.get("k", broken)
+    assert cache.get("k", lambda: 42) == 42
+
+
+def test_lesson_13_and_the_phenomena_page_share_one_induction_run():
+    from model.analysis import shared
+    from viz import lessons as LS
+
+    lm = tiny_lm()
+    before = shared.RESULTS.computed
+    lesson = LS.lm_compute("induction", lm, "")
+    page = shared.induction(lm, 50, 0)  # /phenomena's default (n=50, seed 0): the same object, not a second run
+    assert page is lesson and shared.RESULTS.computed == before + 1
+    ablation = shared.induction_ablation(lm, 50, 0, 2, "zero")
+    assert ablation is shared.induction_ablation(lm, 50, 0, 2, "zero") and ablation.heads == [
+        (layer, h) for layer, h, _ in page.scores["induction"].top(2)]
