@@ -4,15 +4,24 @@ import streamlit as st
 
 from viz.i18n import t
 from viz.ui.attention_views import render_attention
-from viz.ui.models import is_real_model
+from viz.ui.long_views import long_trace, render_long_attention
+from viz.ui.models import capabilities, is_real_model
 from viz.ui.render import model_tokens
-from viz.ui.sidebar import require_trace
+from viz.ui.sidebar import require_trace, selection
 
 st.title(t("Attention"))
 st.caption(t("Scaled dot-product attention, Attention(Q, K, V) = softmax(QKᵀ/√d_k + M)·V, computed by every "
              "head of every layer. Choose the attention kind, layer and head; hover a cell for the exact "
              "weight and the two tokens."))
-sel, trace = require_trace()
+sel = selection()
+if sel is None:
+    st.stop()
+if is_real_model(sel) and "lm" in capabilities(sel.name):  # a long prompt: the lazy views (viz/ui/long_views.py)
+    long = long_trace(sel, key="attn")
+    if long is not None:
+        render_long_attention(long, long.meta["tgt_tokens"], key="attn")
+        st.stop()
+sel, trace = require_trace(sel)
 out = trace.meta.get("target", "")
 if is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: its next token after the prompt
     line = t("**Next token (greedy):** {out}", out=trace.meta["next_tokens"][-1])

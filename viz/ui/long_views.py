@@ -55,17 +55,19 @@ def _keep_button(n: int, key: str) -> None:
         st.rerun()
 
 
-def long_trace(sel, key: str = "attn", chat: bool = False):
+def long_trace(sel, key: str = "attn", chat: bool = False, text: str | None = None):
     """The lazy trace of the selection's text when it is too long for a full trace on this server, else
     None (the page's usual views run). A text longer than the model reads, or than even a lazy trace may
     hold here, is said in the UI's words with the length that works and a button keeping the text's end;
-    the page then stops. `?keep=N` (set by that button) keeps the last N tokens."""
+    the page then stops. `?keep=N` (set by that button) keeps the last N tokens. text: the prompt (default
+    the sidebar's)."""
     rm = sel.ckpt
     lm = rm.obj
+    text = sel.text if text is None else text
     raw_keep = st.query_params.get("keep")
     keep = int(raw_keep) if raw_keep is not None and str(raw_keep).isdigit() and int(raw_keep) > 0 else None
     try:
-        n = lm.encode(sel.text, chat=chat).shape[1]
+        n = lm.encode(text, chat=chat).shape[1]
     except recorder.ContextLengthError as e:
         if keep is None or keep > e.context_length:
             show_error(t("This text is {n} tokens long, and {model} reads at most {limit} tokens at once (its "
@@ -90,7 +92,7 @@ def long_trace(sel, key: str = "attn", chat: bool = False):
         _keep_button(fit, key)
         st.stop()
     with st.spinner(t("Running the model on {n} tokens…", n=f"{T:,}")):
-        trace = _long_trace(sel.name, sel.text, chat, T if keep else None)
+        trace = _long_trace(sel.name, text, chat, T if keep else None)
     st.info(t("{n} tokens: every attention map would take {full}. The page keeps the model's queries, keys and "
               "values ({held}) and computes a head's map when you open it; very long maps are shown pooled, "
               "with a window of exact cells.", n=f"{T:,}", full=_mib(full), held=_mib(trace.nbytes())),
@@ -112,20 +114,22 @@ def _win(raw: str | None, T: int) -> tuple[int, int, int] | None:
     return None
 
 
-def render_long_attention(trace, tokens: list[str], key: str = "attn") -> None:
-    """Layer/head choice, the pooled overview with its zoom window, and the document view of `trace` (a
-    LazyTrace of a decoder LM); `tokens` are the readable pieces."""
+def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: int | None = None,
+                          head: int | None = None) -> None:
+    """Layer/head choice (unless the page chose them), the pooled overview with its zoom window, and the
+    document view of `trace` (a LazyTrace of a decoder LM); `tokens` are the readable pieces."""
     T = LG.n_tokens(trace)
     mods = trace.modules()
     n_layers, n_heads = len(mods), trace.n_heads(0)
-    seed_from_query(f"{key}_long_layer", "layer", 0, int, int_in(0, n_layers - 1))
-    seed_from_query(f"{key}_long_head", "head", 0, int, int_in(0, n_heads - 1))
-    clamp_state(f"{key}_long_layer", 0, n_layers - 1)
-    clamp_state(f"{key}_long_head", 0, n_heads - 1)
-    c1, c2 = st.columns(2)
-    layer = c1.selectbox(t("Layer"), range(n_layers), key=f"{key}_long_layer")
-    head = c2.selectbox(t("Head"), range(n_heads), key=f"{key}_long_head")
-    write_query(layer=layer, head=head)
+    if layer is None or head is None:
+        seed_from_query(f"{key}_long_layer", "layer", 0, int, int_in(0, n_layers - 1))
+        seed_from_query(f"{key}_long_head", "head", 0, int, int_in(0, n_heads - 1))
+        clamp_state(f"{key}_long_layer", 0, n_layers - 1)
+        clamp_state(f"{key}_long_head", 0, n_heads - 1)
+        c1, c2 = st.columns(2)
+        layer = c1.selectbox(t("Layer"), range(n_layers), key=f"{key}_long_layer")
+        head = c2.selectbox(t("Head"), range(n_heads), key=f"{key}_long_head")
+        write_query(layer=layer, head=head)
 
     # ---- the whole map, pooled, and a window of exact cells
     st.subheader(t("The whole input"))

@@ -1,0 +1,99 @@
+"""Long inputs on the Attention page (issue 24 §2-§3): a language model's prompt too long for a full trace gets
+the lazy views (pooled overview + exact window, document view), limits in the UI's words with a keep-the-end
+button. A tiny random Llama (max 256 positions) with the full-trace budget lowered so that its prompts count
+as long; en and zh."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import APP, plotly_array, tiny_hf_lm
+from streamlit.testing.v1 import AppTest
+
+from viz.ui import long_views
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 600
+TEXT = ("The cat sat on the mat. The dog ran in the park. Attention relates every token to every other one. " * 3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return tiny_hf_lm(tmp_path_factory.mktemp("tiny-long"), "llama")
+
+
+@pytest.fixture(autouse=True)
+def long_everything(monkeypatch):
+    monkeypatch.setattr(long_views, "FULL_BUDGET", 1)  # every prompt is "too long for a full trace"
+
+
+def page(model: str, lang: str = "en", **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"checkpoint": model, "lang": lang, **{k: str(v) for k, v in query.items()}})
+    at.switch_page("viz/pages/attention.py")
+    return at.run()
+
+
+def figs(at) -> dict[str, dict]:
+    out = {}
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)
+        out[spec["layout"].get("title", {}).get("text", "")] = spec
+    return out
+
+
+def qp(at, name: str) -> str:
+    v = at.query_params[name]
+    return v[-1] if isinstance(v, list) else v
+
+
+def clean(at) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_long_prompt_gets_overview_window_and_document_view(tiny):
+    from viz.ui import lm_models
+
+    lm = lm_models.load(tiny).obj
+    T = lm.encode(TEXT).shape[1]
+    at = page(tiny, text=TEXT, layer=1, head=2, win=f"{T - 16},{T - 16},16")
+    clean(at)
+    f = figs(at)
+    over = next(v for k, v in f.items() if "pooled" in k)
+    cells = plotly_array(over["data"][0]["z"])
+    np.testing.assert_allclose(np.asarray(cells, float).sum(1), 1.0, atol=1e-5)  # pooled rows still sum to 1
+    window = next(v for k, v in f.items() if k.startswith("Exact weights"))
+    assert len(window["data"][0]["x"]) == 16 and window["data"][0]["y"][0].startswith(f"{T - 16}: ")
+    assert any("attention-document" in h.proto.body for h in at.get("html"))
+    assert qp(at, "layer") == "1" and qp(at, "head") == "2"
+    # another head: the overview follows
+    at.selectbox(key="attn_long_head").set_value(3)
+    at.run()
+    clean(at)
+    assert any("head 3" in k for k in figs(at))
+
+
+def test_context_length_is_said_in_words_and_the_end_can_be_kept(tiny):
+    text = "word " * 400  # over the tiny model's 256 positions
+    at = page(tiny, text=text)
+    assert not at.exception
+    msg = " ".join(e.value for e in at.error)
+    assert "reads at most 256 tokens" in msg and "None" not in msg and "budget_bytes" not in msg
+    keep = [b for b in at.button if b.label.startswith("Keep the last")]
+    assert keep and keep[0].label == "Keep the last 256 tokens"
+    keep[0].click()
+    at.run()
+    clean(at)
+    assert qp(at, "keep") == "256"
+    assert any("last 256 of the text's" in i.value for i in at.info)
+    assert any("pooled" in k for k in figs(at))
+
+
+def test_long_views_in_chinese(tiny):
+    at = page(tiny, lang="zh", text=TEXT)
+    clean(at)
+    assert any("分块汇总" in k for k in figs(at))
+    assert any("个词元" in i.value for i in at.info)
