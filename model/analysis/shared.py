@@ -197,24 +197,25 @@ def patching(lm, i: int, progress: Callable[[int, int], None] | None = None):
     """The residual patching map of IOI prompt i (clean vs names swapped). progress(done, total): patched
     runs done (not part of the key: a second caller waits for the first's result)."""
     from model.analysis import patching as PT
-    from model.analysis.phenomena import as_decoder, as_ids
+    from model.analysis.phenomena import as_ids
 
     def run():
         p = ioi(lm).prompts[int(i)]
-        T, L = as_ids(lm, p.text).shape[1], as_decoder(lm).cfg.n_layers
+        T = as_ids(lm, p.text).shape[1]
         t0 = time.perf_counter()
         out = PT.activation_patching(lm, p.text, p.corrupted, p.io_id, p.s_id, heads=False, progress=progress)
-        note_throughput(L * T * T, time.perf_counter() - t0)
+        note_throughput(patching_token_rows(lm, T), time.perf_counter() - t0)
         return out
 
     return cached("patching", lm, (int(i),), run)
 
 
 def patching_token_rows(lm, T: int) -> int:
-    """Tokens the residual patching map of a T-token prompt forwards: one T-token row per (layer, position)."""
+    """Tokens the residual patching map of a T-token prompt forwards: per position t, one row per layer and
+    an unpatched baseline row, each running positions t..T-1 only (patching.activation_patching's KV cache)."""
     from model.analysis.phenomena import as_decoder
 
-    return as_decoder(lm).cfg.n_layers * T * T
+    return (as_decoder(lm).cfg.n_layers + 1) * T * (T + 1) // 2
 
 
 def logit_lens(lm, text: str):
