@@ -414,14 +414,14 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
     per = None
     if per_head:
         L, H = m.cfg.n_layers, m.cfg.n_heads
-        batch = fit_batch(batch, ids.shape[1], m.cfg.vocab_size)
+        batch = fit_batch(batch, 1, m.cfg.vocab_size)  # last-position logits only: (rows, 1, V)
         pairs = [(layer, h) for layer in range(L) for h in range(H)]
         kls = []
         for s in range(0, len(pairs), batch):
             chunk = pairs[s:s + batch]
-            kls.append(next_token_kl(logits.expand(len(chunk), -1, -1),
-                                     m.run_with_hooks(ids.expand(len(chunk), -1),
-                                                      hooks=_rowwise_sink_hooks(names, chunk))))
+            with m.hooks(_rowwise_sink_hooks(names, chunk)):  # the KL reads the last position: skip the others'
+                blocked_last = m(ids.expand(len(chunk), -1), last_only=True)  # logits (T x d x V each)
+            kls.append(next_token_kl(logits[:, -1:].expand(len(chunk), -1, -1), blocked_last))
             if progress is not None:
                 progress(s + len(chunk), len(pairs))
         per = torch.cat(kls).reshape(L, H).numpy()
