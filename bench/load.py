@@ -333,10 +333,14 @@ def llm_pick_head(page, h: int) -> float:
         target.wait_for(timeout=60_000)
     t0 = time.perf_counter()
     target.click()
+    # redrawn: a figure titled with head h (the full view), or, for a long prompt's lazy views (titled
+    # otherwise), the URL naming head h and the script run finished
     page.wait_for_function(
         "h => [...document.querySelectorAll('.js-plotly-plot')].some("
-        "el => (el.layout?.title?.text || '').includes('· head ' + h + ' ·'))", arg=h, polling="raf",
-        timeout=300_000)
+        "el => (el.layout?.title?.text || '').includes('· head ' + h + ' ·')) || ("
+        "new URLSearchParams(location.search).get('head') === String(h) && document.querySelector("
+        "'[data-testid=\"stApp\"][data-test-script-state=\"notRunning\"]') && "
+        "!document.querySelector('[data-testid=\"stStatusWidget\"]'))", arg=h, polling="raf", timeout=300_000)
     took = time.perf_counter() - t0
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=300_000)
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=300_000)
@@ -354,12 +358,13 @@ def set_llm_prompt(page, text: str) -> None:
 
 
 def llm_page_problem(page) -> str | None:
-    """None when /llm shows its head heatmap and no error; else what it shows."""
+    """None when /llm shows a figure (the head heatmap, or a long prompt's views) and no error or refusal;
+    else what it shows."""
     for sel in ('[data-testid="stException"]', '[data-testid="stAlertContentError"]'):
         if page.locator(sel).count():
             return page.locator(sel).first.inner_text()[:300]
-    if not page.locator(f"{LLM_HEATMAP} .main-svg").count():
-        return "no head heatmap"
+    if not page.locator(".js-plotly-plot .main-svg").count():
+        return "no figure"
     return None
 
 
