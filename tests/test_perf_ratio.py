@@ -133,3 +133,29 @@ def test_lesson_13_and_the_phenomena_page_share_one_induction_run():
     ablation = shared.induction_ablation(lm, 50, 0, 2, "zero")
     assert ablation is shared.induction_ablation(lm, 50, 0, 2, "zero") and ablation.heads == [
         (layer, h) for layer, h, _ in page.scores["induction"].top(2)]
+
+
+def test_the_shared_language_model_traces_are_bounded_in_bytes(monkeypatch):
+    """Issue 24 §6's soak: six full SmolLM2 traces of 276-token prompts kept ~3 GB after the class. The cache
+    keeps at most LM_TRACE_BYTES (the newest always), and one computation per input."""
+    import torch
+
+    from model.core.trace import Trace
+    from viz.ui import models
+
+    calls = []
+
+    class Fake:
+        def trace(self, text, chat=False):
+            calls.append(text)
+            return torch.zeros(1, 1, 4), Trace({"x": torch.zeros(256 * 1024)}, {})  # 1 MiB of float32
+
+    monkeypatch.setattr(models, "_load_shared", lambda name: Fake())
+    cache = models._LMTraces(max_entries=6, max_bytes=3 * 2**20 + 100)
+    first = cache("m", "a", False)
+    assert cache("m", "a", False) is first and calls == ["a"]
+    for text in "bcde":
+        cache("m", text, False)
+    assert cache.nbytes() <= 3 * 2**20 + 100 and len(cache._done) == 3  # a and b went, the newest three stay
+    cache("m", "a", False)
+    assert calls == ["a", "b", "c", "d", "e", "a"]

@@ -10,6 +10,7 @@ State rules (Streamlit serves many sessions from threads of one process):
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 
 import streamlit as st
@@ -20,6 +21,7 @@ from viz.ui.heap import freeze_after_load
 
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
 LM_TRACE_ENTRIES = 6  # a real LM's full trace is far bigger (SmolLM2, 64 tokens: ~90 MB)
+LM_TRACE_BYTES = 1024 * 2**20  # ... and together at most this (a full SmolLM2 trace at 276 tokens: ~500 MB)
 SESSION_TRACES = 4  # traces of session-trained models kept per session
 SESSION_MODELS = "session_models"  # st.session_state key: name -> Checkpoint trained in this session
 
@@ -94,9 +96,46 @@ def _session_trace(name: str, text: str, target: str | None):
     return cache[key]
 
 
-@st.cache_resource(show_spinner=False, max_entries=LM_TRACE_ENTRIES, ttl=3600)
-def _cached_lm_trace(name: str, text: str, chat: bool):
-    return _load_shared(name).trace(text, chat=chat)
+class _LMTraces:
+    """The shared cache of real LMs' traces, bounded in BYTES as well as entries (issue 24 §6's soak: six full
+    SmolLM2 traces of 276-token prompts held ~3 GB after the class had gone). Least recently used out first;
+    the newest always stays. Single flight: a second session asking for a trace being computed waits for it."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        from model.analysis.shared import SharedResults
+
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._flight = SharedResults(max_entries=1)  # single flight only; the entries live below
+        self._done: OrderedDict = OrderedDict()  # key -> ((logits, trace), nbytes)
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, text: str, chat: bool):
+        key = (name, text, bool(chat))
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key][0]
+        out = self._flight.get(key, lambda: _load_shared(name).trace(text, chat=chat))
+        size = int(out[1].nbytes()) + out[0].numel() * out[0].element_size()
+        with self._lock:
+            self._done[key] = (out, size)
+            self._done.move_to_end(key)
+            while len(self._done) > 1 and (len(self._done) > self.max_entries or
+                                           sum(n for _, n in self._done.values()) > self.max_bytes):
+                self._done.popitem(last=False)
+        return out  # (_flight keeps the newest result only: the one _done never evicts, no extra memory)
+
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(n for _, n in self._done.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+        self._flight.clear()
+
+
+_cached_lm_trace = _LMTraces(LM_TRACE_ENTRIES, LM_TRACE_BYTES)
 
 
 def get_trace(name: str, text: str, target: str | None = None, chat: bool = False):
