@@ -103,6 +103,7 @@ def warm_analyses(lm) -> None:
     computed, the 30th too. Cheapest first; each one alone (a failure skips only that one). Never raises."""
     from model.analysis import shared
     from viz import lessons as LS
+    from viz.ui.heap import freeze_heap_once
 
     for fn, args in ((shared.calibrate, ()),  # this server's batched throughput: the pages' "about N s"
                      (shared.sink_effect, (LS.IOI_TEXT,)),  # lesson 12, /phenomena sinks (the example prompt)
@@ -114,3 +115,4 @@ def warm_analyses(lm) -> None:
             fn(lm, *args)
         except Exception:
             _LOG.warning("warming %s failed; its page computes it itself", fn.__name__, exc_info=True)
+    freeze_heap_once("warm:analyses")  # their results (and the modules they imported) live as long as the server
