@@ -97,3 +97,38 @@ def test_long_views_in_chinese(tiny):
     clean(at)
     assert any("分块汇总" in k for k in figs(at))
     assert any("个词元" in i.value for i in at.info)
+
+
+def llm_page(model: str, lang: str = "en", **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"checkpoint": model, "lang": lang, **{k: str(v) for k, v in query.items()}})
+    at.switch_page("viz/pages/llm.py")
+    return at.run()
+
+
+def test_llm_heads_view_on_a_long_prompt(tiny):
+    """Per-head statistics tile by tile, then the chosen head as a pooled map, a window and the document view."""
+    from model.analysis import long as LG
+    from viz.ui import lm_models
+
+    at = llm_page(tiny, prompt=TEXT, view="heads", stat="sink", layer=2, head=1)
+    clean(at)
+    f = figs(at)
+    over = next(v for k, v in f.items() if "pooled" in k)
+    assert "head 1" in over["layout"]["title"]["text"]
+    lm = lm_models.load(tiny).obj
+    _, lazy = lm.run_with_trace(TEXT, lazy=True)
+    want = LG.head_statistics_tiled(lazy, stats=("sink",))["sink"].scores
+    grid = next(v for v in f.values() if v["data"][0].get("customdata") is not None and len(v["data"][0]["z"]) == 3)
+    np.testing.assert_allclose(np.asarray(plotly_array(grid["data"][0]["z"]), float), want, atol=1e-6)
+    assert any("attention-document" in h.proto.body for h in at.get("html"))
+
+
+def test_llm_generation_on_a_long_prompt_streams_with_the_document_view(tiny):
+    at = llm_page(tiny, prompt=TEXT, view="generate", max_new=3)
+    clean(at)
+    next(b for b in at.button if b.label == "Generate").click()
+    at.run()
+    clean(at)
+    assert any("attention-document" in h.proto.body for h in at.get("html"))
+    assert any("Where position" in c.value for c in at.caption)

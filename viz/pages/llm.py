@@ -17,12 +17,15 @@ import numpy as np
 import streamlit as st
 
 from model.analysis import logit_lens as LL
+from model.analysis import long as LG
 from model.analysis import phenomena as PH
 from viz.figures import attention as F
 from viz.figures import llm as FL
+from viz.figures import long as FLONG
 from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
+from viz.ui.long_views import EXACT_UP_TO, long_trace, render_long_attention
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
@@ -184,6 +187,9 @@ def _prompt_input():
     if problem:
         show_error(problem)
         st.stop()
+    long = long_trace(sel, key="llm", chat=chat, text=prompt)  # too long for a full trace: a lazy one
+    if long is not None:
+        return prompt, chat, long
     try:
         with st.spinner(t("Running the model…")):
             trace = get_trace(sel.name, prompt, chat=chat)
@@ -200,7 +206,8 @@ if repeat is None:
 meta = trace.meta
 tokens = meta.get("tgt_tokens") or []
 modules = FL.lm_modules(trace)
-n_layers, n_heads = len(modules), trace[f"{modules[0]}.weights"].shape[1]
+n_layers, n_heads = len(modules), meta["model"]["attention"][modules[0]]["n_heads"]
+lazy = hasattr(trace, "attention")  # a LazyTrace (viz/ui/long_views.py): heads computed when shown
 
 
 def tokens_line(toks: list[str], start: int = 0) -> str:
@@ -248,6 +255,8 @@ def _statistics(trace, period=None):
     """Every per-head statistic of this trace, by model.analysis.phenomena's recipes (one pass, shared).
     `period`: the repeated block's length n when the input is the phenomena page's [BOS] + n tokens x 2 (its
     induction score is then Olsson's, as there)."""
+    if hasattr(trace, "attention"):  # a long prompt's lazy trace: the same scores, tile by tile
+        return LG.head_statistics_tiled(trace, period=period)
     return PH.head_statistics(trace, period=period)
 
 
@@ -305,6 +314,9 @@ def heads_view() -> None:
                      "{sl} head {sh}: {sv}. Hover a cell for its number, click it to open that head below.",
                      n_layers=n_layers, n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best])),
                      sl=layer, sh=head, sv=F.num(float(scores[layer, head]))))
+    if lazy:  # a long prompt: the pooled map with a window of exact cells, and the document view
+        render_long_attention(trace, tokens, key="llm", layer=layer, head=head)
+        return
     name = modules[layer]
     fig = FL.with_min_cells(F.attention_heatmap(trace, name, head, meta=meta, all_heads=True))
     show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
@@ -374,7 +386,8 @@ def generate_view() -> None:
         steps = []
         try:
             for step in rm.obj.stream(model_input, max_new_tokens=int(max_new), temperature=float(temp),
-                                      top_k=int(top_k), top_p=float(top_p), seed=int(seed), chat=chat):
+                                      top_k=int(top_k), top_p=float(top_p), seed=int(seed), chat=chat,
+                                      fast=len(tokens) > EXACT_UP_TO):
                 steps.append(step)
                 text, _ = _shown_text(steps)  # the text, not the pieces (end token left out), whole characters
                 text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + md_escape(text))
@@ -420,6 +433,10 @@ def generate_view() -> None:
                 step.attention, so_far, head, title=t("Step {i}: where position {pos} looked, every layer · head "
                                                       "{head}", i=i, pos=step.position, head=head)),
                 key="llm_step_attn")
+            view = LG.focus(step.attention, layer, head, position=step.position)  # the document view of this step
+            st.caption(t("Where position {pos} looked (layer {layer}, head {head}): the text shaded by its weights.",
+                         pos=step.position, layer=layer, head=head))
+            st.html(FLONG.document_html(so_far, view))
 
 
 # ---------------------------------------------------------------- logit lens
