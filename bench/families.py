@@ -8,7 +8,8 @@
 - generation with per-step records (top-10 + every layer's attention of the new position) vs transformers'
   generate, greedy (target: ours >= 1.0x their tokens/s);
 - load time of the directory, ours vs transformers' from_pretrained.
-Timed variants are interleaved and medians compared, so a shared machine's drift hits both alike.
+Timed variants are interleaved and medians compared, so a shared machine's drift hits both alike; on a
+crowded machine, --cpu-time measures each variant's own CPU seconds on one thread instead of wall time.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ SHAPES = {
 }
 
 
+CLOCK = time.perf_counter
+
+
 def interleaved(fns: dict, reps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t = CLOCK()
             fn()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(CLOCK() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -98,7 +102,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--only", choices=list(SHAPES))
+    ap.add_argument("--cpu-time", action="store_true", help="one thread, process CPU seconds (a crowded machine)")
     a = ap.parse_args()
+    if a.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
+        torch.set_num_threads(1)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     for kind, shape in SHAPES.items():
         if a.only in (None, kind):
