@@ -166,4 +166,4 @@ def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: in
     view = LG.document_view(trace, pos, None if scope == "model" else layer, head if scope == "head" else None)
     st.html(FLONG.document_html(tokens, view))
     st.caption(t("Top {n} source tokens of position {pos}:", n=len(view.top), pos=pos))
-    st.dataframe(FLONG.top_sources(tokens, view), hide_index=True, use_container_width=True)
+    st.dataframe(FLONG.top_sources(tokens, view), hide_index=True, width="stretch")
