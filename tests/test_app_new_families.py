@@ -237,7 +237,7 @@ def test_since2017_draws_moe_routing(served):
     trace = trace_of(label)
     at = run_page(label, "since2017", layer=1, pos=3)
     body = texts(at)
-    for no in ("has no sliding window", "does not normalise q and k", "does not cap its scores", "uses plain RoPE"):
+    for no in ("uses no sliding window", "does not normalise q and k", "does not cap its scores", "uses plain RoPE"):
         assert no in body
     fig = figure_with(at, "router probabilities")
     R = "decoder.layers.1.ffn.router"

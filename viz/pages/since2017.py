@@ -286,7 +286,7 @@ st.markdown(t("A sliding-window layer lets the query at position p see only the 
 windows = [i.get("window") for i in infos]
 kinds = [i.get("layer_type") or ("sliding" if i.get("window") else "full") for i in infos]
 if not any(windows):
-    st.info(t("{model} has no sliding window: every layer's query sees every earlier token.", model=lm_label),
+    st.info(t("{model} uses no sliding window: every layer's query sees every earlier token.", model=lm_label),
             icon="🧩")
 else:
     W = next(w for w in windows if w)
