@@ -1,4 +1,4 @@
-"""Fifteen short lessons: ten that follow the paper and the seeds, five on a real language model (SmolLM2).
+"""Sixteen short lessons: ten that follow the paper and the seeds, six on a real language model (SmolLM2).
 Each has text, one live view, a task, a question.
 
 Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a

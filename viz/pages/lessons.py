@@ -1,4 +1,4 @@
-"""Lessons: fifteen short lessons a teacher can run in class, each with one live view of the model (1–10: the
+"""Lessons: sixteen short lessons a teacher can run in class, each with one live view of the model (1–10: the
 paper's Transformer; 11–15: a real language model, SmolLM2).
 
 URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
