@@ -132,3 +132,33 @@ def test_llm_generation_on_a_long_prompt_streams_with_the_document_view(tiny):
     clean(at)
     assert any("attention-document" in h.proto.body for h in at.get("html"))
     assert any("Where position" in c.value for c in at.caption)
+
+
+# ---------------------------------------------------------------- /phenomena: a needle in a haystack (issue 24 §4)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_needle_section_draws_the_grid(tiny, lang):
+    """?phen=needle: the depth × length grid is the analysis's p(answer) (the tiny model reads 256 positions, so
+    the grid has one length, 128); the retrieval heads and their ablation are drawn or said in a sentence."""
+    from model.analysis import long as LG
+    from viz.ui import lm_models
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"checkpoint": tiny, "lang": lang, "phen": "needle"})
+    at.switch_page("viz/pages/phenomena.py")
+    at.run()
+    clean(at)
+    grid = next(v for v in figs(at).values() if v["data"][0].get("texttemplate") == "%{text}")
+    z = np.asarray(plotly_array(grid["data"][0]["z"]), float)
+    want = LG.needle_grid(lm_models.load(tiny).obj, (128,), (0.0, 0.5, 1.0), "71432")
+    np.testing.assert_allclose(z, want.prob, rtol=1e-6, atol=1e-12)
+    assert grid["data"][0]["x"] == ["128"]
+    words = " ".join(m.value for m in at.markdown) + " ".join(i.value for i in at.info)
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert "密码 71432" in words, words[:500]
+        assert not english_in_zh(at)
+    else:
+        assert "Where it fails" in words and "Pass key 71432" in words, words[:500]

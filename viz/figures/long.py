@@ -6,7 +6,8 @@
 - `window_figure(cells, q0, k0, tokens)`: the exact weights of a window, token labels once it is small;
 - `document_html(tokens, view)`: the prompt as text, each token shaded by the weight the chosen position
   puts on it (the document view), the chosen token outlined;
-- `top_sources(tokens, view)`: the top sources as table rows.
+- `top_sources(tokens, view)`: the top sources as table rows;
+- `needle_grid_figure(prob, correct, lengths, depths)`: a needle in a haystack, p(answer) by depth × length.
 """
 
 from __future__ import annotations
@@ -119,3 +120,25 @@ def top_sources(tokens: Sequence[str], view) -> list[dict]:
     toks = list(tokens)
     return [{t("position"): i, t("token"): show_token(toks[i]) if i < len(toks) else str(i), t("weight"): num(w)}
             for i, w in view.top]
+
+
+def needle_grid_figure(prob: np.ndarray, correct: np.ndarray, lengths: Sequence[int], depths: Sequence[float],
+                       title: str | None = None) -> go.Figure:
+    """A needle in a haystack (model.analysis.long.needle_grid): p(answer) by the needle's depth (rows) ×
+    the prompt's length (columns), each cell marked ✓ when the greedy continuation is the whole answer."""
+    p = np.asarray(prob, dtype=float)  # (n_depths, n_lengths)
+    ok = np.asarray(correct, dtype=bool)
+    x = [f"{n:,}" for n in lengths]
+    y = [f"{d:.0%}" for d in depths]
+    text = [[f"{num(p[i, j])} {'✓' if ok[i, j] else '✗'}" for j in range(p.shape[1])] for i in range(p.shape[0])]
+    fig = go.Figure(go.Heatmap(
+        z=p, x=x, y=y, zmin=0, zmax=1, colorscale=WEIGHTS_SCALE, text=text, texttemplate="%{text}",
+        colorbar={"title": {"text": t("p(answer)"), "side": "right"}, "thickness": 12},
+        hovertemplate=t("length %{x} tokens") + "<br>" + t("needle at depth %{y}") + "<br>"
+        + t("p(answer): %{z:.3f}") + "<extra></extra>"))
+    fig.update_layout(
+        title=title or t("p(answer) by the needle's depth × the prompt's length · ✓ answered right"),
+        height=120 + 70 * len(depths), margin={"l": 10, "r": 10, "t": 60, "b": 10},
+        xaxis={"title": t("prompt length (tokens)"), "type": "category"},
+        yaxis={"title": t("needle depth"), "autorange": "reversed", "type": "category"})
+    return fig

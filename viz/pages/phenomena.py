@@ -1,19 +1,22 @@
 """Attention phenomena: what an LLM's heads do, each found live by its published recipe (issue 19 §3).
 
-Four views (`?phen=`): attention sinks, previous- and duplicate-token heads, induction heads, and IOI ("who
-gave the drink?"). Each says what the phenomenon is in 2–3 sentences, states its number and the threshold
-used, outlines the heads it found and links each one to the Language model page at that layer and head,
-and has a "try it". The numbers come from model/analysis (phenomena.py, ioi.py, patching.py,
-lessons_llm.py); this page only draws them. Heavy results are cached per (model, input), bounded.
+Five views (`?phen=`): attention sinks, previous- and duplicate-token heads, induction heads, IOI ("who
+gave the drink?") and a needle in a haystack (issue 24 §4). Each says what the phenomenon is in 2–3
+sentences, states its number and the threshold used, outlines the heads it found and links each one to the
+Language model page at that layer and head, and has a "try it". The numbers come from model/analysis
+(phenomena.py, ioi.py, patching.py, lessons_llm.py, long.py); this page only draws them. Heavy results are
+cached per (model, input), bounded.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from model.analysis import long as LG
 from model.analysis import phenomena as PH
 from model.analysis import shared as AN
 from viz.figures import attention as F
+from viz.figures import long as FLONG
 from viz.figures import phenomena as FPH
 from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui.models import get_trace, load_ckpt
@@ -24,7 +27,8 @@ from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, wri
 from viz.ui.text import text_problems
 
 VIEWS = {"sinks": N_("Attention sinks"), "patterns": N_("Previous- and duplicate-token heads"),
-         "induction": N_("Induction heads"), "ioi": N_("Who gave the drink? (IOI)")}
+         "induction": N_("Induction heads"), "ioi": N_("Who gave the drink? (IOI)"),
+         "needle": N_("A needle in a haystack")}
 LLM_PAGE = "viz/pages/llm.py"
 MAX_LINKS = 8  # found heads linked per detector (the map outlines them all)
 SOURCES = {"random": N_("[BOS] + 50 random tokens, repeated"), "prompt": N_("the sidebar's prompt")}
@@ -437,10 +441,110 @@ def _readable(piece_: str) -> str:
     return lm_models.readable(piece_)
 
 
+# ---------------------------------------------------------------- a needle in a haystack (issue 24 §4)
+
+NEEDLE_LENGTHS = (256, 512)  # small, so the section is quick (README has SmolLM2 at 512-2,048 tokens)
+NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+NEEDLE_KEY, ABLATE_KEY = "71432", "58219"  # the ablation runs on new prompts: another key, other depths
+ABLATE_DEPTHS = (0.25, 0.75)
+RETRIEVAL_RECIPE = N_("for each answer token the model predicts right, a head scores a hit when its most-attended "
+                      "key lies inside the needle and is that very token; its score is hits ÷ answer tokens copied, "
+                      "over every prompt of the grid (Wu et al., “Retrieval Head Mechanistically Explains "
+                      "Long-Context Factuality”, 2024)")
+
+
+def needle_lengths() -> tuple[int, ...]:
+    """The grid's lengths that fit the model's context (with room for the answer's tokens)."""
+    from model.analysis.inputs import as_decoder
+
+    ctx = getattr(as_decoder(lm).cfg, "max_len", None) or max(NEEDLE_LENGTHS) + 16
+    return tuple(n for n in NEEDLE_LENGTHS if n + 16 <= ctx) or (ctx // 2,)
+
+
+@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
+def _needle_grid(name: str, lengths: tuple, depths: tuple):
+    m = _lm(name)  # once per server (model/analysis/shared.py's cache), whichever page asks first
+    return AN.cached("needle_grid", m, (lengths, depths, NEEDLE_KEY),
+                     lambda: LG.needle_grid(m, lengths, depths, NEEDLE_KEY))
+
+
+@st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
+def _needle_ablation(name: str, lengths: tuple, depths: tuple, k: int):
+    m = _lm(name)
+    grid = _needle_grid(name, lengths, depths)
+    prompts = [LG.needle_prompt(m, max(lengths), d, ABLATE_KEY) for d in ABLATE_DEPTHS]
+    return AN.cached("needle_ablation", m, (lengths, depths, NEEDLE_KEY, ABLATE_KEY, int(k)),
+                     lambda: LG.ablate_retrieval(m, prompts, grid.retrieval, k=int(k), n_controls=2))
+
+
+def needle_view() -> None:
+    st.markdown(t("A fact, a pass key, is hidden at a chosen depth in filler text of a chosen length, then asked "
+                  "for at the end (the pass-key test of Mohtashami & Jaggi, 2023). To answer, the model must find "
+                  "the needle among every earlier token and copy it: a test of what long context is for."))
+    lengths, depths = needle_lengths(), NEEDLE_DEPTHS
+    with st.spinner(t("Running the {n} prompts…", n=len(lengths) * len(depths))):
+        grid = guarded(_needle_grid, sel.name, lengths, depths)
+    if grid is None:
+        return
+    n_ok, n_all = int(grid.correct.sum()), grid.correct.size
+    st.markdown(t("Pass key {key}: answered right (greedy, every digit) in **{k} of {n}** prompts; p(answer), "
+                  "teacher-forced over the answer's tokens, from {lo} to {hi}.", key=NEEDLE_KEY, k=n_ok, n=n_all,
+                  lo=F.num(float(grid.prob.min())), hi=F.num(float(grid.prob.max()))))
+    show_figure(FLONG.needle_grid_figure(grid.prob, grid.correct, grid.lengths, grid.depths), key="phen_needle_grid")
+    i, j = divmod(int(grid.prob.argmin()), len(grid.lengths))
+    fails = [t("depth {d} at {n} tokens", d=f"{grid.depths[a]:.0%}", n=f"{grid.lengths[b]:,}")
+             for a, b in zip(*(~grid.correct).nonzero(), strict=True)]
+    st.markdown(t("**Where it fails:** {cells}.", cells=", ".join(fails)) if fails else
+                t("**Where it fails:** nowhere in this grid; its weakest cell is the needle at depth {d} in {n} "
+                  "tokens (p {p}).", d=f"{grid.depths[i]:.0%}", n=f"{grid.lengths[j]:,}",
+                  p=F.num(float(grid.prob[i, j]))))
+    st.caption(t("An easy haystack: the filler repeats a few short sentences, so the needle is the only new text, "
+                 "and these prompts are short. A 135M model is likelier to fail on longer, varied text (the "
+                 "README reports SmolLM2 up to 2,048 tokens; 4,096–8,192 were not measured)."))
+
+    st.subheader(t("Retrieval heads"))
+    r = grid.retrieval
+    recipe(r, RETRIEVAL_RECIPE)
+    if not (r.scores == r.scores).any():  # no answer token predicted right: nothing was copied to score
+        st.info(t("The model predicted no answer token right, so no head can be seen copying it and none is "
+                  "scored; nothing to knock out."), icon="🪡")
+        return
+    st.markdown(t("**{k} heads** score at least {th}: {heads}.", k=len(r.heads), th=F.num(r.threshold),
+                  heads=head_list(r.heads) if r.heads else t("none")))
+    show_figure(FPH.head_map(r.scores, t("retrieval score"), found_pairs(r.heads), zmax=1.0,
+                             title=t("Retrieval score per head · outlined: ≥ {th}", th=F.num(r.threshold))),
+                key="phen_needle_map")
+    trial = grid.trials[0]
+    head_links(r.heads or r.top(3), lm.tokenizer.decode(trial.prompt.ids[0].tolist()))
+
+    st.subheader(t("Knock them out"))
+    seed_from_query("phen_needle_k", "needle_k", 5, int, int_in(1, 10))
+    k = int(st.slider(t("Heads to ablate"), 1, 10, key="phen_needle_k"))
+    write_query(needle_k=k)
+    with st.spinner(t("Running the ablations…")):
+        ab = guarded(_needle_ablation, sel.name, lengths, depths, k)
+    if ab is None:
+        return
+    top = ", ".join(t("L{l} H{h}", l=layer, h=head) for layer, head in ab.heads)
+    m = len(ABLATE_DEPTHS)
+    st.markdown(t("On {m} new prompts ({n} tokens, pass key {key}, depths {depths}), zeroing the top {k} "
+                  "retrieval heads ({heads}) takes p(answer) from {a} to **{b}** (answered right: {ac} → {bc} of "
+                  "{m}); zeroing {k} random other heads instead: {c} ({cc} of {m}).", m=m,
+                  n=f"{max(lengths):,}", key=ABLATE_KEY, depths=" / ".join(f"{d:.0%}" for d in ABLATE_DEPTHS),
+                  k=k, heads=top, a=F.num(ab.base), b=F.num(ab.ablated), ac=round(ab.base_correct * m),
+                  bc=round(ab.ablated_correct * m), c=" / ".join(F.num(c) for c in ab.control),
+                  cc=" / ".join(str(round(c * m)) for c in ab.control_correct)))
+    show_figure(FPH.ablation_bars(ab.base, ab.ablated, ab.control, t("mean p(answer)"),
+                                  t("top {k} retrieval heads", k=k)), key="phen_needle_ablation")
+    try_it(t("ablate just 1 retrieval head, then 3: how many does the copy need? Open the top one on the Language "
+             "model page with a long prompt: its document view shows where it looks."))
+
+
 # ---------------------------------------------------------------- page
 
 seed_from_query("phen_view", "phen", "sinks", valid=lambda v: v in VIEWS)
 view = st.segmented_control(t("Phenomenon"), list(VIEWS), key="phen_view", required=True,
                             format_func=option_labels(list(VIEWS), lambda v: t(VIEWS[v]))) or "sinks"
 write_query(phen=view)
-{"sinks": sinks_view, "patterns": patterns_view, "induction": induction_view, "ioi": ioi_view}[view]()
+{"sinks": sinks_view, "patterns": patterns_view, "induction": induction_view, "ioi": ioi_view,
+ "needle": needle_view}[view]()
