@@ -111,8 +111,10 @@ def document_html(tokens: Sequence[str], view, max_chars: int | None = None) -> 
         else:
             parts.append(f'<span style="color:#999">{text}</span>')
     body = "".join(parts)
-    return (f'<div class="attention-document" style="white-space:pre-wrap;line-height:1.7;font-size:0.95rem;'
-            f'max-height:28rem;overflow-y:auto;padding:0.5rem;border:1px solid #ddd;border-radius:4px">{body}</div>')
+    # overflow-wrap: the readable pieces spell a space ␣, so the text has no break points of its own
+    return (f'<div class="attention-document" style="white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.7;'
+            f'font-size:0.95rem;max-height:28rem;overflow-y:auto;padding:0.5rem;border:1px solid #ddd;'
+            f'border-radius:4px">{body}</div>')
 
 
 def top_sources(tokens: Sequence[str], view) -> list[dict]:
