@@ -96,9 +96,15 @@ batches = list(BATCHES) if is_lm else ["sentences", "prompt"]
 seed_from_query("qk_batch", "batch", "sentences", valid=lambda v: v in batches)
 if st.session_state.get("qk_batch") not in batches:
     st.session_state["qk_batch"] = "sentences"
+TOY_SENTENCES = N_("40 held-out pairs")  # a toy model's sentence batch is its task's held-out pairs
+
+
+def batch_label(b: str) -> str:
+    return BATCHES[b] if is_lm or b != "sentences" else TOY_SENTENCES
+
+
 batch_id = st.segmented_control(t("Inputs"), batches, key="qk_batch", required=True,
-                                format_func=option_labels(batches, lambda b: t(BATCHES[b] if is_lm or b != "sentences"
-                                                                             else N_("40 held-out pairs"))))
+                                format_func=option_labels(batches, lambda b: t(batch_label(b))))
 write_query(batch=batch_id if is_lm or batch_id != "sentences" else None)
 if batch_id == "prompt":
     problem = text_problems(sel.text) or (text_problems(sel.target) if sel.target else None)
