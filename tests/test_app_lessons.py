@@ -86,7 +86,8 @@ def test_presentation_mode_is_in_the_url_and_puts_the_figure_first():
     assert_clean(at)
     assert at.toggle(key="lesson_present").value is True
     assert any("stSidebar" in str(h.proto.body) and "display: none" in str(h.proto.body) for h in at.get("html"))
-    assert figures(at)[0]["layout"]["height"] == 440
+    # at least 440 px; a heatmap with many rows gets more (26 px a row: viz.figures.present, issue 26 §2)
+    assert figures(at)[0]["layout"]["height"] >= 440
     order = [e.type for e in walk(at.main) if e.type in ("plotly_chart", "markdown")]
     assert order.index("plotly_chart") < order.index("markdown"), order
     at.toggle(key="lesson_present").set_value(False).run()
