@@ -111,6 +111,10 @@ def lm_trace(sel):
                             "attention weights only.", what=t(CAPTURES[choice]), T=T,
                             mib=f"{sizes[choice] / 2**20:,.0f}", limit=f"{DEFAULT_BUDGET_BYTES / 2**20:,.0f}",
                             fit=f"{fit:,}"))
+        if fit > 0:  # the Attention page's cut: ?keep=N, the prompt's end (the sidebar applies it on every page)
+            from viz.ui.long_views import _keep_button
+
+            _keep_button(fit, "snap")
         st.stop()
     try:
         with st.spinner(t("Running the model…")):

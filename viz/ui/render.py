@@ -12,7 +12,12 @@ from viz.ui.text import error_text
 
 def show_error(err: BaseException | str, hint: str | None = None) -> None:
     """A bad input or file as a message on the page, never a traceback. `hint` (what to do) is left out when
-    the message already says it."""
+    the message already says it. A prompt over a length limit is said with the longest length that works and a
+    keep-the-end button (viz/ui/long_limits.py)."""
+    from viz.ui.long_limits import show_limit  # late: long_limits -> long_views -> render
+
+    if not isinstance(err, str) and show_limit(err):
+        return
     msg, advised = error_text(err)
     st.error(msg + (f"\n\n{hint}" if hint and not advised else ""), icon="⚠️")
 

@@ -119,10 +119,28 @@ def sidebar() -> Selection | None:
     # Long texts stay out of the URL: a reload would send them in the request line.
     write_query(checkpoint=name, text=text if len(text) <= MAX_URL_TEXT else None,
                 target=(target or None) if len(target) <= MAX_URL_TEXT else None)
-    sel = Selection(name, text, target or None)
+    sel = Selection(name, _kept(name, text) if real else text, target or None)
     st.session_state[_SEL_KEY] = sel
     freeze_heap_once()
     return sel
+
+
+def _kept(name: str, text: str) -> str:
+    """The prompt's last N tokens when `?keep=N` (a page's "Keep the last N tokens" button: long_limits), else
+    the prompt; every page then reads the same cut, said once here."""
+    from viz.ui.long_limits import kept_text, query_keep
+
+    keep, rm = query_keep(), load_ckpt(name)
+    if keep is None or getattr(rm, "family", None) != "decoder_lm" or not text.strip():
+        return text
+    try:
+        cut, n = kept_text(rm.obj, text, keep)
+    except ValueError:  # no tokenizer: the page says so itself
+        return text
+    if cut is not text:
+        st.sidebar.info(t("Showing the last {k} of the text's {n} tokens.", k=f"{min(keep, n):,}", n=f"{n:,}"),
+                        icon="✂️")
+    return cut
 
 
 def selection() -> Selection | None:
