@@ -9,6 +9,7 @@ import pytest
 from conftest import APP, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
+from model.core import recorder
 from model.loaders.lm import LanguageModel
 
 pytestmark = pytest.mark.slow
@@ -37,6 +38,7 @@ def small_budget(monkeypatch, budget):
     d = list(LanguageModel.run_with_trace.__defaults__)  # (names, hooks, budget_bytes, chat, lazy, fast, last_only)
     d[2] = budget
     monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", budget)  # read at call time by long_limits.check_length
     from viz.ui import models
 
     models._cached_lm_trace.clear()  # traces made under another budget

@@ -128,6 +128,10 @@ def readable(tokens, obj) -> list[str]:
 try:
     obj = _model(sel.name)
     kind = _kind(obj)
+    if kind == "lm" and isinstance(load_ckpt(sel.name), lm_models.RealModel):  # too long: said before the forward
+        from viz.ui.long_limits import check_length
+
+        check_length(obj, text, FL.CAPTURE)
     with st.spinner(t("Running the model…")):
         base = _subject(sel.name, text, sel.target, None)
 except ValueError as e:

@@ -33,8 +33,8 @@ def limit_text(err: BaseException) -> str | None:
         return t("This text is {n} tokens long, and the model reads at most {limit} tokens at once (its context "
                  "length).", n=f"{err.n_tokens:,}", limit=f"{err.context_length:,}")
     if isinstance(err, recorder.CaptureBudgetError):
-        return t("This text is {n} tokens long; this page shows at most {fit} tokens of it on this server (every "
-                 "attention map of every layer must fit in {budget}). The Attention and Language model pages "
+        return t("This text is {n} tokens long; this page shows at most {fit} tokens of it on this server (what it "
+                 "keeps of the model's run, every attention map of every layer, must fit in {budget}). The Attention and Language model pages "
                  "show long texts whole.", n=f"{err.n_tokens:,}", fit=f"{err.max_tokens:,}",
                  budget=_mib(err.budget))
     return None
@@ -63,6 +63,26 @@ def show_limit(err: BaseException) -> bool:
         except st.errors.StreamlitAPIException:  # the same limit said twice in one run: one button is enough
             pass
     return True
+
+
+def check_length(lm, text: str, names=None, budget: int | None = None) -> None:
+    """Before a page runs a language model `lm` on `text` for a full capture of `names` (None: every capture
+    point): over the model's context length or the capture budget, say so (`show_limit`) and st.stop(), in
+    milliseconds rather than after a forward pass that cannot be kept."""
+    budget = recorder.DEFAULT_BUDGET_BYTES if budget is None else budget
+    try:
+        T = lm.encode(text).shape[1]
+    except recorder.ContextLengthError as e:
+        show_limit(e)
+        st.stop()
+    except ValueError:
+        return  # the page says what else is wrong with the text
+    need = lm.trace_bytes(T, names=names)
+    if need > budget:
+        show_limit(recorder.CaptureBudgetError(
+            "over budget", needed_bytes=need, budget=budget, n_tokens=T,
+            max_tokens=lm.max_tokens_within(budget, names=names), context_length=lm.max_tokens))
+        st.stop()
 
 
 def kept_text(lm, text: str, keep: int | None) -> tuple[str, int]:
