@@ -90,3 +90,17 @@ def test_over_the_context_length_has_its_own_sentence(tiny, page):
     words = shown(at)
     assert "reads at most 256 tokens at once" in words, words[:800]
     assert [b.label for b in keep_buttons(at)] == ["Keep the last 256 tokens"]
+
+
+def test_head_importance_runs_on_the_kept_end(tiny):
+    """Experiments → Head importance (one forward per head): too long for its trace, it offers the cut and then
+    runs on the prompt's last part."""
+    at = run("experiments", tiny, "en", TEXT, exp_view="heads")
+    assert not at.exception, [e.value for e in at.exception]
+    keep = keep_buttons(at)
+    assert keep, shown(at)[:800]
+    keep[0].click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("last" in i.value and "of the text's" in i.value for i in at.info), shown(at)[:800]
+    assert at.get("plotly_chart"), shown(at)[:800]
