@@ -104,3 +104,22 @@ def test_head_importance_runs_on_the_kept_end(tiny):
     assert not at.exception, [e.value for e in at.exception]
     assert any("last" in i.value and "of the text's" in i.value for i in at.info), shown(at)[:800]
     assert at.get("plotly_chart"), shown(at)[:800]
+
+
+def test_flow_causal_check_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch):
+    """Within the budget but over /flow's FLOW_MAX_TOKENS (128): one forward per token is too slow; a sentence
+    says so and the cut to 128 tokens runs."""
+    from viz.ui import lm_models
+
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 2**30)
+    text = TEXT * 2
+    assert 128 < lm_models.load(tiny).obj.encode(text).shape[1] <= 256
+    at = run("flow", tiny, "en", text)
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("one forward pass per token" in w.value for w in at.warning), shown(at)[:800]
+    (keep,) = keep_buttons(at)
+    assert keep.label == "Keep the last 128 tokens"
+    keep.click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]

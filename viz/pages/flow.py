@@ -68,6 +68,9 @@ def _kind(obj) -> str:
     return "lm" if obj.model.describe()["family"] == "decoder_lm" else "encoder"
 
 
+FLOW_MAX_TOKENS = 128  # a language model's prompt up to this long: the causal check runs T forwards of T tokens
+
+
 def _subject(name: str, text: str, target: str | None, position: int | None):
     obj = _model(name)
     if _kind(obj) == "seq2seq":
@@ -131,7 +134,8 @@ try:
     if kind == "lm" and isinstance(load_ckpt(sel.name), lm_models.RealModel):  # too long: said before the forward
         from viz.ui.long_limits import check_length
 
-        check_length(obj, text, FL.CAPTURE)
+        check_length(obj, text, FL.CAPTURE, costly_above=FLOW_MAX_TOKENS,
+                     costly=t("The causal check zeroes each token's values in turn: one forward pass per token."))
     with st.spinner(t("Running the model…")):
         base = _subject(sel.name, text, sel.target, None)
 except ValueError as e:

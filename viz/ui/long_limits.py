@@ -34,9 +34,9 @@ def limit_text(err: BaseException) -> str | None:
                  "length).", n=f"{err.n_tokens:,}", limit=f"{err.context_length:,}")
     if isinstance(err, recorder.CaptureBudgetError):
         return t("This text is {n} tokens long; this page shows at most {fit} tokens of it on this server (what it "
-                 "keeps of the model's run, every attention map of every layer, must fit in {budget}). The Attention and Language model pages "
-                 "show long texts whole.", n=f"{err.n_tokens:,}", fit=f"{err.max_tokens:,}",
-                 budget=_mib(err.budget))
+                 "keeps of the model's run, every attention map of every layer, must fit in {budget}). The "
+                 "Attention and Language model pages show long texts whole.",
+                 n=f"{err.n_tokens:,}", fit=f"{err.max_tokens:,}", budget=_mib(err.budget))
     return None
 
 
@@ -65,10 +65,13 @@ def show_limit(err: BaseException) -> bool:
     return True
 
 
-def check_length(lm, text: str, names=None, budget: int | None = None) -> None:
+def check_length(lm, text: str, names=None, budget: int | None = None, costly_above: int | None = None,
+                 costly: str | None = None) -> None:
     """Before a page runs a language model `lm` on `text` for a full capture of `names` (None: every capture
     point): over the model's context length or the capture budget, say so (`show_limit`) and st.stop(), in
-    milliseconds rather than after a forward pass that cannot be kept."""
+    milliseconds rather than after a forward pass that cannot be kept. costly_above: an analysis whose time grows
+    too fast with the length (one forward per token...) runs only up to this many tokens; `costly` says why, and
+    the page offers to keep the prompt's last part."""
     budget = recorder.DEFAULT_BUDGET_BYTES if budget is None else budget
     try:
         T = lm.encode(text).shape[1]
@@ -82,6 +85,13 @@ def check_length(lm, text: str, names=None, budget: int | None = None) -> None:
         show_limit(recorder.CaptureBudgetError(
             "over budget", needed_bytes=need, budget=budget, n_tokens=T,
             max_tokens=lm.max_tokens_within(budget, names=names), context_length=lm.max_tokens))
+        st.stop()
+    if costly_above is not None and T > costly_above:
+        st.warning(t("{why} At {n} tokens that takes too long on this server: it runs on at most {k} tokens.",
+                     why=costly or "", n=f"{T:,}", k=f"{costly_above:,}"), icon="⏳")
+        from viz.ui.long_views import _keep_button
+
+        _keep_button(costly_above, "costly")
         st.stop()
 
 
