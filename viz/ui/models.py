@@ -116,7 +116,8 @@ class _LMTraces:
                 self._done.move_to_end(key)
                 return self._done[key][0]
         out = self._flight.get(key, lambda: _load_shared(name).trace(text, chat=chat))
-        size = int(out[1].nbytes()) + out[0].numel() * out[0].element_size()
+        first = out[0] if isinstance(out[0], list | tuple) else [out[0]]  # logits, or MiniLM's hidden states per layer
+        size = int(out[1].nbytes()) + sum(x.numel() * x.element_size() for x in first)
         with self._lock:
             self._done[key] = (out, size)
             self._done.move_to_end(key)
