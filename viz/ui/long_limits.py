@@ -81,17 +81,17 @@ def check_length(lm, text: str, names=None, budget: int | None = None, costly_ab
     except ValueError:
         return  # the page says what else is wrong with the text
     need = lm.trace_bytes(T, names=names)
-    if need > budget:
-        show_limit(recorder.CaptureBudgetError(
-            "over budget", needed_bytes=need, budget=budget, n_tokens=T,
-            max_tokens=lm.max_tokens_within(budget, names=names), context_length=lm.max_tokens))
-        st.stop()
-    if costly_above is not None and T > costly_above:
+    fit = lm.max_tokens_within(budget, names=names) if need > budget else T
+    if costly_above is not None and costly_above < T and costly_above <= fit:  # the smaller limit, said once
         st.warning(t("{why} At {n} tokens that takes too long on this server: it runs on at most {k} tokens.",
                      why=costly or "", n=f"{T:,}", k=f"{costly_above:,}"), icon="⏳")
         from viz.ui.long_views import _keep_button
 
         _keep_button(costly_above, "costly")
+        st.stop()
+    if need > budget:
+        show_limit(recorder.CaptureBudgetError(
+            "over budget", needed_bytes=need, budget=budget, n_tokens=T, max_tokens=fit, context_length=lm.max_tokens))
         st.stop()
 
 
