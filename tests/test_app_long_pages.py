@@ -123,3 +123,23 @@ def test_flow_causal_check_says_it_is_costly_and_runs_on_the_end(tiny, monkeypat
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]
+
+
+def test_head_importance_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch):
+    """Within the budget but over Experiments' LM_IMPORTANCE_MAX_TOKENS (64): one forward per head is too slow."""
+    from viz.ui import lm_models
+
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 2**30)
+    d = list(LanguageModel.run_with_trace.__defaults__)
+    d[2] = 2**30
+    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
+    assert 64 < lm_models.load(tiny).obj.encode(TEXT).shape[1] <= 256
+    at = run("experiments", tiny, "en", TEXT, exp_view="heads")
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("one forward pass per head" in w.value for w in at.warning), shown(at)[:800]
+    (keep,) = keep_buttons(at)
+    assert keep.label == "Keep the last 64 tokens"
+    keep.click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]

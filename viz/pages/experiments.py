@@ -647,6 +647,9 @@ def lm_heads_view(sel, lm, trace) -> None:
     show_figure(FX.summary_maps(an.head_summary(trace), q), key="exp_summary", filename=f"head-{q}")
 
 
+LM_IMPORTANCE_MAX_TOKENS = 64  # an LM's head importance runs on at most this many tokens (SmolLM2: 270 heads)
+
+
 def lm_view(view: str, sel) -> None:
     lm = sel.ckpt.obj
     if view == "attribution":
@@ -657,6 +660,10 @@ def lm_view(view: str, sel) -> None:
                      query_params={"checkpoint": sel.name, "phen": "ioi", "lang": current_lang()})
         return
     if view == "heads":
+        from viz.ui.long_limits import check_length  # a long prompt: said before 1 + L·H forwards, with a cut
+
+        check_length(lm, sel.text, costly_above=LM_IMPORTANCE_MAX_TOKENS,
+                     costly=t("Head importance removes each head in turn: one forward pass per head."))
         _, trace = require_trace(sel)
         lm_heads_view(sel, lm, trace)
     else:
