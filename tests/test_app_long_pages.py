@@ -143,3 +143,17 @@ def test_head_importance_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]
+
+
+def test_a_new_prompt_drops_the_cut(tiny):
+    """`?keep=N` cuts the prompt it was pressed for; typing another prompt shows that one whole (never cut silently)."""
+    at = run("tokens", tiny, "en", TEXT)
+    (keep,) = keep_buttons(at)
+    keep.click()
+    at.run()
+    assert "keep" in at.query_params and any("Showing the last" in i.value for i in at.sidebar.info)
+    at.session_state["source_text"] = "A short new prompt."
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "keep" not in at.query_params
+    assert not any("Showing the last" in i.value for i in at.sidebar.info)

@@ -125,13 +125,24 @@ def sidebar() -> Selection | None:
     return sel
 
 
+_KEEP_FOR = "_al_keep_for"  # st.session_state: the prompt that `?keep=N` cuts (another prompt drops the cut)
+
+
 def _kept(name: str, text: str) -> str:
     """The prompt's last N tokens when `?keep=N` (a page's "Keep the last N tokens" button: long_limits), else
     the prompt; every page then reads the same cut, said once here."""
     from viz.ui.long_limits import kept_text, query_keep
 
     keep, rm = query_keep(), load_ckpt(name)
-    if keep is None or getattr(rm, "family", None) != "decoder_lm" or not text.strip():
+    if keep is None:
+        st.session_state.pop(_KEEP_FOR, None)
+        return text
+    if st.session_state.get(_KEEP_FOR, text) != text:  # a new prompt: its cut was for the old one
+        st.query_params.pop("keep", None)
+        st.session_state.pop(_KEEP_FOR, None)
+        return text
+    st.session_state[_KEEP_FOR] = text
+    if getattr(rm, "family", None) != "decoder_lm" or not text.strip():
         return text
     try:
         cut, n = kept_text(rm.obj, text, keep)
