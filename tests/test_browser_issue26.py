@@ -54,11 +54,15 @@ def test_back_from_a_switched_page_keeps_the_first_pages_parameters(server, path
 
 def test_streamlits_own_words_in_chinese(server, paths, page):
     page.goto(server + paths["phenomena"] + "?checkpoint=smollm2&lang=zh")
-    # while the page runs (SmolLM2's analyses take seconds here), the status widget says 停止, not Stop
-    page.wait_for_selector('[data-testid="stStatusWidget"]', timeout=120_000)
-    page.wait_for_function("""() => { const w = document.querySelector('[data-testid="stStatusWidget"]');
-        return !w || w.innerText.includes('停止'); }""", timeout=30_000)
     wait_drawn(page)
+    # The status widget shows only while a run lasts, and the warm server's analyses now take ~50 ms: waiting for it
+    # would test the machine's speed. Streamlit draws it as below; the app's script must rewrite it as it appears.
+    page.evaluate("""() => { const w = document.createElement('div'); w.id = 'al-fake-status';
+        w.setAttribute('data-testid', 'stStatusWidget');
+        w.innerHTML = '<span>Running...</span><button>Stop</button>'; document.body.appendChild(w); }""")
+    page.wait_for_function("""() => { const w = document.getElementById('al-fake-status');
+        return w.innerText.includes('停止') && w.innerText.includes('运行中') && !w.innerText.includes('Stop'); }""",
+                           timeout=10_000)
     labels = page.eval_on_selector_all("[aria-label]", "els => els.map(e => e.getAttribute('aria-label'))")
     assert not [x for x in labels if x.startswith("Help for")], labels
     assert [x for x in labels if x.endswith("的帮助")], labels
