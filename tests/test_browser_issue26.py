@@ -48,6 +48,8 @@ def test_back_from_a_switched_page_keeps_the_first_pages_parameters(server, path
     assert query(page)["view"] == ["lens"]
     page.go_back()
     at_path(page, paths["lessons"])
+    # the page restores its own parameters once its script has run (a loaded machine: seconds after the path is back)
+    page.wait_for_function("() => new URL(location.href).searchParams.get('lesson') === '15'", timeout=60_000)
     after = query(page)
     assert after["lesson"] == ["15"] and "view" not in after and "prompt" not in after, (before, after)
 
