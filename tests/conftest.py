@@ -113,13 +113,9 @@ TINY_CORPUS = ["When Mary and John went to the store, John gave a drink to Mary.
                "The cat sat on the mat. The dog ran in the park.", "Hello world\nTwo lines 1 2 3 4 5"] * 20
 
 
-def tiny_hf_lm(d: Path, family: str = "llama") -> str:
-    """A tiny random Hugging Face LM directory in `d` (byte-level BPE tokenizer trained on TINY_CORPUS;
-    "llama": GQA, RoPE, RMSNorm, SwiGLU; "gpt2": learned positions, LayerNorm, GELU), saved with
-    transformers and registered as a server model (`--model PATH`); returns its label."""
+def tiny_bpe_tokenizer(d: Path):
+    """A byte-level BPE tokenizer (300 pieces, "<|end|>" special) trained on TINY_CORPUS, saved as d/tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from viz.ui import lm_models
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -127,6 +123,16 @@ def tiny_hf_lm(d: Path, family: str = "llama") -> str:
     tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(d / "tokenizer.json"))
+    return tok
+
+
+def tiny_hf_lm(d: Path, family: str = "llama") -> str:
+    """A tiny random Hugging Face LM directory in `d` (byte-level BPE tokenizer trained on TINY_CORPUS;
+    "llama": GQA, RoPE, RMSNorm, SwiGLU; "gpt2": learned positions, LayerNorm, GELU), saved with
+    transformers and registered as a server model (`--model PATH`); returns its label."""
+    from viz.ui import lm_models
+
+    tok = tiny_bpe_tokenizer(d)
     torch.manual_seed(0)
     if family == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM

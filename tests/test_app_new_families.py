@@ -21,7 +21,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import APP, TINY_CORPUS, plotly_array
+from conftest import APP, plotly_array, tiny_bpe_tokenizer
 from streamlit.testing.v1 import AppTest
 from test_i18n import english_in_zh
 
@@ -54,14 +54,7 @@ FAMILIES = {
 def save_family(d, family: str) -> str:
     """A tiny random model of `family` saved by transformers in `d` with a byte-level BPE tokenizer, registered as a
     server model; returns its label."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
-                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(d / "tokenizer.json"))
+    tok = tiny_bpe_tokenizer(d)
     torch.manual_seed(0)
     model_type, extra = FAMILIES[family]
     cfg = transformers.AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), **(COMMON | extra))
