@@ -6,7 +6,9 @@ import copy
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,7 +126,10 @@ class Trace(Mapping):
         meta = dict(meta)
         if "lazy" in self._meta:
             meta["lazy"] = self._meta["lazy"]
-        return type(self)(self._tensors, meta)
+        out = type(self)(self._tensors, meta)
+        if isinstance(out, LazyTrace):
+            out.attach(self._model)
+        return out
 
     def __repr__(self) -> str:
         return f"Trace({len(self)} names, {self.nbytes() / 2**20:.2f} MiB)"
@@ -465,8 +470,16 @@ class LazyTrace(Trace):
         trace.row(17, position=-1)                        # [H, T]: where the last position looks
 
     meta["lazy"] = {"modules": {module: {"scale", "window"}}, "names": every name in computation
-    order (stored and computed), "budget_bytes": the largest tensor one __getitem__ may build}.
-    Saved with `save`, it holds the stored tensors and meta; `Trace.load` gives a LazyTrace back."""
+    order (stored and computed), "budget_bytes": the largest tensor one __getitem__ may build,
+    "layers": {layer: its input's name} (run_with_trace(lazy=True, layers=True))}.
+
+    With "layers", each layer's output is stored too, and any other tensor of a layer (its norms, FFN,
+    residual steps) is computed by running that one layer again on its stored input, which needs the
+    model: `attach(model)` (run_with_trace attaches it). The last LAYERS_KEPT layers run are kept.
+    Saved with `save`, it holds the stored tensors and meta; `Trace.load` gives a LazyTrace back
+    (without a model: a layer's other tensors are then not in it)."""
+
+    LAYERS_KEPT = 2  # a SmolLM2 layer's tensors at 2,048 tokens: ~80 MB
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], meta: Mapping | None = None):
         super().__init__(tensors, meta)
@@ -478,12 +491,26 @@ class LazyTrace(Trace):
                         if r != "scores_capped" or p.get("softcap") is not None}
         if self._modules:
             self._served.add("masks.causal")
+        if self._window() and "masks.sliding" in self._order:
+            self._served.add("masks.sliding")
         self._served -= set(self._tensors)
+        self._inputs: dict[str, str] = dict(lazy.get("layers") or {})
+        self._again = {n for n in self._order if n.startswith(tuple(f"{m}." for m in self._inputs))}
+        self._again -= set(self._tensors) | self._served
+        self._model = None
+        self._ran: OrderedDict[str, dict] = OrderedDict()  # layer -> its tensors, last run last
+        self._lock = threading.Lock()
+
+    def attach(self, model) -> LazyTrace:
+        """Give the model that made this trace (the same weights), so that a layer's tensors not stored
+        can be computed by running the layer again. Returns self."""
+        self._model = model
+        return self
 
     # ---- the Mapping: stored names and computed ones, in computation order
 
     def __contains__(self, name) -> bool:  # never compute to answer `in`
-        return name in self._tensors or name in self._served
+        return name in self._tensors or name in self._served or (self._model is not None and name in self._again)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
@@ -499,17 +526,20 @@ class LazyTrace(Trace):
         return list(self._tensors)
 
     def __repr__(self) -> str:
+        again = len(self._again) if self._model is not None else 0
         return (f"LazyTrace({len(self._tensors)} stored names, {self.nbytes() / 2**20:.2f} MiB; "
-                f"{len(self._served)} computed on demand)")
+                f"{len(self._served) + again} computed on demand)")
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._again and self._model is not None:
+            return self._layer_tensors(name)[name]
         if name in self._tensors or name not in self._served:
             return super().__getitem__(name)
         T = self.n_tokens
-        if name == "masks.causal":
+        if name in ("masks.causal", "masks.sliding"):
             from model.core.attention import causal_mask
 
-            return causal_mask(T)
+            return causal_mask(T, window=self._window() if name == "masks.sliding" else None)
         module, role = name.rsplit(".", 1)
         q = self._tensors[f"{module}.q"]
         B, H = q.shape[:2]
@@ -588,6 +618,25 @@ class LazyTrace(Trace):
         return Trace({n: self[n] for n in chosen}, meta)
 
     # ---- internals
+
+    def _window(self) -> int | None:
+        """The sliding window of the model's local layers (None: no local layer)."""
+        return next((p["window"] for p in self._modules.values() if p.get("window")), None)
+
+    def _layer_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """The tensors of the layer holding `name`, from running it again on its stored input (single
+        flight: sessions sharing this trace wait for one run)."""
+        layer = next(m for m in self._inputs if name.startswith(m + "."))
+        with self._lock:
+            if layer not in self._ran:
+                wanted = {n for n in self._again if n.startswith(layer + ".")}
+                x = self._tensors[self._inputs[layer]]
+                i = int(layer.rsplit(".", 1)[1])
+                self._ran[layer] = self._model.run_layer(i, x, wanted, fast=bool(self._meta.get("fast_attention")))
+                while len(self._ran) > self.LAYERS_KEPT:
+                    self._ran.popitem(last=False)
+            self._ran.move_to_end(layer)
+            return self._ran[layer]
 
     def _check_budget(self, n_bytes: int, name: str) -> None:
         from model.core.recorder import CaptureBudgetError
@@ -689,17 +738,23 @@ def last_row(q: torch.Tensor, k: torch.Tensor, params: Mapping) -> torch.Tensor:
 
 
 def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], names, hooked: set[str],
-              modules: Mapping | None = None) -> tuple[list[str], dict[str, dict]]:
+              modules: Mapping | None = None, layers: Sequence[str] = ()) -> tuple[list[str], dict[str, dict]]:
     """What a lazy trace stores and which attention modules it serves on demand.
 
     shapes: every capture name -> shape (computation order); attention: the model description's
     attention entries (self-attention ones are served lazily); names: globs of extra O(T·d) names to
     store (None: none); hooked: capture names with a hook; modules: name -> the attention module (its
     own switches: scale, softcap). A module whose scores/mask/weights/z are
-    hooked cannot be recomputed from q, k, v (the hook changed them): it is stored whole."""
+    hooked cannot be recomputed from q, k, v (the hook changed them): it is stored whole.
+    layers: the decoder layers a model can run again (`DecoderLM.run_layer`): each one's output is
+    stored, and so is every O(T·d) name outside the layers (embeddings, RoPE angles, the final norm)."""
     from model.core.recorder import select_names
 
     extra = set(select_names(list(shapes), names)) if names is not None else set()
+    if layers:
+        extra |= {f"{m}.out" for m in layers}
+        extra |= {n for n in shapes if not n.startswith(tuple(f"{m}." for m in layers))
+                  and not n.startswith(("masks.", "logits"))}  # T² and T × vocab: never stored
     modules = modules or {}
     lazy: dict[str, dict] = {}
     stored: set[str] = set()
@@ -715,13 +770,24 @@ def lazy_plan(shapes: Mapping[str, tuple], attention: Mapping[str, Mapping], nam
     return [n for n in shapes if n in stored | extra], lazy
 
 
+def layer_inputs(model) -> dict[str, str]:
+    """{decoder layer: the capture name of its input} for a model that can run one layer again
+    (`run_layer`): layer 0 reads decoder.embed.out, layer i layer i-1's output. {} for any other model."""
+    if not hasattr(model, "run_layer"):
+        return {}
+    n = model.cfg.n_layers
+    return {f"decoder.layers.{i}": "decoder.embed.out" if i == 0 else f"decoder.layers.{i - 1}.out" for i in range(n)}
+
+
 def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int | None = None,
-             meta: dict | None = None, fast: bool = False, last_only: bool = False
+             meta: dict | None = None, fast: bool = False, last_only: bool = False, layers: bool = False
              ) -> tuple[torch.Tensor, LazyTrace]:
     """`model.run_with_trace(ids, lazy=True)`: one forward pass that keeps q, k, v of every attention
     module (+ the O(T·d) names in `names`), under `recorder.fast_attention()` when `fast`; last_only: the
     logits of the last position only (a long input's [T, vocab] logits outweigh its whole trace). Refused
-    before running, with numbers (CaptureBudgetError), when even that is over `budget_bytes`."""
+    before running, with numbers (CaptureBudgetError), when even that is over `budget_bytes`.
+    layers=True (no hooks): also each layer's output and the names outside the layers, so that every
+    other tensor of a layer is given on demand by running that layer again (LazyTrace.attach)."""
     from model.core import recorder
 
     model._check_ids(ids, 0)
@@ -731,7 +797,8 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
     desc = model.describe()
     mods = dict(model.named_modules())
     mods = {m: mods[m] for m in desc["attention"] if m in mods}
-    wanted, lazy = lazy_plan(shapes, desc["attention"], names, set(resolved), mods)
+    inputs = layer_inputs(model) if layers and not resolved else {}  # a hooked run cannot be re-run by a layer
+    wanted, lazy = lazy_plan(shapes, desc["attention"], names, set(resolved), mods, list(inputs))
     itemsize = next(model.parameters()).element_size()
     n_bytes = recorder.estimate_bytes(shapes, wanted, itemsize)
     if budget_bytes is not None and n_bytes > budget_bytes:
@@ -739,7 +806,7 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
         while lo < hi:
             mid = (lo + hi + 1) // 2
             s = model.capture_names(B, mid)
-            w, _ = lazy_plan(s, desc["attention"], names, {n for n in s if n in resolved}, mods)
+            w, _ = lazy_plan(s, desc["attention"], names, {n for n in s if n in resolved}, mods, list(inputs))
             lo, hi = (mid, hi) if recorder.estimate_bytes(s, w, itemsize) <= budget_bytes else (lo, mid - 1)
         raise recorder.CaptureBudgetError(
             f"a lazy trace of {T} tokens needs about {n_bytes / 2**20:.1f} MiB, over the budget of "
@@ -750,12 +817,16 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
         out = model(ids, last_only=True) if last_only else model(ids)
     served = {f"{m}.{r}" for m, p in lazy.items() for r in LAZY_ROLES
               if r != "scores_capped" or p["softcap"] is not None} | ({"masks.causal"} if lazy else set())
+    served |= {"masks.sliding"} if any(p.get("window") for p in lazy.values()) and "masks.sliding" in shapes else set()
     info = {"config": model.cfg.to_dict(), "model": desc, "tgt_ids": ids.tolist(),
             "mask_convention": "True = blocked (attention not allowed)", "training": model.training,
             "dtype": str(out.dtype).removeprefix("torch."), "fast_attention": bool(fast)}
     if hooks:
         info["hooks"] = {p: getattr(fn, "__name__", repr(fn)) if callable(fn) else repr(fn) for p, fn in hooks.items()}
     info.update(meta or {})
-    info["lazy"] = {"modules": lazy, "names": [n for n in shapes if n in rec.tensors or n in served],
-                    "budget_bytes": recorder.DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes}
-    return out, LazyTrace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)
+    again = {n for n in shapes if n.startswith(tuple(f"{m}." for m in inputs))} - set(rec.tensors) - served
+    info["lazy"] = {"modules": lazy, "names": [n for n in shapes if n in rec.tensors or n in served or n in again],
+                    "budget_bytes": recorder.DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes,
+                    "layers": inputs}
+    trace = LazyTrace({n: rec.tensors[n] for n in wanted if n in rec.tensors}, info)
+    return out, trace.attach(model) if inputs else trace

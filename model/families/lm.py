@@ -391,22 +391,8 @@ class DecoderLM(nn.Module):
         c = self.cfg
         device = self.decoder.embed.tok.weight.device
         ids = ids.to(device)
-        T = ids.shape[1]
-        B = ids.shape[0]
-        future = record("masks.causal", causal_mask(T, offset=offset, device=device))  # (T, offset + T)
-        masks = {"full": future[None, None].expand(B, 1, T, offset + T)}
-        if self._sliding:  # a local layer's query also cannot see keys sliding_window or more positions back
-            local = record("masks.sliding", causal_mask(T, offset=offset, device=device, window=c.sliding_window))
-            masks["sliding"] = local[None, None].expand(B, 1, T, offset + T)
+        masks, angles = self._masks_and_angles(*ids.shape, offset, device)
         x = self.decoder.embed(ids, offset)
-        angles = {"full": None, "sliding": None}
-        if c.positional == "rotary":
-            angles["full"] = angles["sliding"] = record(
-                "decoder.rope.angles", rotary_angles(T, c.head_dim, c.rope_base, offset,
-                                                     None if self._plain_rope else c.inv_freq(), device))
-            if self._local_rope:  # Gemma 3: the sliding layers turn with their own base
-                angles["sliding"] = record("decoder.rope.angles_local", rotary_angles(
-                    T, c.head_dim, c.rope_base, offset, c.inv_freq(local=True), device))
         for i, layer in enumerate(self.decoder.layers):
             kind = c.layer_type(i)
             x = layer(x, masks[kind], angles[kind], None if cache is None else cache[i])
@@ -415,6 +401,39 @@ class DecoderLM(nn.Module):
         if c.final_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
             logits = softcap(record("logits_uncapped", logits), c.final_softcap)
         return record("logits", logits)
+
+    def _masks_and_angles(self, B: int, T: int, offset: int, device) -> tuple[dict, dict]:
+        """What every layer reads besides x, by layer kind ("full" | "sliding"): the look-ahead mask
+        (B, 1, T, offset + T) and the RoPE angles (None without RoPE)."""
+        c = self.cfg
+        future = record("masks.causal", causal_mask(T, offset=offset, device=device))  # (T, offset + T)
+        masks = {"full": future[None, None].expand(B, 1, T, offset + T)}
+        if self._sliding:  # a local layer's query also cannot see keys sliding_window or more positions back
+            local = record("masks.sliding", causal_mask(T, offset=offset, device=device, window=c.sliding_window))
+            masks["sliding"] = local[None, None].expand(B, 1, T, offset + T)
+        angles = {"full": None, "sliding": None}
+        if c.positional == "rotary":
+            angles["full"] = angles["sliding"] = record(
+                "decoder.rope.angles", rotary_angles(T, c.head_dim, c.rope_base, offset,
+                                                     None if self._plain_rope else c.inv_freq(), device))
+            if self._local_rope:  # Gemma 3: the sliding layers turn with their own base
+                angles["sliding"] = record("decoder.rope.angles_local", rotary_angles(
+                    T, c.head_dim, c.rope_base, offset, c.inv_freq(local=True), device))
+        return masks, angles
+
+    @torch.no_grad()
+    def run_layer(self, i: int, x: torch.Tensor, names: set[str], fast: bool = False) -> dict[str, torch.Tensor]:
+        """Layer i run again on its input x (B, T, D) (layer i-1's output, or decoder.embed.out), recording
+        `names` (its capture names): a lazy trace's way to give any tensor of a layer on demand from one
+        stored O(T·d) tensor per layer. The same code as forward, so with the same `fast` switch it is what
+        the whole forward recorded, bit for bit."""
+        B, T = x.shape[:2]
+        masks, angles = self._masks_and_angles(B, T, 0, x.device)
+        kind = self.cfg.layer_type(i)
+        n_bytes = recorder.estimate_bytes(self.capture_names(B, T), sorted(names), x.element_size())
+        with recorder.fast_attention(fast), recorder.capturing(set(names), n_bytes + 64 * len(names)) as rec:
+            self.decoder.layers[i](x, masks[kind], angles[kind])
+        return dict(rec.tensors)
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in range(self.cfg.n_layers)]
@@ -475,6 +494,7 @@ class DecoderLM(nn.Module):
         lazy: bool = False,
         fast: bool = False,
         last_only: bool = False,
+        layers: bool = False,
     ) -> tuple[torch.Tensor, Trace]:
         """Forward pass recording the named tensors (None = all; fnmatch globs); same math as forward,
         so the logits are bit-identical. A capture over `budget_bytes` is refused before running, with
@@ -484,9 +504,10 @@ class DecoderLM(nn.Module):
         O(T·d) names in `names`) and computes scores/mask/weights/z when asked; fast=True runs it
         under recorder.fast_attention() (fused attention; logits equal forward's to float rounding);
         last_only=True (lazy only) returns the last position's logits [B, 1, V] (8,192 x a 49k vocabulary
-        is 1.6 GB of logits)."""
+        is 1.6 GB of logits); layers=True (lazy only) keeps each layer's output too and gives every other
+        tensor of a layer by running that layer again (LazyTrace, run_layer)."""
         if lazy:
-            return run_lazy(self, ids, names, hooks, budget_bytes, meta, fast, last_only)
+            return run_lazy(self, ids, names, hooks, budget_bytes, meta, fast, last_only, layers)
         self._check_ids(ids, 0)
         B, T = ids.shape
         shapes = self.capture_names(B, T)

@@ -133,39 +133,41 @@ class LanguageModel:
     def run_with_trace(self, text_or_ids, names: str | Sequence[str] | None = None, hooks=None,
                        budget_bytes: int | None = recorder.DEFAULT_BUDGET_BYTES,
                        chat: bool = False, lazy: bool = False, fast: bool = False,
-                       last_only: bool = False) -> tuple[torch.Tensor, Trace]:
+                       last_only: bool = False, layers: bool = False) -> tuple[torch.Tensor, Trace]:
         """Logits [1, T, V] and the trace of the named tensors; meta has tgt_tokens, tgt_ids and the
         model's description, so every view that reads decoder.* works. lazy/fast: a LazyTrace for long
-        inputs (DecoderLM.run_with_trace)."""
+        inputs (DecoderLM.run_with_trace; layers: every tensor of a layer given on demand)."""
         ids = self._ids(text_or_ids, chat)
         meta = {"checkpoint": self.name, "text": text_or_ids if isinstance(text_or_ids, str) else None}
         if self.tokenizer is not None and ids.shape[0] == 1:
             meta["tgt_tokens"] = self.tokens(ids[0])
         with torch.no_grad():
             return self.model.run_with_trace(ids, names=names, hooks=hooks, budget_bytes=budget_bytes, meta=meta,
-                                             lazy=lazy, fast=fast, last_only=last_only)
+                                             lazy=lazy, fast=fast, last_only=last_only, layers=layers)
 
-    def trace_bytes(self, n_tokens: int, lazy: bool = False, names=None) -> int:
+    def trace_bytes(self, n_tokens: int, lazy: bool = False, names=None, layers: bool = False) -> int:
         """The bytes a trace of `n_tokens` tokens would hold: the full capture of `names` (None: every
-        capture point), or (lazy) q, k, v of every layer + the O(T·d) names in `names`. A page compares it
-        with its budget before running (longest length that fits: `max_tokens_within`)."""
-        from model.core.trace import lazy_plan
+        capture point), or (lazy) q, k, v of every layer + the O(T·d) names in `names` (+ layers: each
+        layer's output and the names outside the layers). A page compares it with its budget before
+        running (longest length that fits: `max_tokens_within`)."""
+        from model.core.trace import layer_inputs, lazy_plan
 
         m = self.model
         shapes = m.capture_names(1, n_tokens)
         itemsize = next(m.parameters()).element_size()
         if lazy:
-            wanted, _ = lazy_plan(shapes, m.describe()["attention"], names, set())
+            wanted, _ = lazy_plan(shapes, m.describe()["attention"], names, set(),
+                                  layers=list(layer_inputs(m)) if layers else ())
         else:
             wanted = recorder.select_names(list(shapes), names)
         return recorder.estimate_bytes(shapes, wanted, itemsize)
 
-    def max_tokens_within(self, budget_bytes: int, lazy: bool = False, names=None) -> int:
+    def max_tokens_within(self, budget_bytes: int, lazy: bool = False, names=None, layers: bool = False) -> int:
         """The longest input (up to the context length) whose trace fits `budget_bytes`; 0 if none."""
         lo, hi = 0, self.max_tokens
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.trace_bytes(mid, lazy, names) <= budget_bytes else (lo, mid - 1)
+            lo, hi = (mid, hi) if self.trace_bytes(mid, lazy, names, layers) <= budget_bytes else (lo, mid - 1)
         return lo
 
     def run_with_hooks(self, text_or_ids, hooks=None, chat: bool = False) -> torch.Tensor:

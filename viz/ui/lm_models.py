@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import torch
+
+from model.core.trace import LazyTrace
+
 BUILTIN = ("smollm2", "minilm")
+LAZY_BUDGET_BYTES = 512 * 2**20  # a long prompt's lazy trace (q, k, v + each layer's output): SmolLM2 at
+                                 # 2,048 tokens holds ~380 MB; it fits up to ~2,700 tokens
+EXACT_UP_TO = 512  # up to this many tokens a lazy trace is fed by the step-by-step forward (bit for bit the
+                   # full capture), beyond by the fused fast path (equal to ~1e-6)
 EXAMPLES = {  # the sentence a model opens on
     "decoder_lm": "When Mary and John went to the store, John gave a drink to",
     "encoder": "The animal didn't cross the street because it was too tired",
@@ -180,11 +188,25 @@ class RealModel:
         return self.obj.model.describe()
 
     def trace(self, text: str, target: str | None = None, chat: bool = False):
-        """(logits, full trace) of `text`; the target is meaningless here (no teacher forcing)."""
+        """(logits, trace) of `text`; the target is meaningless here (no teacher forcing).
+
+        A decoder LM's text too long for a full trace on this server (every attention map of every layer,
+        over recorder.DEFAULT_BUDGET_BYTES) gets a lazy one (model/core/trace.py LazyTrace, layers=True):
+        q, k, v and each layer's output are kept, a head's map is computed when a page asks for it and a
+        layer's other tensors by running that layer again, so every name still reads as in a full trace.
+        Its logits are the last position's [1, 1, V]. Over LAZY_BUDGET_BYTES even that is refused
+        (CaptureBudgetError, with the longest length that fits)."""
+        from model.core import recorder
         from model.core.trace import Trace
 
         if self.family == "decoder_lm":
-            logits, trace = self.obj.run_with_trace(text, chat=chat)
+            lm = self.obj
+            ids = lm.encode(text, chat=chat)  # a text over the context length: ContextLengthError
+            T = ids.shape[1]
+            if lm.trace_bytes(T) <= recorder.DEFAULT_BUDGET_BYTES:
+                logits, trace = lm.run_with_trace(ids)
+            else:
+                logits, trace = self._lazy(ids)
         else:
             logits, trace = self.obj.run_with_trace(text)
         meta = trace.meta
@@ -195,12 +217,43 @@ class RealModel:
         if chat:
             meta["chat"] = True
         if self.family == "decoder_lm":  # what each position predicts (rows read "position: input → predicted")
-            meta["next_tokens"] = readable_tokens(self.obj.tokens(logits[0].argmax(-1).tolist()), _byte_level(self.obj))
+            best = logits[0].argmax(-1) if logits.shape[1] == trace_len(trace) else self._argmax(trace)
+            meta["next_tokens"] = readable_tokens(self.obj.tokens(best.tolist()), _byte_level(self.obj))
+        if isinstance(trace, LazyTrace):
+            return logits, trace.with_meta(meta)  # lazy stays lazy (Trace(trace, meta) would compute every name)
         return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
+
+    def _lazy(self, ids):
+        from model.core import recorder
+
+        lm, T = self.obj, ids.shape[1]
+        budget = max(LAZY_BUDGET_BYTES, recorder.DEFAULT_BUDGET_BYTES)
+        if lm.trace_bytes(T, lazy=True, layers=True) > budget:
+            raise recorder.CaptureBudgetError(
+                "over the lazy budget", needed_bytes=lm.trace_bytes(T, lazy=True, layers=True), budget=budget,
+                n_tokens=T, max_tokens=lm.max_tokens_within(budget, lazy=True, layers=True),
+                context_length=lm.max_tokens)
+        # Step by step up to EXACT_UP_TO tokens (every number bit for bit the full capture's), fused beyond
+        # (~1e-6), as the Attention page's long trace: one prompt, one forward, the same numbers on every page.
+        return lm.run_with_trace(ids, lazy=True, layers=True, fast=T > EXACT_UP_TO, budget_bytes=budget,
+                                 last_only=True)
+
+    def _argmax(self, trace) -> torch.Tensor:
+        """Each position's most likely next token from a lazy trace's final hidden states, a block of rows
+        at a time ([T, vocab] logits at 2,048 tokens would be 400 MB); a final soft-cap keeps the order."""
+        gen = self.obj.model.generator
+        x = trace["decoder.out"][0]  # (T, D)
+        with torch.no_grad():
+            return torch.cat([gen(x[i:i + 256]).argmax(-1) for i in range(0, x.shape[0], 256)])
 
     def readable(self, pieces: list[str]) -> list[str]:
         """This model's raw token pieces as shown (byte symbols as text, ␣/↵ visible)."""
         return readable_tokens(list(pieces), _byte_level(self.obj))
+
+
+def trace_len(trace) -> int:
+    """The number of positions of a decoder LM's trace."""
+    return trace["decoder.embed.tok"].shape[1]
 
 
 def _byte_level(lm) -> bool:
