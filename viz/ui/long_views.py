@@ -19,8 +19,8 @@ from model.analysis import long as LG
 from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
-from viz.ui.lm_models import EXACT_UP_TO, LAZY_BUDGET_BYTES
-from viz.ui.models import get_trace, load_ckpt
+from viz.ui.lm_models import EXACT_UP_TO
+from viz.ui.models import load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
@@ -91,10 +91,10 @@ def long_trace(sel, key: str = "attn", chat: bool = False, text: str | None = No
         _keep_button(fit, key)
         st.stop()
     with st.spinner(t("Running the model on {n} tokens…", n=f"{T:,}")):
-        if T == n and lm.trace_bytes(T, lazy=True, layers=True) <= LAZY_BUDGET_BYTES:
-            trace = get_trace(sel.name, text, chat=chat)  # the trace every other page reads for this prompt
-        else:  # longer: q, k and v only (SmolLM2 at 8,192 tokens: 0.92 GiB), for this page's views
-            trace = _long_trace(sel.name, text, chat, T if keep else None)
+        # q, k and v only (SmolLM2: 225 MiB at 2,048 tokens, 0.92 GiB at 8,192): what this page's views read.
+        # The other pages' lazy trace also keeps each layer's output (lm_models.RealModel.trace); both come
+        # from the same forward (same fast switch), so their q, k, v and every map are the same numbers.
+        trace = _long_trace(sel.name, text, chat, T if keep else None)
     st.info(t("{n} tokens: every attention map would take {full}. The page keeps the model's queries, keys and "
               "values ({held}) and computes a head's map when you open it; very long maps are shown pooled, "
               "with a window of exact cells.", n=f"{T:,}", full=_mib(full), held=_mib(trace.nbytes())),
