@@ -101,6 +101,8 @@ def long_trace(sel, key: str = "attn", chat: bool = False, text: str | None = No
             icon="📏")
     return trace
 
+CELLS_UP_TO = 512  # a page draws a T × T map cell by cell up to this many tokens (262k cells); beyond, pooled
+                  # (LG.pooled_overview) with a window of exact cells, or one row (LG.document_view)
 OVERVIEW_BLOCKS = 128  # the pooled map's side (cells); a block holds T / 128 positions
 ZOOM_SIZES = (16, 32, 64, 128, 256)
 SCOPES = {"head": N_("this head"), "layer": N_("this layer's mean over heads"), "model": N_("the model's mean")}
