@@ -1,7 +1,9 @@
 """Every language-model page with a long prompt in the sidebar (issue 24 §2-§3): a tiny random Llama (256
 positions) whose full-trace budget is lowered so that the limit bites at ~30 tokens, as SmolLM2's 512 MiB does
 at 276. Each page either draws, or says the limit in the UI's words and language (no API words) and offers the
-"Keep the last N tokens" button; a prompt over the model's context length gets its own sentence. en + zh."""
+"Keep the last N tokens" button; a prompt over the model's context length gets its own sentence. en + zh.
+Past the full trace's budget, the pages that read the sidebar's trace draw it from a lazy trace (q, k, v and each
+layer's output kept; viz.ui.lm_models.RealModel.trace); past the lazy trace's budget too, they say so."""
 
 from __future__ import annotations
 
@@ -147,7 +149,7 @@ def test_head_importance_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch
 
 def test_a_new_prompt_drops_the_cut(tiny):
     """`?keep=N` cuts the prompt it was pressed for; typing another prompt shows that one whole (never cut silently)."""
-    at = run("tokens", tiny, "en", TEXT)
+    at = run("tokens", tiny, "en", "word " * 400)  # over the model's 256 positions: the cut is offered
     (keep,) = keep_buttons(at)
     keep.click()
     at.run()
@@ -157,3 +159,37 @@ def test_a_new_prompt_drops_the_cut(tiny):
     assert not at.exception, [e.value for e in at.exception]
     assert "keep" not in at.query_params
     assert not any("Showing the last" in i.value for i in at.sidebar.info)
+
+
+LAZY_PAGES = ("tokens", "layer", "architecture", "since2017")  # they read the sidebar's trace, whatever its kind
+
+
+@pytest.mark.parametrize("page", LAZY_PAGES)
+def test_past_the_full_budget_the_page_draws_from_a_lazy_trace(tiny, page):
+    from model.core.trace import LazyTrace
+    from viz.ui import models
+
+    at = run(page, tiny, "en", TEXT)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not keep_buttons(at) and not at.error, shown(at)[:800]
+    assert at.get("plotly_chart"), shown(at)[:800]
+    assert isinstance(models.get_trace(tiny, TEXT), LazyTrace)
+
+
+def test_past_the_lazy_budget_too_the_limit_names_what_is_kept(tiny, monkeypatch):
+    """The lazy trace has a budget of its own: past it, the sentence says what a page keeps and the longest
+    length that fits, and the cut runs."""
+    from viz.ui import lm_models
+
+    lm = lm_models.load(tiny).obj
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 1)  # no full trace: the lazy one's budget is the limit
+    monkeypatch.setattr(lm_models, "LAZY_BUDGET_BYTES", lm.trace_bytes(48, lazy=True, layers=True))
+    fit = lm.max_tokens_within(lm_models.LAZY_BUDGET_BYTES, lazy=True, layers=True)
+    assert 48 <= fit < lm.encode(TEXT).shape[1]
+    for lang, words in (("en", "each layer's output"), ("zh", "每一层的输出")):
+        at = run("tokens", tiny, lang, TEXT)
+        assert not at.exception, [e.value for e in at.exception]
+        assert words in shown(at), shown(at)[:800]
+        assert not any(w in shown(at) for w in API_WORDS)
+    (keep,) = keep_buttons(at)
+    assert keep.label == f"保留最后 {fit} 个词元"

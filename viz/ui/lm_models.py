@@ -27,6 +27,7 @@ from model.core.trace import LazyTrace
 BUILTIN = ("smollm2", "minilm")
 LAZY_BUDGET_BYTES = 512 * 2**20  # a long prompt's lazy trace (q, k, v + each layer's output): SmolLM2 at
                                  # 2,048 tokens holds ~380 MB; it fits up to ~2,700 tokens
+LONG_RUNS = threading.Semaphore(1)  # long forwards (lazy traces) run one at a time on a server
 EXACT_UP_TO = 512  # up to this many tokens a lazy trace is fed by the step-by-step forward (bit for bit the
                    # full capture), beyond by the fused fast path (equal to ~1e-6)
 EXAMPLES = {  # the sentence a model opens on
@@ -228,15 +229,21 @@ class RealModel:
 
         lm, T = self.obj, ids.shape[1]
         budget = max(LAZY_BUDGET_BYTES, recorder.DEFAULT_BUDGET_BYTES)
-        if lm.trace_bytes(T, lazy=True, layers=True) > budget:
-            raise recorder.CaptureBudgetError(
-                "over the lazy budget", needed_bytes=lm.trace_bytes(T, lazy=True, layers=True), budget=budget,
-                n_tokens=T, max_tokens=lm.max_tokens_within(budget, lazy=True, layers=True),
-                context_length=lm.max_tokens)
+        need = lm.trace_bytes(T, lazy=True, layers=True)
+        if need > budget:
+            err = recorder.CaptureBudgetError(
+                f"a lazy trace with layers of {T} tokens needs {need / 2**20:.0f} MiB, over {budget / 2**20:.0f} MiB",
+                needed_bytes=need, budget=budget, n_tokens=T,
+                max_tokens=lm.max_tokens_within(budget, lazy=True, layers=True), context_length=lm.max_tokens)
+            err.lazy = True  # the limit's sentence names what a lazy trace keeps (long_limits.limit_text)
+            raise err
         # Step by step up to EXACT_UP_TO tokens (every number bit for bit the full capture's), fused beyond
         # (~1e-6), as the Attention page's long trace: one prompt, one forward, the same numbers on every page.
-        return lm.run_with_trace(ids, lazy=True, layers=True, fast=T > EXACT_UP_TO, budget_bytes=budget,
-                                 last_only=True)
+        # One long forward at a time on this server: five at once share 2 cores no faster, and meanwhile
+        # every other session's click would wait behind them.
+        with LONG_RUNS:
+            return lm.run_with_trace(ids, lazy=True, layers=True, fast=T > EXACT_UP_TO, budget_bytes=budget,
+                                     last_only=True)
 
     def _argmax(self, trace) -> torch.Tensor:
         """Each position's most likely next token from a lazy trace's final hidden states, a block of rows

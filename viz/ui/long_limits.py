@@ -32,6 +32,11 @@ def limit_text(err: BaseException) -> str | None:
             isinstance(err, recorder.CaptureBudgetError) and err.context_length and err.n_tokens > err.context_length):
         return t("This text is {n} tokens long, and the model reads at most {limit} tokens at once (its context "
                  "length).", n=f"{err.n_tokens:,}", limit=f"{err.context_length:,}")
+    if isinstance(err, recorder.CaptureBudgetError) and getattr(err, "lazy", False):
+        return t("This text is {n} tokens long; this page shows at most {fit} tokens of it on this server (what it "
+                 "keeps of the model's run, the queries, keys and values and each layer's output, must fit in "
+                 "{budget}). The Attention and Language model pages show longer texts.",
+                 n=f"{err.n_tokens:,}", fit=f"{err.max_tokens:,}", budget=_mib(err.budget))
     if isinstance(err, recorder.CaptureBudgetError):
         return t("This text is {n} tokens long; this page shows at most {fit} tokens of it on this server (what it "
                  "keeps of the model's run, every attention map of every layer, must fit in {budget}). The "
