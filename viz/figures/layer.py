@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from model.core.describe import attention_of, described, token_sides
+from model.core.trace import LazyTrace
 from viz.figures import attention as F
 from viz.i18n import N_, t
 
@@ -36,6 +37,11 @@ ACT_LABELS = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu"
 SUBLAYER_TITLES = {"self_attn": N_("self-attention"), "cross_attn": N_("cross-attention"),
                    "ffn": N_("feed-forward network")}
 STEP_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
+# A long prompt (issue 24: 2,048 tokens): a figure with one row (or column) per token shows a window of at most
+# ROWS_UP_TO tokens, and at most FIGURE_CELLS heatmap cells (float32 in plotly's JSON: ~1 MB), so a browser is
+# never sent SmolLM2's 2,048 × 1,536 FFN units (33 MB). Pages read these at run time (tests lower them).
+ROWS_UP_TO = 256
+FIGURE_CELLS = 200_000
 
 
 class Step(NamedTuple):
@@ -204,6 +210,35 @@ def meta_tokens(trace, key: str, b: int = 0) -> list[str]:
     return [str(x) for x in (toks[b] if toks and isinstance(toks[0], list) else toks)]
 
 
+# ---------------------------------------------------------------- a window of tokens (long prompts)
+
+
+def window_size(n_tokens: int, width: int = 1) -> int:
+    """How many tokens a figure with `width` cells per token shows at once: all of them when they fit
+    (ROWS_UP_TO rows, FIGURE_CELLS cells)."""
+    return max(1, min(n_tokens, ROWS_UP_TO, FIGURE_CELLS // max(1, width)))
+
+
+def token_window(n_tokens: int, first: int, size: int) -> slice:
+    """Tokens first .. first + size − 1, moved back so the window stays inside the prompt."""
+    first = max(0, min(int(first), n_tokens - size))
+    return slice(first, first + size)
+
+
+def window_labels(tokens: Sequence[str], rows: slice) -> list[str]:
+    """The axis labels "i: tok" of a window's positions (i counts from the prompt's start)."""
+    return F.token_labels(tokens, rows.stop)[rows]
+
+
+def relabel_rows(fig: go.Figure, labels: Sequence[str]) -> go.Figure:
+    """A figure built from a window's rows (position 0 = the window's first) relabelled with the prompt's
+    positions: its heatmaps' y and the y axes that list every tick."""
+    labels = list(labels)
+    fig.update_traces(y=labels, selector={"type": "heatmap"})
+    fig.for_each_yaxis(lambda ax: ax.update(tickvals=labels, ticktext=labels) if ax.tickvals else None)
+    return fig
+
+
 # ---------------------------------------------------------------- residual stream
 
 
@@ -251,11 +286,12 @@ def rms_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layernorm_figure(x_in: np.ndarray, x_out: np.ndarray, tokens: Sequence[str], name: str,
-                     kind: str = "layernorm") -> go.Figure:
+                     kind: str = "layernorm", first: int = 0) -> go.Figure:
     """Per-token mean μ and variance σ² over the features, before and after LayerNorm (`name`). For RMSNorm
     (kind="rmsnorm") the right panel is the mean square mean(x²) it divides by, and the left panel's μ is
-    what it does *not* remove (no mean-centring)."""
-    labels = F.token_labels(tokens, x_in.shape[0])
+    what it does *not* remove (no mean-centring). first: the position of x_in's first row (a window of a long
+    prompt)."""
+    labels = window_labels(tokens, slice(first, first + x_in.shape[0]))
     rms = kind == "rmsnorm"
     ln = NORM_LABELS.get(kind, "LayerNorm")
     titles = ([t("mean μ per token (RMSNorm does not subtract it: no mean-centring)"),
@@ -410,11 +446,11 @@ def zero_share(hidden: np.ndarray) -> np.ndarray:
     return (hidden == 0).mean(-1)
 
 
-def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str, first: int = 0) -> go.Figure:
     """The FFN's hidden activations act(x W₁ + b₁), d_ff units (rows) × tokens (columns), and below,
-    per token, the share of units the activation zeroed."""
+    per token, the share of units the activation zeroed. first: the position of hidden's first row."""
     h = F.arr(hidden)  # (L, d_ff)
-    labels = F.token_labels(tokens, h.shape[0])
+    labels = window_labels(tokens, slice(first, first + h.shape[0]))
     share = zero_share(h)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22], vertical_spacing=0.04)
     fig.add_trace(go.Heatmap(z=h.T, x=labels, y=list(range(h.shape[1])), colorscale="Inferno", zmin=0,
@@ -432,11 +468,12 @@ def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str) -> go.Figur
 
 
 def gated_ffn_figure(gate: np.ndarray, hidden: np.ndarray, tokens: Sequence[str], name: str,
-                     act: str = "silu") -> go.Figure:
+                     act: str = "silu", first: int = 0) -> go.Figure:
     """A gated FFN (SwiGLU): the gate act(W_gate·x) beside the hidden units act(W_gate·x) ⊙ (W_up·x), d_ff units
-    (rows) × tokens (columns), each on a colour range symmetric around 0 (both can be negative)."""
+    (rows) × tokens (columns), each on a colour range symmetric around 0 (both can be negative). first: the
+    position of the first row."""
     g, h = F.arr(gate), F.arr(hidden)  # (L, d_ff)
-    labels = F.token_labels(tokens, h.shape[0])
+    labels = window_labels(tokens, slice(first, first + h.shape[0]))
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=[
         t("gate: {act}(W_gate·x)", act=act), t("hidden: gate ⊙ (W_up·x), what W_down reads")])
     for c, (m, bar_x) in enumerate(((g, 0.46), (h, 1.0)), start=1):
@@ -460,13 +497,13 @@ def concat_heads(z: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(z.transpose(1, 0, 2)).reshape(L, H * hs)
 
 
-def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str, first: int = 0) -> go.Figure:
     """Concat(head_1, …, head_h) (tokens × H·d_k, head boundaries marked) and its projection by W^O
-    (tokens × d_model, the captured `<attn>.out`)."""
+    (tokens × d_model, the captured `<attn>.out`). first: the position of the first row (a window)."""
     z, out = F.arr(z), F.arr(out)
     H, L, hs = z.shape
     cat = concat_heads(z)
-    y = F.token_labels(tokens, L)
+    y = window_labels(tokens, slice(first, first + L))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.06, subplot_titles=[
         t("Concat(head_1, …, head_{h})  ({L} × {n})", h=H, L=L, n=H * hs),
         t("· W^O + b  =  {name}.out  ({L} × {n})", name=name.split(".")[-1], L=L, n=out.shape[1])])
@@ -496,11 +533,29 @@ def kv_head(trace, name: str, head: int) -> int:
     return head // (H // H_kv)
 
 
+def _lazy(trace, name: str) -> bool:
+    """Whether `name` is computed on demand from q, k and v (a long prompt's LazyTrace): a page then asks for
+    the rows it shows, never the whole [B, H, T, T] map (151 MB for SmolLM2 at 2,048 tokens)."""
+    return isinstance(trace, LazyTrace) and name not in trace.stored()
+
+
+def head_outputs(trace, name: str, rows: slice = slice(None), b: int = 0) -> np.ndarray:
+    """Every head's output z = Σ p_i v_i of attention module `name` for the query rows `rows`: (H, R, d_k), the
+    captured `<name>.z`; from a LazyTrace, those rows' weights (over every key) times v, the same numbers."""
+    if not _lazy(trace, f"{name}.z"):
+        return F.arr(trace[f"{name}.z"])[b][:, rows]
+    w = trace.attention(name, None, rows, batch=b)  # (H, R, T)
+    v = trace[f"{name}.v"][b]  # (H_kv, T, d_k): grouped-query heads share a K/V head
+    r = w.shape[0] // v.shape[0]
+    return F.arr(w @ (v.repeat_interleave(r, dim=0) if r != 1 else v))
+
+
 def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str, np.ndarray]:
     """The soft lookup of one query, from the captures: q·k_i (q and k dotted here, in float64),
     ÷√d_k (the captured scores), + M (−∞ where blocked), softmax (the captured weights), p_i v_i and z.
     Grouped-query attention: the keys and values are those of K/V head `kv_head`. Rotary positions: q and k
-    are the rotated ones (what the scores use); "qk_unrot" is the same dot product before the rotation."""
+    are the rotated ones (what the scores use); "qk_unrot" is the same dot product before the rotation.
+    A LazyTrace gives this query's row only (its scores, weights and mask), never the module's whole map."""
     g = kv_head(trace, name, head)
     q = F.arr(trace[f"{name}.q"])[b, head, query].astype(np.float64)  # (d_k,)
     k = F.arr(trace[f"{name}.k"])[b, g].astype(np.float64)  # (Lk, d_k)
@@ -509,27 +564,58 @@ def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str
     if f"{name}.q_unrot" in trace and f"{name}.k_unrot" in trace:
         qu = F.arr(trace[f"{name}.q_unrot"])[b, head, query].astype(np.float64)
         extra["qk_unrot"] = F.arr(trace[f"{name}.k_unrot"])[b, g].astype(np.float64) @ qu
-    p = F.arr(trace[f"{name}.weights"])[b, head, query]
-    scaled = F.arr(trace[f"{name}.scores"])[b, head, query]
-    blocked = (F.arr(trace[f"{name}.mask"])[b, 0, query] > 0.5 if f"{name}.mask" in trace
+    lazy = _lazy(trace, f"{name}.weights")
+    if lazy:  # one row: (Lk,)
+        p = F.arr(trace.row(name, query, head, batch=b))
+        raw = trace.attention(name, head, query, what="scores", batch=b)[0]
+        scaled = F.arr(raw)
+    else:
+        p = F.arr(trace[f"{name}.weights"])[b, head, query]
+        scaled = F.arr(trace[f"{name}.scores"])[b, head, query]
+    blocked = (F.arr(trace[f"{name}.mask"][b, 0, query]) > 0.5 if f"{name}.mask" in trace
                else np.zeros(k.shape[0], bool))
     info = attention_of(getattr(trace, "meta", None), name) or {}
     if info.get("scale"):  # the model's own query scale (Gemma 2/3: not 1/√d_k)
         extra["scale"] = np.array(float(info["scale"]))
     if info.get("softcap") and f"{name}.scores_capped" in trace:  # softmax reads the capped scores
-        extra["capped"] = F.arr(trace[f"{name}.scores_capped"])[b, head, query]
+        if lazy:
+            from model.core.attention import softcap
+
+            extra["capped"] = F.arr(softcap(raw, info["softcap"]))
+        else:
+            extra["capped"] = F.arr(trace[f"{name}.scores_capped"])[b, head, query]
         extra["softcap"] = np.array(float(info["softcap"]))
     last = extra.get("capped", scaled)
+    z = p @ v if lazy else F.arr(trace[f"{name}.z"])[b, head, query]
     return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, last), "blocked": blocked,
-            "weights": p, "pv": p[:, None] * v, "z": F.arr(trace[f"{name}.z"])[b, head, query],
-            "d_k": np.array(q.shape[0]), "kv_head": np.array(g), **extra}
+            "weights": p, "pv": p[:, None] * v, "z": z, "d_k": np.array(q.shape[0]), "kv_head": np.array(g),
+            **extra}
+
+
+PER_KEY = ("qk", "scaled", "capped", "masked", "blocked", "weights", "qk_unrot")  # query_steps' arrays over keys
+
+
+def query_window(steps: Mapping[str, np.ndarray], keys: slice) -> dict[str, np.ndarray]:
+    """One query's steps on a window of keys (a long prompt): each per-key array cut to the window, and what
+    the keys outside it add to z summed into "pv_rest", so the z panel still stacks up to z."""
+    out = dict(steps)
+    for name in PER_KEY:
+        if name in steps:
+            out[name] = steps[name][keys]
+    inside = np.zeros(len(steps["pv"]), bool)
+    inside[keys] = True
+    out["pv"], out["pv_rest"] = steps["pv"][keys], steps["pv"][~inside].sum(0)
+    out["first"] = np.array(keys.start or 0)
+    return out
 
 
 def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequence[str]) -> go.Figure:
     """Five panels, top to bottom: q·k_i, ÷√d_k, + M, softmax, and z = Σ p_i v_i (per d_k dimension,
-    stacked from each key's contribution p_i v_i)."""
+    stacked from each key's contribution p_i v_i). Steps cut to a window of keys (`query_window`): the keys
+    from steps["first"] on, and one more bar in the z panel for the keys outside the window."""
     d_k = int(steps["d_k"])
-    x = F.token_labels(k_tokens, steps["qk"].shape[0])
+    first = int(steps.get("first", 0))
+    x = window_labels(k_tokens, slice(first, first + steps["qk"].shape[0]))
     scale = float(steps["scale"]) if "scale" in steps else 1 / math.sqrt(d_k)
     two = (t("2. ÷ √d_k = {s}", s=f"{math.sqrt(d_k):.4g}") if math.isclose(scale, 1 / math.sqrt(d_k), rel_tol=1e-6)
            else t("2. × the model's scale {s} (not 1/√d_k)", s=f"{scale:.4g}"))
@@ -553,6 +639,10 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
     for i in np.flatnonzero(~blocked):
         fig.add_trace(go.Bar(x=dims, y=steps["pv"][i].astype(np.float32), name=x[i], showlegend=False,
                              hovertemplate=f"{x[i]}: p·v = %{{y:.6g}}<extra></extra>"), 5, 1)
+    if "pv_rest" in steps:  # the keys outside the window, summed: z is still the stack's total
+        other = t("the other keys")
+        fig.add_trace(go.Bar(x=dims, y=np.asarray(steps["pv_rest"], np.float32), name=other, showlegend=False,
+                             marker_color="#c7c7c7", hovertemplate=f"{other}: Σ p·v = %{{y:.6g}}<extra></extra>"), 5, 1)
     fig.add_trace(go.Scatter(x=dims, y=np.asarray(steps["z"], np.float32), mode="markers", name="z",
                              marker={"color": "black", "symbol": "line-ew-open", "size": 12, "line": {"width": 2}},
                              hovertemplate="%{x}<br>z = %{y:.6g}<extra></extra>"), 5, 1)

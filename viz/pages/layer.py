@@ -1,6 +1,7 @@
 """Inside a layer: the residual stream, Add & Norm (post-LN vs pre-LN), the FFN, W^O, one query step by step.
 
-URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), token, head.
+URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), token, head; first (a long
+prompt: the first token of the window that figures with one row per token show).
 """
 
 import streamlit as st
@@ -161,6 +162,47 @@ def experiment() -> None:
             st.rerun()
 
 
+def token_window() -> int:
+    """A long prompt: the first token of the window every figure with one row per token shows (seeded from the
+    URL's `first`, written back; a newly chosen token moves the window to it). 0 when every figure fits whole."""
+    widths = [4, 2 * steps[0].value.shape[1]]  # LayerNorm's bars, W^O's two heatmaps
+    if f"{layer}.ffn.hidden" in trace:
+        widths.append((2 if f"{layer}.ffn.gate" in trace else 1) * trace[f"{layer}.ffn.hidden"].shape[-1])
+    size = min(FL.window_size(n_tok, w) for w in widths)
+    if size >= n_tok:
+        return 0
+    lead = size // 4  # the chosen token sits this far into the narrowest window
+    seed_from_query("ly_first", "first", max(0, token - lead), int, int_in(0, n_tok - 1))
+    clamp_state("ly_first", 0, n_tok - 1)
+    if st.session_state.get("_ly_window_token", token) != token:  # another token picked: the window follows
+        st.session_state["ly_first"] = max(0, token - lead)
+    st.session_state["_ly_window_token"] = token
+    first = st.number_input(t("First token"), 0, n_tok - 1, key="ly_first",
+                            help=t("The figures with one row per token show a window of the prompt starting here. "
+                                   "Picking another token moves the window to it."))
+    write_query(first=first)
+    st.caption(t("This prompt has {n} tokens: a figure with one row per token shows a window of them, at most {k} "
+                 "tokens (fewer where each token has many values), from token {first}.", n=f"{n_tok:,}",
+                 k=FL.ROWS_UP_TO, first=first))
+    return int(first)
+
+
+def window_note(rows: slice) -> None:
+    """Under a windowed figure: which tokens it shows."""
+    if rows.stop - rows.start < n_tok:
+        st.caption(t("Tokens {a}–{b} of {n}: the window set by “First token” above.", a=rows.start,
+                     b=rows.stop - 1, n=f"{n_tok:,}"))
+
+
+n_tok = steps[0].value.shape[0]
+first = token_window()
+
+
+def rows_of(width: int) -> slice:
+    """The window of tokens a figure with `width` values per token shows (all tokens when they fit)."""
+    return FL.token_window(n_tok, first, FL.window_size(n_tok, width))
+
+
 tabs = st.tabs([t("Residual stream & Add & Norm"), t("Post-LN vs pre-LN wiring"), t("Feed-forward network"),
                 t("W^O: concatenated heads"), t("One query, step by step")])
 
@@ -194,8 +236,11 @@ with tabs[0]:
         st.caption(t("LayerNorm normalises each token on its own, over its {d} features: μ and σ² below are "
                      "computed per token (per row), never across tokens or across the batch.",
                      d=steps[0].value.shape[1]))
-    show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"])[0], FL.F.arr(trace[f"{norm}.out"])[0],
-                                           tokens, norm, kind=norm_kind), key="ly_ln", filename=f"{norm}-stats")
+    rows = rows_of(4)  # four bars per token
+    show_figure(FL.layernorm_figure(FL.F.arr(trace[f"{norm}.in"][0, rows]), FL.F.arr(trace[f"{norm}.out"][0, rows]),
+                                    tokens, norm, kind=norm_kind, first=rows.start), key="ly_ln",
+                filename=f"{norm}-stats")
+    window_note(rows)
 
 # ---------------------------------------------------------------- wirings
 with tabs[1]:
@@ -223,8 +268,11 @@ def plain_ffn(hidden, act: str) -> None:
                  "same W₁ and W₂ act on every token separately (no token sees another here; mixing happens only in "
                  "attention). Each column is one token's {f} hidden units after {act}.",
                  d=steps[0].value.shape[1], f=hidden.shape[1], act=act.upper()))
-    show_figure(FL.ffn_figure(hidden, tokens, f"{layer}.ffn"), key="ly_ffn", filename=f"{layer}-ffn")
-    share = float(FL.zero_share(hidden).mean())
+    rows = rows_of(hidden.shape[1] + 1)
+    show_figure(FL.ffn_figure(hidden[rows], tokens, f"{layer}.ffn", first=rows.start), key="ly_ffn",
+                filename=f"{layer}-ffn")
+    window_note(rows)
+    share = float(FL.zero_share(hidden).mean())  # over every token, not only the window
     if act == "relu":
         st.caption(t("ReLU zeroes every negative pre-activation: on average {s} of the units are exactly 0 for a "
                      "token, so each token uses its own sparse subset of the FFN.", s=f"{share:.1%}"))
@@ -240,8 +288,10 @@ def gated_ffn(hidden, gate, act: str) -> None:
                  "what W_down reads, so a gate near 0 switches its unit off for that token. It is position-wise: "
                  "no token sees another here. Left: the gate's {f} values per token; right: the hidden units.",
                  act=act, d=steps[0].value.shape[1], f=hidden.shape[1]))
-    show_figure(FL.gated_ffn_figure(gate, hidden, tokens, f"{layer}.ffn", act), key="ly_ffn",
-                       filename=f"{layer}-ffn")
+    rows = rows_of(2 * hidden.shape[1])
+    show_figure(FL.gated_ffn_figure(gate[rows], hidden[rows], tokens, f"{layer}.ffn", act, first=rows.start),
+                key="ly_ffn", filename=f"{layer}-ffn")
+    window_note(rows)
     st.caption(t("{act} zeroes no unit exactly ({s} exact zeros); {c} of the gate values lie within ±0.05, "
                  "units nearly switched off.", act=act, s=f"{float(FL.zero_share(gate).mean()):.1%}",
                  c=f"{float((abs(gate) < 0.05).mean()):.1%}"))
@@ -260,10 +310,11 @@ def moe_ffn() -> None:
                  "weights{shared}. Each expert is a gated FFN of d_ff = {f}.", E=moe["n_experts"], k=moe["top_k"],
                  f=moe["d_ff"], shared=t(", plus a shared expert every token goes through") if moe.get("shared")
                  else ""))
-    loads = FM.expert_load(ids, int(moe["n_experts"]))[None]
-    labels = FL.F.token_labels(tokens, probs.shape[0])
-    show_figure(FM.moe_figure(probs, ids, loads, labels, int(layer.rsplit(".", 1)[1])), key="ly_moe",
-                filename=f"{layer}-moe")
+    loads = FM.expert_load(ids, int(moe["n_experts"]))[None]  # over every token
+    rows = rows_of(probs.shape[1])
+    show_figure(FM.moe_figure(probs[rows], ids[rows], loads, FL.window_labels(tokens, rows),
+                              int(layer.rsplit(".", 1)[1])), key="ly_moe", filename=f"{layer}-moe")
+    window_note(rows)
     show_figure(FM.router_choice_figure(probs[token], ids[token], wts[token], tokens[token]), key="ly_router",
                 filename=f"{layer}-router-{token}")
 
@@ -285,8 +336,10 @@ with tabs[3]:
                  "transposed back and the heads are laid side by side (tokens × h·d_k = d_model); W^O, a "
                  "d_model × d_model matrix, then mixes the heads into the sublayer's output. Shown for `{attn}`.",
                  attn=attn))
-    show_figure(FL.wo_figure(trace[f"{attn}.z"][0], trace[f"{attn}.out"][0], tokens, attn), key="ly_wo",
-                       filename=f"{attn}-wo")
+    rows = rows_of(2 * steps[0].value.shape[1])
+    show_figure(FL.wo_figure(FL.head_outputs(trace, attn, rows), trace[f"{attn}.out"][0, rows], tokens, attn,
+                             first=rows.start), key="ly_wo", filename=f"{attn}-wo")
+    window_note(rows)
 
 # ---------------------------------------------------------------- one query
 with tabs[4]:
@@ -305,11 +358,20 @@ with tabs[4]:
         notes.append(t("Rotary positions (RoPE): q and k below are rotated by their positions before the dot "
                        "product (the captures `.q`, `.k`), so q·k depends on how far apart the two tokens are; the "
                        "table's last column is the same dot product before the rotation (`.q_unrot`, `.k_unrot`)."))
+    n_keys = len(qs["qk"])
+    size = FL.window_size(n_keys, 4 + int(qs["d_k"]))  # four bars per key, and its p·v in the last panel
+    if size < n_keys:  # a long prompt: the keys up to the query (the ones it can see last), the rest summed
+        keys = FL.token_window(n_keys, token + 1 - size, size)
+        qs = FL.query_window(qs, keys)
+        notes.append(t("This query has {n} keys: the chart and the table show keys {a}–{b}, the last {k} up to "
+                       "the query; in the last panel, what the other keys add to z is one grey bar.",
+                       n=f"{n_keys:,}", a=keys.start, b=keys.stop - 1, k=size))
     for note in notes:
         st.caption(note)
     show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
                        key="ly_query", filename=f"{attn}-head{head}-query{token}")
-    k_labels = FL.F.token_labels(k_tokens, len(qs["qk"]))
+    k_first = int(qs.get("first", 0))
+    k_labels = FL.window_labels(k_tokens, slice(k_first, k_first + len(qs["qk"])))
     # The chart's number format (FL.F.num), so a cell reads as its bar's label: 1.58e-09, not 0.000000001.
     plain = "scale" not in qs or abs(float(qs["scale"]) * float(qs["d_k"]) ** 0.5 - 1) < 1e-6
     scaled_col = "÷√d_k" if plain else f"× {float(qs['scale']):.4g}"  # the model's own query scale

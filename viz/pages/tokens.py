@@ -5,6 +5,7 @@ import streamlit as st
 
 from model import sinusoidal_encoding
 from viz.figures import attention as F
+from viz.figures import layer as FL
 from viz.i18n import N_, current_lang, t
 from viz.ui.models import capabilities, is_real_model
 from viz.ui.render import show_figure, tokens_of
@@ -16,6 +17,38 @@ st.title(t("Tokens & embeddings"))
 st.caption(t("Text → tokens → ids → vectors. The tokenizer cuts the text into tokens from a fixed vocabulary "
              "(each token has an integer id); the embedding table maps each id to a d_model-dimensional "
              "vector; a positional encoding is added so the model knows the order."))
+
+
+def lm_window(n_tok: int, widths: list[int]) -> int:
+    """A long prompt: the first token of the window the per-token heatmaps show (URL `first`); 0 when every
+    figure fits whole (at most FL.ROWS_UP_TO rows and FL.FIGURE_CELLS cells each)."""
+    if min(FL.window_size(n_tok, w) for w in widths) >= n_tok:
+        return 0
+    seed_from_query("tok_first", "first", 0, int, int_in(0, n_tok - 1))
+    clamp_state("tok_first", 0, n_tok - 1)
+    first = st.number_input(t("First token"), 0, n_tok - 1, key="tok_first",
+                            help=t("The heatmaps with one row per token show a window of the prompt starting here."))
+    write_query(first=first)
+    st.caption(t("This prompt has {n} tokens: a heatmap with one row per token shows a window of them, at most {k} "
+                 "tokens (fewer where each token has many values), from token {first}.", n=f"{n_tok:,}",
+                 k=FL.ROWS_UP_TO, first=first))
+    return int(first)
+
+
+def windowed(m, tokens: list[str], first: int, title: str, value_name: str, key: str, filename: str) -> None:
+    """F.vectors_heatmap of a (position × dimension) matrix, on the window of a long prompt that fits a figure,
+    its rows labelled with their positions in the prompt; a caption says which tokens it shows."""
+    m = F.arr(m)
+    rows = FL.token_window(m.shape[0], first, FL.window_size(m.shape[0], m.shape[1]))
+    fig = F.vectors_heatmap(m[rows], tokens[rows], title, value_name)
+    show_figure(FL.relabel_rows(fig, FL.window_labels(tokens, rows)), key=key, filename=filename)
+    window_note(rows, m.shape[0])
+
+
+def window_note(rows: slice, n_tok: int) -> None:
+    if rows.stop - rows.start < n_tok:
+        st.caption(t("Tokens {a}–{b} of {n}: the window set by “First token” above.", a=rows.start,
+                     b=rows.stop - 1, n=f"{n_tok:,}"))
 
 
 def lm_tokens() -> None:
@@ -47,17 +80,22 @@ def lm_tokens() -> None:
 
     st.subheader(t("Token embedding"))
     D = blocks["d_model"]
+    T = trace["decoder.embed.tok"].shape[1]
+    rotary = blocks.get("positional") == "rotary"
+    widths = [D] + ([] if rotary else [3 * D])  # the embedding (and learned positions: embedding + position)
+    if rotary and "decoder.rope.angles" in trace:
+        widths.append(trace["decoder.rope.angles"].shape[-1])
+    first = lm_window(T, widths)
     st.caption(t("Each token id selects one row of the embedding matrix (vocabulary × d_model = {v} × {d}). Unlike "
                  "the 2017 Transformer, a language model like this one does not multiply the row by √d_model.",
                  v=f"{vocab:,}", d=D)
                + (" " + t("The same matrix, transposed, is the unembedding that turns the last layer's vectors into "
                           "next-token logits (tied embeddings).") if blocks.get("tied_embeddings") else ""))
-    show_figure(F.vectors_heatmap(trace["decoder.embed.tok"][0], shown,
-                                         "decoder.embed.tok: " + t("token embedding (no ×√d)"), t("embedding")),
-                       key="tok_embed", filename="decoder-token-embedding")
+    windowed(trace["decoder.embed.tok"][0], shown, first, "decoder.embed.tok: " + t("token embedding (no ×√d)"),
+             t("embedding"), key="tok_embed", filename="decoder-token-embedding")
 
     st.subheader(t("Positions"))
-    if blocks.get("positional") == "rotary":
+    if rotary:
         since = Path(__file__).resolve().parents[2] / "viz/pages/since2017.py"
         st.info(t("This model adds no position vector to its embedding: the input of layer 0 is the token "
                   "embedding itself. Positions enter inside every attention layer as rotations (RoPE): q and k are "
@@ -72,20 +110,25 @@ def lm_tokens() -> None:
             st.caption(t("The rotation angles: position p turns dimension pair i of q and k by p·θ_i, θ_i = "
                          "base^(−2i/d_head), base = {base}. Pair 0 turns fastest; the last pairs barely move.",
                          base=f"{blocks.get('rope_base', 10000):g}"))
-            show_figure(F.vectors_heatmap(ang, shown, "decoder.rope.angles: " + t("rotation angle p·θ_i "
-                                                                                         "(radians)"), "θ"),
-                               key="tok_rope", filename="rope-angles")
+            windowed(ang, shown, first, "decoder.rope.angles: " + t("rotation angle p·θ_i (radians)"), "θ",
+                     key="tok_rope", filename="rope-angles")
         return
     pe = F.arr(trace["decoder.embed.pos"])
     st.caption(t("This model learns its positional embeddings; only the input's positions are shown."))
-    show_figure(F.vectors_heatmap(pe, None, t("positional encoding ({n} positions × {d} dims)",
-                                                     n=pe.shape[0], d=D), "PE"), key="tok_pe",
-                       filename="positional-encoding")
+    rows = FL.token_window(pe.shape[0], first, FL.window_size(pe.shape[0], pe.shape[1]))
+    fig = F.vectors_heatmap(pe[rows], None, t("positional encoding ({n} positions × {d} dims)", n=pe.shape[0], d=D),
+                            "PE")
+    show_figure(FL.relabel_rows(fig, [str(i) for i in range(rows.start, rows.stop)]), key="tok_pe",
+                filename="positional-encoding")
+    window_note(rows, pe.shape[0])
     show_figure(F.pe_similarity(pe[:256]), key="tok_pe_sim", filename="pe-similarity")
     st.subheader(t("Embedding + position = the input of layer 0"))
-    show_figure(F.embedding_sum_figure(trace["decoder.embed.tok"][0], trace["decoder.embed.pos"],
-                                              trace["decoder.embed.out"][0], shown),
-                       key="tok_sum", filename="decoder-embedding-plus-position")
+    rows = FL.token_window(T, first, FL.window_size(T, 3 * D))  # three heatmaps side by side
+    fig = F.embedding_sum_figure(trace["decoder.embed.tok"][0, rows], F.arr(trace["decoder.embed.pos"])[rows],
+                                 trace["decoder.embed.out"][0, rows], shown[rows])
+    show_figure(FL.relabel_rows(fig, FL.window_labels(shown, rows)), key="tok_sum",
+                filename="decoder-embedding-plus-position")
+    window_note(rows, T)
 
 
 _sel = selection()
