@@ -372,6 +372,11 @@ def block_sink(lm, text_or_ids, heads: Sequence[tuple[int, int]] | None = None) 
         raise ValueError("blocking token 0 needs at least 2 tokens")
     before = m(ids)[:, -1].double()  # [1, V]
     after = m.run_with_hooks(ids, hooks=sink_hooks(lm, heads))[:, -1].double()
+    return _sink_block(before, after, heads)
+
+
+def _sink_block(before: torch.Tensor, after: torch.Tensor, heads) -> SinkBlock:
+    """SinkBlock from the last position's logits [1, V] (float64), intact and with token 0 blocked."""
     lp, lq = before[0].log_softmax(-1), after[0].log_softmax(-1)
     answer, top = int(before.argmax()), int(after.argmax())
     return SinkBlock(None if heads is None else [(int(a), int(b)) for a, b in heads], answer,
@@ -429,6 +434,24 @@ def sink_effect(lm, text_or_ids, per_head: bool = False, batch: int = 16,
     return SinkEffect(share, float(np.mean(share.scores)), block_sink(lm, ids, None),
                       logits[0].argmax(-1).tolist(), blocked[0].argmax(-1).tolist(),
                       float(token_losses(logits, ids).mean()), float(token_losses(blocked, ids).mean()), per)
+
+
+@torch.no_grad()
+def sink_effect_long(lm, text_or_ids, share: HeadScores) -> SinkEffect:
+    """sink_effect for an input too long to capture every attention map: `share` is the sink score computed
+    tile by tile (model/analysis/long.py head_statistics_tiled, the same numbers as head_statistics), and two
+    forwards, intact and with token 0 blocked everywhere, give the losses and the block: block_sink's very runs,
+    so `block` equals block_sink(lm, input) (sink_effect runs them a second time). No per-head KL (L x H passes)."""
+    m = as_decoder(lm)
+    ids = as_ids(lm, text_or_ids)[:1]
+    if ids.shape[1] < 2:
+        raise ValueError("blocking token 0 needs at least 2 tokens")
+    logits = m(ids)  # (1, T, V)
+    blocked = m.run_with_hooks(ids, hooks=sink_hooks(lm, None))
+    block = _sink_block(logits[:, -1].double(), blocked[:, -1].double(), None)
+    return SinkEffect(share, float(np.mean(share.scores)), block, logits[0].argmax(-1).tolist(),
+                      blocked[0].argmax(-1).tolist(), float(token_losses(logits, ids).mean()),
+                      float(token_losses(blocked, ids).mean()), None)
 
 
 def _rowwise_sink_hooks(names: list[str], pairs: list[tuple[int, int]]) -> dict:

@@ -11,6 +11,11 @@ inputs in one 2-D picture. Pure: arrays in, plotly out (the page runs the model 
   `QKMap.pattern_share`: how often a query's nearest key is the one a pattern names (the previous token,
   the token after the earlier copy);
 - `qk_figure(m, color, selected)`: the picture; `clarity_table(batch, kind)`: every head's clarity.
+
+A long prompt (issue 24 §3) keeps q and k only (O(T·d)): `QKBatch.weights_of` gives one head's weight rows from
+its trace when asked, `qk_map` computes the drawn head's T × T weights that way, clarity is measured on
+`CLARITY_QUERIES` queries spread over the prompt (`clarity_rows`), and `qk_figure(max_points=)` draws every s-th
+position's points (the projection, the top keys and clarity use every point).
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ COLORS = {"kind": N_("query / key"), "position": N_("position"), "token": N_("to
 KIND_COLORS = {"query": "#1f77b4", "key": "#ff7f0e"}
 TOKEN_GROUPS = 10  # colour by token: the most frequent tokens get a colour each, the rest grey
 TOP_K = 5
+MAX_POINTS = 1024  # a long prompt's picture draws at most this many queries and as many keys (figure ≤ ~1.5 MB)
+CLARITY_QUERIES, CLARITY_RUNS = 128, 8  # a long input's clarity: 8 runs of 16 consecutive queries, spread evenly
 
 
 @dataclass
@@ -95,6 +102,9 @@ class QKBatch:
     tokens: list[dict[str, list[str]]]
     arrays: list[dict[str, np.ndarray]]
     period: int | None = None  # the repeated random sequence's n (its second copy starts at n + 1)
+    # a long prompt (one input) stores no ".weights": weights_of(module, head, rows) gives that head's weight rows
+    # [R, Tk] (head None: [H, R, Tk]) from the trace, computed when asked (rows: a slice, None = every query)
+    weights_of: Callable[[str, int | None, slice | None], np.ndarray] | None = None
 
     def modules(self, kind: str | None = None) -> list[str]:
         return [m for m, a in self.desc.get("attention", {}).items()
@@ -191,6 +201,14 @@ class QKMap:
         np.put_along_axis(true, np.argsort(-ww, axis=1, kind="stable")[:, :k], True, 1)
         return float(((near & true).sum(1) / k).mean()), float((k / n_vis[use]).mean())
 
+    def clarity_rows(self, rows: Sequence[slice], k: int = TOP_K) -> tuple[float, float]:
+        """clarity() over the queries in `rows` (position slices of the only input) instead of every query: the
+        same numbers when the rows cover every position (a long prompt's clarity on CLARITY_QUERIES queries)."""
+        nq = self.weights[0].shape[0]
+        pos = np.concatenate([np.arange(nq)[r] for r in rows])
+        return clarity_rows(self.xy[:self.n_query][pos], self.xy[self.n_query:], pos, self.weights[0][pos],
+                            self.causal, k)
+
     def pattern_share(self, target: Callable[[np.ndarray], np.ndarray], first: int = 1) -> tuple[float, float, int]:
         """(share, chance, n): over queries p >= first whose pattern key target(p) is visible, how often the
         nearest key in the picture is that key; chance = 1 / visible keys, averaged. `target` maps an array of
@@ -220,18 +238,57 @@ def qk_map(batch: QKBatch, module: str, head: int, _limit: bool = True) -> QKMap
     kv = head // (H // H_kv)  # grouped-query attention: the K/V head this query head reads
     qs = [a[f"{module}.q"][head].astype(np.float64) for a in batch.arrays]
     ks = [a[f"{module}.k"][kv].astype(np.float64) for a in batch.arrays]
-    ws = [a[f"{module}.weights"][head] for a in batch.arrays]
+    if f"{module}.weights" in batch.arrays[0]:
+        ws = [a[f"{module}.weights"][head] for a in batch.arrays]
+    else:  # a long prompt: this head's T x T weights, from the trace (16 MB at 2,048 tokens)
+        ws = [np.asarray(batch.weights_of(module, head, None), dtype=np.float32)]
     with _one_blas_thread() if _limit else nullcontext():
-        qn, kn, scale, shift = normalise(np.concatenate(qs), np.concatenate(ks))
-        xy, share = pca2(np.concatenate([qn, kn]))
+        xy, share, scale, shift = _project(qs, ks)
     q_toks = [tok for i, a in enumerate(batch.tokens) for tok in _side(a, info["query_tokens"], len(qs[i]))]
     k_toks = [tok for i, a in enumerate(batch.tokens) for tok in _side(a, info["key_tokens"], len(ks[i]))]
     pos = np.concatenate([np.arange(len(q)) for q in qs] + [np.arange(len(k)) for k in ks])
     sent = np.concatenate([np.full(len(q), i) for i, q in enumerate(qs)]
                           + [np.full(len(k), i) for i, k in enumerate(ks)])
-    kinds = np.array(["query"] * len(qn) + ["key"] * len(kn))
+    nq, nk = sum(map(len, qs)), sum(map(len, ks))
+    kinds = np.array(["query"] * nq + ["key"] * nk)
     return QKMap(module, head, kv, bool(info.get("causal")), xy, kinds, q_toks + k_toks, pos, sent, share, ws,
-                 scale, shift, len(qn))
+                 scale, shift, nq)
+
+
+def _project(qs: list[np.ndarray], ks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """Every input's queries and keys (float64) normalised, then the joint PCA: (xy, share, scale, shift)."""
+    qn, kn, scale, shift = normalise(np.concatenate(qs), np.concatenate(ks))
+    xy, share = pca2(np.concatenate([qn, kn]))
+    return xy, share, scale, shift
+
+
+def query_runs(T: int, n: int = CLARITY_QUERIES, runs: int = CLARITY_RUNS) -> list[slice]:
+    """`runs` slices of n / runs consecutive query positions, spread evenly over 0..T-1 (the last one ends at T);
+    one slice of every position when T <= n."""
+    if T <= n:
+        return [slice(0, T)]
+    size = n // runs
+    starts = np.linspace(0, T - size, runs).round().astype(int)
+    return [slice(int(a), int(a) + size) for a in starts]
+
+
+def clarity_rows(qxy: np.ndarray, kxy: np.ndarray, pos: np.ndarray, w: np.ndarray, causal: bool,
+                 k: int = TOP_K) -> tuple[float, float]:
+    """QKMap.clarity's numbers for one input, over the queries at positions `pos` only: qxy [R, 2] their points,
+    kxy [Tk, 2] every key's, w [R, Tk] their weight rows. NaN if no query sees more than k keys."""
+    Tk = len(kxy)
+    vis = np.arange(Tk)[None, :] <= pos[:, None] if causal else np.ones((len(pos), Tk), bool)
+    n_vis = vis.sum(-1)
+    use = n_vis > k
+    if not use.any():
+        return math.nan, math.nan
+    vis, qxy, w = vis[use], qxy[use], w[use]
+    d = np.where(vis, ((qxy[:, None, :] - kxy[None, :, :]) ** 2).sum(-1), np.inf)
+    ww = np.where(vis, w, -np.inf)
+    near, true = np.zeros(d.shape, bool), np.zeros(d.shape, bool)
+    np.put_along_axis(near, np.argsort(d, axis=1, kind="stable")[:, :k], True, 1)
+    np.put_along_axis(true, np.argsort(-ww, axis=1, kind="stable")[:, :k], True, 1)
+    return float(((near & true).sum(1) / k).mean()), float((k / n_vis[use]).mean())
 
 
 def pca2(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,12 +316,38 @@ def _side(tokens: dict[str, list[str]], key: str, n: int) -> list[str]:
 def clarity_table(batch: QKBatch, kind: str, k: int = TOP_K) -> tuple[list[tuple[str, int, int, float]], float]:
     """Every head of the attention modules of `kind`: [(module, layer, head, clarity)] best first, and the
     mean chance level."""
+    if batch.weights_of is not None:
+        return _clarity_table_long(batch, kind, k)
     rows, chances = [], []
     with _one_blas_thread():  # once for every head (each limit costs a look at the loaded libraries)
         for module in batch.modules(kind):
             info = batch.desc["attention"][module]
             for h in range(info["n_heads"]):
                 c, chance = qk_map(batch, module, h, _limit=False).clarity(k)
+                if c == c:
+                    rows.append((module, int(info["layer"]), h, c))
+                    chances.append(chance)
+    rows.sort(key=lambda r: -r[3])
+    return rows, float(np.mean(chances)) if chances else math.nan
+
+
+def _clarity_table_long(batch: QKBatch, kind: str, k: int = TOP_K) -> tuple[list[tuple[str, int, int, float]], float]:
+    """clarity_table of a long prompt: each head's clarity on the queries of query_runs (QKMap.clarity_rows's
+    numbers), their weight rows computed per layer from the trace, never a head's whole T x T map."""
+    rows, chances = [], []
+    with _one_blas_thread():
+        for module in batch.modules(kind):
+            info = batch.desc["attention"][module]
+            H, H_kv = info["n_heads"], info.get("n_kv_heads") or info["n_heads"]
+            a = batch.arrays[0]
+            runs = query_runs(a[f"{module}.q"].shape[1])
+            pos = np.concatenate([np.arange(r.start, r.stop) for r in runs])
+            w = np.concatenate([np.asarray(batch.weights_of(module, None, r), dtype=np.float32) for r in runs], 1)
+            nq = a[f"{module}.q"].shape[1]
+            for h in range(H):
+                q, kk = a[f"{module}.q"][h].astype(np.float64), a[f"{module}.k"][h // (H // H_kv)].astype(np.float64)
+                xy, _, _, _ = _project([q], [kk])  # qk_map's picture of this head
+                c, chance = clarity_rows(xy[:nq][pos], xy[nq:], pos, w[h], bool(info.get("causal")), k)
                 if c == c:
                     rows.append((module, int(info["layer"]), h, c))
                     chances.append(chance)
@@ -286,12 +369,21 @@ def _hover(m: QKMap, labels: Sequence[str], idx: np.ndarray) -> list[str]:
             f"<br>{_short(labels[m.sentence[i]])}" for i in idx]
 
 
+def point_stride(m: QKMap, max_points: int | None) -> int:
+    """Draw every s-th position's query and key so that neither cloud has over `max_points` points (1: all)."""
+    n = max(m.n_query, len(m.kind) - m.n_query)
+    return 1 if not max_points or n <= max_points else math.ceil(n / max_points)
+
+
 def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: int | None = None,
-              title: str = "", k: int = TOP_K) -> go.Figure:
+              title: str = "", k: int = TOP_K, max_points: int | None = None) -> go.Figure:
     """Queries (circles) and keys (diamonds) of one head; colour by "kind", "position" or "token". Every point's
     customdata is [its index in m]. `selected`: a query point whose top-k keys (by the real weights) are ringed
-    and joined to it (trace name "_top_keys", customdata the key points' indices)."""
+    and joined to it (trace name "_top_keys", customdata the key points' indices). max_points: a cloud with more
+    points is drawn at every s-th position only (point_stride; the selected query and its top keys always)."""
     fig = go.Figure()
+    stride = point_stride(m, max_points)
+    drawn = m.position % stride == 0  # [N]
     symbol = {"query": "circle", "key": "diamond"}
     names = {"query": t("queries"), "key": t("keys")}
     if color == "token":
@@ -303,8 +395,8 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
         palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
                    "#17becf", "#7f7f7f"]
         for gi, (tok, label) in enumerate(groups):
-            idx = np.array([i for i, x in enumerate(m.token) if (x == tok if tok is not None else x not in top)],
-                           dtype=int)
+            idx = np.array([i for i, x in enumerate(m.token) if drawn[i] and (x == tok if tok is not None
+                                                                                else x not in top)], dtype=int)
             if not len(idx):
                 continue
             fig.add_trace(go.Scatter(
@@ -314,7 +406,7 @@ def qk_figure(m: QKMap, labels: Sequence[str], color: str = "kind", selected: in
                             color=palette[gi % len(palette)] if tok is not None else "#d0d0d0")))
     else:
         for kind in ("query", "key"):
-            idx = np.nonzero(m.kind == kind)[0]
+            idx = np.nonzero((m.kind == kind) & drawn)[0]
             marker = dict(symbol=symbol[kind], size=7, opacity=0.8)
             if color == "position":
                 marker |= dict(color=m.position[idx], colorscale="Viridis", cmin=0, cmax=int(m.position.max()),

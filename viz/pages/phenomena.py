@@ -10,11 +10,14 @@ cached per (model, input), bounded.
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from model.analysis import long as LG
 from model.analysis import phenomena as PH
 from model.analysis import shared as AN
+from model.core import recorder
+from model.core.trace import LazyTrace
 from viz.figures import attention as F
 from viz.figures import long as FLONG
 from viz.figures import phenomena as FPH
@@ -68,7 +71,17 @@ def _block(name: str, text: str, heads: tuple | None):
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _prompt_stats(name: str, text: str):
-    return PH.head_statistics(get_trace(name, text))
+    trace = get_trace(name, text)
+    if isinstance(trace, LazyTrace):  # a long prompt: every head's map, tile by tile (never 30 x H x T x T at once)
+        return LG.head_statistics_tiled(trace)  # the same numbers as head_statistics (model/analysis/long.py)
+    return PH.head_statistics(trace)
+
+
+@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
+def _sinks_long(name: str, text: str):
+    m = _lm(name)
+    share = _prompt_stats(name, text)["sink"]
+    return AN.cached("sink_effect_long", m, (text,), lambda: PH.sink_effect_long(m, text, share))
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
@@ -156,6 +169,16 @@ def guarded(fn, *args):
         return None
 
 
+def maps_fit(text: str) -> bool:
+    """Whether every attention map of `text` fits this server's capture budget (what sink_effect captures);
+    a longer prompt's sink shares come from the tiled statistics of its lazy trace instead."""
+    return lm.trace_bytes(PH.as_ids(lm, text).shape[1], names="*.self_attn.weights") <= recorder.DEFAULT_BUDGET_BYTES
+
+
+def maps_fit_up_to() -> int:
+    return lm.max_tokens_within(recorder.DEFAULT_BUDGET_BYTES, names="*.self_attn.weights")
+
+
 def prompt_or_stop() -> str:
     text = sel.text
     problem = text_problems(text)
@@ -186,14 +209,27 @@ def sinks_view() -> None:
                   "token every query can see, and token 0 is the only one. Xiao et al. found these *attention "
                   "sinks* and showed that a streaming model must keep token 0 in its cache (“Efficient Streaming "
                   "Language Models with Attention Sinks”, 2023)."))
-    with st.spinner(t("Running the model…")):
-        eff = guarded(_sinks, sel.name, text)
-    if eff is None:
+    fits = guarded(maps_fit, text)
+    if fits is None:
         return
-    share = eff.share
+    n_tok = int(PH.as_ids(lm, text).shape[1])
+    if fits:
+        with st.spinner(t("Running the model…")):
+            eff = guarded(_sinks, sel.name, text)
+        if eff is None:
+            return
+        share, mean_share = eff.share, eff.mean_share
+    else:  # a long prompt: the shares from its lazy trace, tile by tile; the blocked runs only when asked
+        eff = None
+        with st.spinner(t("Running the model on {n} tokens…", n=f"{n_tok:,}")):
+            stats = guarded(_prompt_stats, sel.name, text)
+        if stats is None:
+            return
+        share = stats["sink"]
+        mean_share = float(np.mean(share.scores))  # sink_effect's mean_share
     recipe(share, SINK_RECIPE)
     st.markdown(t("On this prompt **{p} of all attention** (every head, every query row 1…T−1) lands on token 0 "
-                  "(“{tok}”); **{k} of {n} heads** put at least {th} there.", p=f"{eff.mean_share:.0%}",
+                  "(“{tok}”); **{k} of {n} heads** put at least {th} there.", p=f"{mean_share:.0%}",
                   tok=piece(PH.as_ids(lm, text)[0, 0]), k=len(share.heads), n=share.scores.size,
                   th=F.num(share.threshold)))
     show_figure(FPH.head_map(share.scores, t("share on token 0"), found_pairs(share.heads), zmax=1.0,
@@ -225,6 +261,16 @@ def sinks_view() -> None:
         heads = ((int(layer), int(head)),)
     else:
         write_query(sink_layer=None, sink_head=None)
+    if eff is None and not st.toggle(t("Run the model with token 0 blocked (two runs on {n} tokens)", n=f"{n_tok:,}"),
+                                     key="phen_sink_long_block"):
+        try_it(t("type another prompt in the sidebar, even one that starts with a different word: the sink stays on "
+                 "token 0, whatever token it is."))
+        return
+    if eff is None and heads is None:
+        with st.spinner(t("Running the model on {n} tokens…", n=f"{n_tok:,}")):
+            eff = guarded(_sinks_long, sel.name, text)
+        if eff is None:
+            return
     # every head: the block_sink inside sink_effect, the very number lesson 12 shows (one function, one input)
     b = eff.block if heads is None else guarded(_block, sel.name, text, heads)
     if b is None:
@@ -248,10 +294,12 @@ def sinks_view() -> None:
                       "the last position (the token after the prompt) moves by KL = {kl} nats.",
                       l=heads[0][0], h=heads[0][1],
                       verdict=t("changes") if b.changed else t("stays the same"), kl=F.num(b.kl)))
-    n_tok = int(PH.as_ids(lm, text).shape[1])
-    if st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
-                 help=t("Token 0 blocked in one head at a time, batched: {estimate} on this server.",
-                        estimate=estimate_text(AN.estimate_seconds(L * H * n_tok)))):
+    if not fits:  # L x H runs of the whole prompt
+        st.caption(t("Measuring every head alone takes {n} runs of the model: it is offered for prompts of up to "
+                     "{k} tokens.", n=L * H, k=f"{maps_fit_up_to():,}"))
+    elif st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
+                   help=t("Token 0 blocked in one head at a time, batched: {estimate} on this server.",
+                          estimate=estimate_text(AN.estimate_seconds(L * H * n_tok)))):
         bar = None if AN.is_cached("sinks_per_head", lm, text) else ProgressBar(
             t("Blocking token 0 in each head in turn"), AN.estimate_seconds(L * H * n_tok))
         kl = _sinks_per_head(sel.name, text, bar)

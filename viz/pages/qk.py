@@ -3,6 +3,10 @@
 URL parameters (with the sidebar's checkpoint=): qk_kind (enc | dec | cross), layer, head, color (kind | position |
 token), batch (sentences | repeat: a language model's repeated random tokens | prompt: the sidebar's text), query
 (input.position of the clicked query). A link reopens the same picture.
+
+A language model's prompt over qk_batch.FULL_UP_TO tokens keeps q and k only (issue 24 §3): the drawn head's
+weights come from the trace, a query is picked by its position too, the picture draws every s-th position's
+points (qk.MAX_POINTS per cloud) and clarity is measured on qk.CLARITY_QUERIES queries spread over the prompt.
 """
 
 import time
@@ -16,7 +20,7 @@ from viz.i18n import N_, option_labels, t
 from viz.ui import lm_models
 from viz.ui import qk_batch as QB
 from viz.ui.attention_views import KIND_IDS, KINDS
-from viz.ui.models import load_ckpt, session_models
+from viz.ui.models import get_trace, load_ckpt, session_models
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import selection
 from viz.ui.state import clamp_state, int_in, note_replaced, seed_from_query, write_query
@@ -30,15 +34,19 @@ SHARED_BATCHES = 3  # a real LM's batch (30 layers of q, k, weights over 40 sent
 
 @st.cache_resource(show_spinner=False, max_entries=SHARED_BATCHES, ttl=3600)
 def _shared_batch(name: str, batch: str, text: str | None = None, target: str | None = None) -> FQ.QKBatch:
-    return _build(load_ckpt(name), batch, text, target)
+    return _build(load_ckpt(name), batch, text, target, name)
 
 
-def _build(ckpt, batch: str, text: str | None = None, target: str | None = None) -> FQ.QKBatch:
+def _build(ckpt, batch: str, text: str | None = None, target: str | None = None, name: str | None = None
+           ) -> FQ.QKBatch:
     """`text` (and a toy model's `target`): the sidebar's input, for batch "prompt"."""
     if isinstance(ckpt, lm_models.RealModel):
         if ckpt.family == "decoder_lm":
-            return QB.lm_batch(ckpt.obj, batch, readable=lm_models.readable if lm_models._byte_level(ckpt.obj)
-                               else None, text=text)
+            readable = lm_models.readable if lm_models._byte_level(ckpt.obj) else None
+            if batch == "prompt" and name is not None and QB.is_long(ckpt.obj, text):
+                # the sidebar's trace, shared with the other pages: q and k kept, a head's weights when drawn
+                return QB.trace_batch(ckpt.obj, get_trace(name, text), text, readable)
+            return QB.lm_batch(ckpt.obj, batch, readable=readable, text=text)
         return QB.encoder_batch(ckpt.obj, [text] if batch == "prompt" else None)
     return QB.toy_batch(ckpt, pairs=[(text, target)] if batch == "prompt" else None)
 
@@ -154,6 +162,7 @@ color = c3.segmented_control(t("Colour by"), list(FQ.COLORS), key="qk_color", re
 module = modules[layer]
 t0 = time.perf_counter()  # the map and its figure (the batch is cached per model)
 m = FQ.qk_map(batch, module, head)
+long_prompt = batch.weights_of is not None  # one long prompt: q and k kept, this head's weights computed
 
 
 def _parse_query(v: str) -> tuple[int, int]:
@@ -178,6 +187,18 @@ if "qk_query" not in st.session_state:  # the link's picked query, once per sess
 picked = st.session_state.get("qk_query")
 if picked is not None and not _valid_query(picked):  # another head/kind/model: its queries differ
     picked = st.session_state["qk_query"] = None
+if long_prompt:  # too many points to find one by eye: pick a query by its position (default: the last)
+    n_q = m.weights[0].shape[0]
+    if picked is None:
+        picked = st.session_state["qk_query"] = (0, n_q - 1)
+    st.session_state["qk_query_pos"] = picked[1]  # before the widget: a click on a query moves it too
+
+    def _on_pos() -> None:
+        st.session_state["qk_query"] = (0, int(st.session_state["qk_query_pos"]))
+
+    st.number_input(t("Query position"), 0, n_q - 1, key="qk_query_pos", on_change=_on_pos,
+                    help=t("The query whose top {k} keys are ringed; the last position is the one whose output "
+                           "predicts the next token.", k=FQ.TOP_K))
 write_query(qk_kind=kind, layer=layer, head=head, color=color,
                    query=f"{picked[0]}.{picked[1]}" if picked else None)
 
@@ -200,11 +221,24 @@ title = t("{module} · head {head} · {q} queries, {k} keys", module=module, hea
           k=len(m.kind) - m.n_query)
 if info.get("n_kv_heads", n_heads) != n_heads:
     title += t(" (K/V head {kv})", kv=m.kv_head)
-fig = FQ.qk_figure(m, batch.labels, color, selected, title=title)
+fig = FQ.qk_figure(m, batch.labels, color, selected, title=title, max_points=FQ.MAX_POINTS if long_prompt else None)
 elapsed = time.perf_counter() - t0
 show_figure(fig, key="qk_fig", filename=f"{sel.name}-{module}-head{head}-qk", on_select=_on_click,
                    selection_mode="points")
-clarity, chance = m.clarity()
+if long_prompt:
+    runs = FQ.query_runs(m.n_query)
+    n_runs = sum(r.stop - r.start for r in runs)
+    stride = FQ.point_stride(m, FQ.MAX_POINTS)
+    if stride > 1:
+        st.caption(t("{n} tokens: the picture draws the query and key of one position in {s} ({d} of {all} "
+                     "points); the projection, the top keys and clarity use them all.", n=f"{m.n_query:,}", s=stride,
+                     d=f"{int((m.position % stride == 0).sum()):,}", all=f"{len(m.kind):,}"))
+    if n_runs < m.n_query:
+        st.caption(t("Clarity on a long prompt is measured on {q} queries: {r} runs of {k} consecutive positions "
+                     "spread over the text.", q=n_runs, r=len(runs), k=runs[0].stop - runs[0].start))
+    clarity, chance = m.clarity_rows(runs)
+else:
+    clarity, chance = m.clarity()
 st.caption(t("Circles are queries, diamonds keys; hover for the token and its input. Click a query: its top {k} "
              "keys by the head's real weights are ringed. Clarity of this head: {c} of each query's top {k} keys "
              "are among its {k} nearest keys in the picture (chance: {ch}). Scale a = {a}; the axes hold {ex} of "

@@ -7,7 +7,9 @@ model, so switching layer, head or colour only re-projects.
   attention a position never sees the padding after it, so each sentence's rows are its own pass's), or
   [BOS] + 50 random tokens repeated twice (model/analysis/phenomena.induction_sequence), 4 seeds;
 - an encoder (MiniLM): the same 40 sentences, one pass each (bidirectional: padding would be seen);
-- any model, "prompt": the sidebar's text alone (a toy model: with its target, or its own greedy output).
+- any model, "prompt": the sidebar's text alone (a toy model: with its target, or its own greedy output);
+  a language model's prompt over FULL_UP_TO tokens (issue 24 §3): q and k from its trace (O(T·d)), a head's
+  weights computed from the trace when drawn (`trace_batch`), never 30 layers × H × T × T.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from model.core import recorder
 from model.core.describe import described
 from viz.figures.qk import SENTENCES, QKBatch
 
 N_PAIRS = 40
 REPEAT_N, REPEAT_SEEDS = 50, 4
 BATCHES = ("sentences", "repeat", "prompt")
+FULL_UP_TO = 512  # a prompt keeps every head's weights up to this many tokens (SmolLM2: 30 × 9 × 512² floats,
+                  # 283 MB); beyond, q and k only and a head's weights when drawn (at 2,048 tokens a full
+                  # capture would be 30 × 151 MB)
 
 
 def _arrays(trace, modules: list[str], row: int = 0, n_q: int | None = None, n_k: int | None = None) -> dict:
@@ -77,6 +83,39 @@ def lm_batch(lm, kind: str = "sentences", readable=None, text: str | None = None
     arrays = [_arrays(tr, modules, b, len(r), len(r)) for b, r in enumerate(rows)]
     tokens = [{"tgt_tokens": [readable(p) for p in lm.tokens(r)]} for r in rows]
     return QKBatch(desc, labels, tokens, arrays, period)
+
+
+def is_long(lm, text: str) -> bool:
+    """Whether a language model's prompt is too long to keep every head's weights (FULL_UP_TO tokens, or the
+    capture of q, k and weights over this server's budget): then the page builds `trace_batch`."""
+    T = lm.encode(text).shape[1]
+    modules = [m for m, a in lm.model.describe()["attention"].items() if a["kind"] == "decoder_self"]
+    names = [f"{m}.{r}" for m in modules for r in ("q", "k", "weights")]
+    return T > FULL_UP_TO or lm.trace_bytes(T, names=names) > recorder.DEFAULT_BUDGET_BYTES
+
+
+def trace_batch(lm, trace, text: str, readable=None) -> QKBatch:
+    """A long prompt's batch from its trace (viz.ui.models.get_trace: a LazyTrace that keeps q, k and v): q and
+    k of every decoder self-attention module, as read-only views of the trace's tensors (no copy), and
+    `weights_of` reading a head's weight rows from the trace (model/analysis/long.py head_rows: the numbers
+    every other page shows)."""
+    from model.analysis.long import head_rows
+
+    readable = readable or (lambda p: p)
+    desc = lm.model.describe()
+    modules = [m for m, a in desc["attention"].items() if a["kind"] == "decoder_self"]
+    layer = {m: i for i, m in enumerate(modules)}  # head_rows counts decoder self-attention modules
+    arrays = {}
+    for m in modules:
+        for r in ("q", "k"):
+            arrays[f"{m}.{r}"] = trace[f"{m}.{r}"][0].float().numpy()  # (H, T, hs); float32 already: a view
+
+    def weights_of(module: str, head: int | None, rows: slice | None = None) -> np.ndarray:
+        return head_rows(trace, layer[module], head, rows or slice(None)).float().numpy()
+
+    ids = list(trace.meta["tgt_ids"][0])
+    tokens = [{"tgt_tokens": [readable(p) for p in lm.tokens(ids)]}]
+    return QKBatch(desc, [text], tokens, [arrays], weights_of=weights_of)
 
 
 def encoder_batch(enc, texts: list[str] | None = None) -> QKBatch:
