@@ -9,11 +9,16 @@ so the tests can hold each drawn number against the trace and the formula.
 - RMSNorm vs LayerNorm: `rms_norm`, `layer_norm`, `norm_figure`;
 - SwiGLU: `swiglu_figure` (the gate SiLU(W_g x) beside the up projection W_1 x);
 - Pre-LN: `residual_norms`, `preln_figure`.
+
+Long prompts (more tokens than long_views.CELLS_UP_TO): a per-token figure shows a window of WINDOW_ROWS tokens
+around the chosen one (`token_window`); a T × T mask is pooled to blocks (`pooled_open`: the share of open cells
+of each block, `block_labels`), and the sliding window's reach is its closed form (`window_reach`), so no page
+holds every layer's T × T at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -23,6 +28,37 @@ from viz.figures.attention import every_tick, show_token, token_labels
 from viz.i18n import t
 
 MIB = 2**20
+WINDOW_ROWS = 256  # long prompts: a per-token figure shows at most this many tokens (rows), around the chosen one
+POOL_BLOCKS = 128  # long prompts: a T × T mask is pooled to at most this many blocks a side
+
+
+# ---------------------------------------------------------------------- long prompts: windows and blocks
+
+
+def token_window(T: int, pos: int, n: int | None = None) -> tuple[int, int]:
+    """[a, b): the n (default WINDOW_ROWS) positions around `pos`, inside 0..T (pos in the middle where it can be)."""
+    n = max(1, min(T, n or WINDOW_ROWS))
+    a = max(0, min(pos - n // 2, T - n))
+    return a, a + n
+
+
+def block_labels(edges: Sequence[int]) -> list[str]:
+    """A label per block of positions edges[i] .. edges[i+1]-1: "a–b" ("a" for a block of one position)."""
+    return [f"{a}" if b - a == 1 else f"{a}–{b - 1}" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def pooled_open(mask: np.ndarray, edges: Sequence[int]) -> np.ndarray:
+    """[n, n]: the share of open cells (mask False) of each block (query block a × key block b) of a [T, T]
+    mask (True = blocked), blocks from `edges` (model.analysis.long.block_edges)."""
+    starts = np.asarray(edges[:-1])
+    sizes = np.diff(edges).astype(np.float64)
+    by_key = np.add.reduceat(~np.asarray(mask, bool), starts, axis=1, dtype=np.int64)  # (T, n): open keys per block
+    return np.add.reduceat(by_key, starts, axis=0) / (sizes[:, None] * sizes[None, :])
+
+
+def pooled_share(row: np.ndarray, edges: Sequence[int]) -> np.ndarray:
+    """[n]: the share of True (or the mean) of a [T] row in each block."""
+    return np.add.reduceat(np.asarray(row, np.float64), np.asarray(edges[:-1])) / np.diff(edges)
 
 
 # ---------------------------------------------------------------------- RoPE vs sinusoidal
@@ -75,13 +111,16 @@ def added_scores(e_q: np.ndarray, e_k: np.ndarray, pe: np.ndarray, w_q: np.ndarr
     return out
 
 
-def rope_figure(angles: np.ndarray, rope: dict, added: dict | None, pair_label: str = "") -> go.Figure:
-    """Left: the angles each position turns each dimension pair by (mod 2π). Right: one q·k pair's score as the
-    two tokens move apart, for two starting positions: rotated (today) and, if given, added (2017)."""
+def rope_figure(angles: np.ndarray, rope: dict, added: dict | None, pair_label: str = "",
+                positions: Sequence[int] | None = None) -> go.Figure:
+    """Left: the angles each position turns each dimension pair by (mod 2π); `positions`: the positions of the
+    rows (default 0, 1, …; a long prompt's window). Right: one q·k pair's score as the two tokens move apart,
+    for two starting positions: rotated (today) and, if given, added (2017)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.16,
                         subplot_titles=(t("RoPE angle (mod 2π) of each dimension pair"),
                                         t("Score of one q·k pair vs distance {pair}", pair=pair_label)))
-    fig.add_trace(go.Heatmap(z=np.mod(angles, 2 * np.pi), colorscale="Twilight", zmin=0, zmax=2 * np.pi,
+    fig.add_trace(go.Heatmap(z=np.mod(angles, 2 * np.pi), y=None if positions is None else list(positions),
+                             colorscale="Twilight", zmin=0, zmax=2 * np.pi,
                              colorbar=dict(title=t("radians"), x=0.39, len=0.9, thickness=12),
                              hovertemplate=t("position %{y} · pair %{x}<br>angle %{z:.3f} rad") + "<extra></extra>"),
                   1, 1)
@@ -180,10 +219,12 @@ def norm_figure(x: np.ndarray, rms_out: np.ndarray, ln_out: np.ndarray, token: s
 # ---------------------------------------------------------------------- SwiGLU
 
 
-def swiglu_figure(gate: np.ndarray, up: np.ndarray, tokens: Sequence[str], units: Sequence[int]) -> go.Figure:
+def swiglu_figure(gate: np.ndarray, up: np.ndarray, tokens: Sequence[str], units: Sequence[int],
+                  labels: Sequence[str] | None = None) -> go.Figure:
     """Heatmaps, tokens × the chosen hidden units: the gate SiLU(W_g x) beside the up projection W_1 x (their
-    product is what the FFN's W_2 reads)."""
-    labels = token_labels(tokens, gate.shape[0])
+    product is what the FFN's W_2 reads). `labels`: the rows' labels (default "i: token" from 0; a long
+    prompt's window passes its own)."""
+    labels = token_labels(tokens, gate.shape[0]) if labels is None else list(labels)
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=(t("gate SiLU(W_g x)"), t("up projection W_1 x")))
     ux = [str(u) for u in units]
@@ -202,8 +243,9 @@ def swiglu_figure(gate: np.ndarray, up: np.ndarray, tokens: Sequence[str], units
 # ---------------------------------------------------------------------- Pre-LN
 
 
-def residual_norms(layer_outs: Sequence[np.ndarray]) -> np.ndarray:
-    """Median over tokens of ‖x‖ of each layer's output [T, D] (the median: a sink token's norm is far larger)."""
+def residual_norms(layer_outs: Iterable[np.ndarray]) -> np.ndarray:
+    """Median over tokens of ‖x‖ of each layer's output [T, D] (the median: a sink token's norm is far larger).
+    A generator is read one layer at a time: a long prompt never holds every layer's stream at once."""
     return np.array([float(np.median(np.linalg.norm(x.astype(np.float64), axis=-1))) for x in layer_outs])
 
 
@@ -384,23 +426,45 @@ def live_reach(masks: Sequence[np.ndarray], query: int = -1) -> list[np.ndarray]
     return out
 
 
+def window_reach(kinds: Sequence[str], windows: Sequence[int | None], T: int, query: int = -1) -> list[np.ndarray]:
+    """`live_reach` in closed form, for masks that are look-ahead + a sliding window on the sliding layers (what
+    every decoder LM here uses): a sliding layer lets query i read keys i − W + 1 … i, so what can have reached
+    `query` after l layers is the interval query − reach_back(l) … query. O(L·T): a long prompt needs no mask."""
+    q = query % T
+    back = reach_back(kinds, windows, q)  # capped at q: a full layer reaches position 0
+    pos = np.arange(T)
+    return [(pos <= q) & (pos >= q - b) for b in back]
+
+
 def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[int], distance: int,
-                   labels: Sequence[str], window: int) -> go.Figure:
+                   labels: Sequence[str], window: int, pooled: bool = False) -> go.Figure:
     """Left: a sliding layer's live mask (this prompt). Middle: after each layer, which positions can have reached
     the last token (live, from the masks: `live_reach` rows). Right: how far back information can come from after
-    each layer for a query `distance` positions into a long text (the closed form `reach_back`)."""
+    each layer for a query `distance` positions into a long text (the closed form `reach_back`).
+
+    pooled (a long prompt): `mask` is the share of OPEN cells of each block (`pooled_open`), `reach` the share of
+    each block's positions that reach the last token (`pooled_share`), `labels` the blocks' (`block_labels`)."""
     fig = make_subplots(rows=1, cols=3, column_widths=[0.34, 0.33, 0.33], horizontal_spacing=0.09,
-                        subplot_titles=(t("sliding-window mask, W = {w}", w=window),
+                        subplot_titles=(t("sliding-window mask, W = {w}", w=window) if not pooled else
+                                        t("sliding-window mask, W = {w},<br>share of open cells per block", w=window),
                                         t("what reaches the last token,<br>layer by layer"),
                                         t("reach back from a token<br>at position {d}", d=f"{distance:,}")))
-    fig.add_trace(go.Heatmap(z=mask.astype(np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
-                             colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
-                             hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, 1)
-    rows = np.stack(reach).astype(np.float32)  # (layers + 1, T)
+    if pooled:  # open = light, as in the exact mask where blocked is dark
+        fig.add_trace(go.Heatmap(z=np.asarray(mask, np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
+                                 colorscale=[[0, "#3b3b3b"], [1, "#f4f4f4"]], showscale=False,
+                                 hovertemplate=t("queries %{y}<br>keys %{x}<br>open: %{z:.0%}") + "<extra></extra>"),
+                      1, 1)
+    else:
+        fig.add_trace(go.Heatmap(z=mask.astype(np.float32), x=list(labels), y=list(labels), zmin=0, zmax=1,
+                                 colorscale=[[0, "#f4f4f4"], [1, "#3b3b3b"]], showscale=False,
+                                 hovertemplate=t("query %{y}<br>key %{x}<br>blocked %{z}") + "<extra></extra>"), 1, 1)
+    rows = np.stack(reach).astype(np.float32)  # (layers + 1, T), or (layers + 1, blocks) pooled
     fig.add_trace(go.Heatmap(z=rows, x=list(labels), y=[t("embedding")] + [t("layer {l}", l=i)
                                                                           for i in range(len(reach) - 1)],
                              zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2ca02c"]], showscale=False,
-                             hovertemplate="%{y}<br>%{x}<br>" + t("reaches the last token: %{z}") + "<extra></extra>"),
+                             hovertemplate="%{y}<br>%{x}<br>" + (t("share that reaches the last token: %{z:.0%}")
+                                                                 if pooled else t("reaches the last token: %{z}"))
+                             + "<extra></extra>"),
                   1, 2)
     steps = [t("embedding")] + [t("layer {l}", l=i) for i in range(len(far) - 1)]
     fig.add_trace(go.Scatter(x=steps, y=list(far), mode="lines+markers+text", name=t("reach back"),
@@ -428,7 +492,7 @@ def vector_norms(x: np.ndarray) -> np.ndarray:
 
 
 def qk_norm_figure(q_in: np.ndarray, q_out: np.ndarray, k_in: np.ndarray, k_out: np.ndarray,
-                   labels: Sequence[str]) -> go.Figure:
+                   labels: Sequence, x_title: str | None = None) -> go.Figure:
     """‖q‖ and ‖k‖ of each token before and after the q/k norm (one head, or the whole projection when the
     model normalizes all heads together): the norm puts every query and key on nearly one length, so the scores
     cannot grow with the residual stream."""
@@ -440,6 +504,8 @@ def qk_norm_figure(q_in: np.ndarray, q_out: np.ndarray, k_in: np.ndarray, k_out:
         fig.add_trace(go.Scatter(x=list(labels), y=vector_norms(b), mode="lines+markers", name=t("after the norm"),
                                  line=dict(color="#1f77b4"), showlegend=c == 1, legendgroup="out"), 1, c)
     fig.update_xaxes(type="category", tickangle=-60, showticklabels=len(labels) <= 40)
+    if x_title:  # a long prompt: positions, not token labels
+        fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(height=360, margin=dict(l=50, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.3))
     return fig
@@ -468,6 +534,20 @@ def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figu
                       height=400, margin=dict(l=50, r=20, t=50, b=50), xaxis=dict(title=t("score before the cap")),
                       yaxis=dict(title=t("score after the cap")), legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def softcap_summary(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """Over (before, after) score arrays of visible cells, one tile at a time: {"max_before": max |s|,
+    "max_after": max |c·tanh(s/c)|, "bent": share of cells moved by more than 1%, "cells": how many}. The same
+    numbers as on the whole matrix at once: a long prompt never holds a head's T × T."""
+    mb = ma = 0.0
+    bent = n = 0
+    for b, a in pairs:
+        b, a = np.asarray(b, np.float64).ravel(), np.asarray(a, np.float64).ravel()
+        mb, ma = max(mb, float(np.abs(b).max(initial=0))), max(ma, float(np.abs(a).max(initial=0)))
+        bent += int((np.abs(a - b) > 0.01 * np.abs(b)).sum())
+        n += b.size
+    return {"max_before": mb, "max_after": ma, "bent": bent / max(n, 1), "cells": n}
 
 
 # ---- RoPE scaling for long context

@@ -3,16 +3,26 @@
 The modern side is the sidebar's language model (SmolLM2 when the sidebar shows another kind of model); the 2017
 side is the sidebar's toy model (the default toy model otherwise). Sections: RoPE vs sinusoidal PE, grouped-query
 attention, RMSNorm vs LayerNorm, SwiGLU, pre-LN. URL parameters: layer, head (the LM's), pos (the token shown).
+
+A long prompt (more tokens than long_views.CELLS_UP_TO; the trace is then usually a LazyTrace that computes a
+layer's tensors when asked): every section still draws, in views that keep meaning at that length: per-token
+figures show the FM.WINDOW_ROWS tokens around the chosen one, the sliding-window mask is pooled to blocks (share
+of open cells) and its reach is the closed form, the soft-cap's numbers are summed tile by tile over every visible
+cell and its points are the chosen token's row. Nothing holds every layer's T × T at once.
 """
 
 import numpy as np
 import streamlit as st
 import torch
 
+from model.analysis import long as LG
+from model.core.attention import softcap
+from model.core.trace import LazyTrace
 from viz.figures import attention as F
 from viz.figures import modern as FM
 from viz.i18n import t
 from viz.ui import lm_models
+from viz.ui.long_views import CELLS_UP_TO
 from viz.ui.models import checkpoint_names, get_trace, is_real_model, load_ckpt, session_models
 from viz.ui.render import show_error, show_figure, tokens_of
 from viz.ui.sidebar import default_checkpoint, model_label, selection
@@ -82,6 +92,17 @@ pos = c3.selectbox(t("Token"), range(T), key="s17_pos",
                    format_func=dict(enumerate(f"{i}: {F.show_token(tok)}" for i, tok in enumerate(tokens))).get)
 write_query(layer=layer, head=head, pos=pos)
 L = f"decoder.layers.{layer}"
+labels = F.token_labels(tokens, T)
+# A long prompt: T × T maps pooled, per-token figures a window of tokens around the chosen one (issue 24).
+long = T > CELLS_UP_TO
+w0, w1 = FM.token_window(T, pos) if long else (0, T)
+rows = slice(w0, w1)
+
+
+def window_caption(what: str) -> None:
+    """Under a per-token figure of a long prompt: which tokens its rows are."""
+    st.caption(t("{what}: tokens {a} to {b} of {T}, the {n} around the chosen token (pick another token above to "
+                 "move the window).", what=what, a=w0, b=w1 - 1, T=f"{T:,}", n=w1 - w0))
 
 
 def arr(name: str) -> np.ndarray:
@@ -128,19 +149,30 @@ else:
                                 att.w_q.bias.detach().double().numpy(), att.w_k.weight.detach().double().numpy(),
                                 att.w_k.bias.detach().double().numpy(), min(head, toy_cfg.n_heads - 1),
                                 toy_cfg.n_heads, starts, toy_delta)
-    fig = FM.rope_figure(angles, rope, added, pair_label=t("(“{q}” → “{k}”)", q=F.show_token(tokens[pos]),
-                                                          k=F.show_token(tokens[key_pos])))
+    pair = t("(“{q}” → “{k}”)", q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]))
+    if long:  # the live angles of the window's positions (all T rows would be ~1 pixel each)
+        fig = FM.rope_figure(live[rows], rope, added, pair_label=pair, positions=range(w0, w1))
+    else:
+        fig = FM.rope_figure(angles, rope, added, pair_label=pair)
     show_figure(fig, key="s17_rope")
+    if long:
+        window_caption(t("Left, each row is one position's angles as the model computed them, mod 2π"))
     spread = float(np.abs(rope[key_pos] - rope[key_pos + 200]).max())
-    msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
-            "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a position, "
-            "the last pair {slow} rad (one turn every {turn} positions); base b = {base}. The picture's first {T} "
-            "rows are this prompt's angles as the model computed them (largest difference from the formula: "
-            "{adiff}).",
-            l=layer, h=head, q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]), diff=f"{spread:.1e}",
-            fast=F.num(float(inv[0])),
-            slow=f"{inv[-1]:.2e}", turn=f"{2 * np.pi / inv[-1]:,.0f}", base=f"{base:,.0f}",
-            T=T, adiff=f"{angle_diff:.1e}")
+    nums = dict(l=layer, h=head, q=F.show_token(tokens[pos]), k=F.show_token(tokens[key_pos]), diff=f"{spread:.1e}",
+                fast=F.num(float(inv[0])), slow=f"{inv[-1]:.2e}", turn=f"{2 * np.pi / inv[-1]:,.0f}",
+                base=f"{base:,.0f}", adiff=f"{angle_diff:.1e}")
+    if not long:
+        msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
+                "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a "
+                "position, the last pair {slow} rad (one turn every {turn} positions); base b = {base}. The picture's "
+                "first {T} rows are this prompt's angles as the model computed them (largest difference from the "
+                "formula: {adiff}).", T=T, **nums)
+    else:
+        msg = t("Layer {l}, head {h}: the query “{q}” and the key “{k}” moved together by 200 positions change their "
+                "score by at most {diff} (float rounding): only the distance counts. Pair 0 turns {fast} rad a "
+                "position, the last pair {slow} rad (one turn every {turn} positions); base b = {base}. Over all {T} "
+                "positions of this prompt, the model's angles differ from the formula by at most {adiff}.",
+                T=f"{T:,}", **nums)
     if added is not None:
         a0, a1 = list(added.values())
         n = min(len(a0), len(a1))
@@ -227,9 +259,12 @@ else:
         ffn_in = (trace[f"{L}.norm2.out"][0] if f"{L}.norm2.out" in trace else
                   trace[f"decoder.layers.{layer - 1}.out" if layer else "decoder.embed.out"][0]
                   + trace[f"{L}.norm_post_attn.out"][0])
-        up = ffn.linear1(ffn_in).double().numpy()
-    units = sorted(np.argsort(-np.abs(hidden).mean(0), kind="stable")[:32].tolist())
-    show_figure(FM.swiglu_figure(gate, up, tokens, units), key="s17_swiglu")
+        up = ffn.linear1(ffn_in[rows]).double().numpy()  # the drawn rows only (all of them on a short prompt)
+    units = sorted(np.argsort(-np.abs(hidden).mean(0), kind="stable")[:32].tolist())  # over every token
+    show_figure(FM.swiglu_figure(gate[rows], up, tokens, units, labels=labels[rows] if long else None),
+                key="s17_swiglu")
+    if long:
+        window_caption(t("Rows"))
     shut = float((np.abs(gate) < 0.05).mean())
     neg = float((gate < 0).mean())
     st.markdown(t("Layer {l}, the {n} hidden units (of {d_ff}) with the largest mean |gate · up| on this text. Over "
@@ -254,7 +289,8 @@ if blocks.get("parallel_residual"):
                "x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (parallel residual).", model=lm_label)
 if wiring:
     st.markdown(wiring)
-lm_outs = [arr("decoder.embed.out")] + [arr(f"decoder.layers.{i}.out") for i in range(n_layers)]
+# One layer's stream at a time (a generator): a long prompt never holds every layer's [T, D] together.
+lm_outs = (arr(n) for n in ["decoder.embed.out", *(f"decoder.layers.{i}.out" for i in range(n_layers))])
 toy_n = toy.cfg.n_encoder_layers
 toy_outs = [toy_trace["encoder.embed.out"][0].double().numpy()] + [
     toy_trace[f"encoder.layers.{i}.out"][0].double().numpy() for i in range(toy_n)]
@@ -275,7 +311,6 @@ st.page_link("viz/pages/layer.py", label=t("Inside a layer: post-LN vs pre-LN wi
 FAR = 5000  # "a token this many positions back": what can it still reach through the layers?
 infos = [desc["attention"][f"decoder.layers.{i}.self_attn"] for i in range(n_layers)]
 info_l = infos[layer]
-labels = F.token_labels(tokens, T)
 A = f"{L}.self_attn"
 
 st.header(t("6. Sliding windows: attention with a horizon"))
@@ -291,10 +326,22 @@ if not any(windows):
 else:
     W = next(w for w in windows if w)
     first = next(i for i, w in enumerate(windows) if w)
-    masks = [FM._arr(trace[f"decoder.layers.{i}.self_attn.mask"])[0, 0].astype(bool) for i in range(n_layers)]
-    reach = FM.live_reach(masks)
     far = FM.reach_back(kinds, windows, FAR)
-    show_figure(FM.sliding_figure(masks[first], reach, far, FAR, labels, W), key="s17_window")
+    if long:  # one layer's mask, pooled to blocks; the reach in closed form (no layer's T × T kept)
+        edges = LG.block_edges(T, FM.POOL_BLOCKS)
+        open_share = FM.pooled_open(FM._arr(trace[f"decoder.layers.{first}.self_attn.mask"])[0, 0], edges)
+        reach = FM.window_reach(kinds, windows, T)
+        show_figure(FM.sliding_figure(open_share, [FM.pooled_share(r, edges) for r in reach], far, FAR,
+                                      FM.block_labels(edges), W, pooled=True), key="s17_window")
+        st.caption(t("{T} tokens, drawn in blocks of about {b} positions. Left, a cell is a block of queries × a "
+                     "block of keys: the share of its cells the mask leaves open (light = open). Middle, a cell is "
+                     "the share of a block's positions that can have reached the last token; here it follows from "
+                     "the windows (each query's open keys are the W positions up to it) instead of walking every "
+                     "layer's mask.", T=f"{T:,}", b=max(1, round(T / (len(edges) - 1)))))
+    else:
+        masks = [FM._arr(trace[f"decoder.layers.{i}.self_attn.mask"])[0, 0].astype(bool) for i in range(n_layers)]
+        reach = FM.live_reach(masks)
+        show_figure(FM.sliding_figure(masks[first], reach, far, FAR, labels, W), key="s17_window")
     earliest = int(np.flatnonzero(reach[-1])[0])  # the earliest position that reaches the last token
     n_sl = sum(k == "sliding" for k in kinds)
     full = [i for i, k in enumerate(kinds) if k != "sliding"]
@@ -325,7 +372,12 @@ else:
     kv = head // (n_heads // info_l["n_kv_heads"])
     if per_head:
         qi, qo, ki, ko = qi[head], qo[head], ki[kv], ko[kv]
-    show_figure(FM.qk_norm_figure(qi, qo, ki, ko, labels), key="s17_qknorm")
+    if long:  # one point per position: a line over the whole prompt still reads; the x axis is the position
+        show_figure(FM.qk_norm_figure(qi, qo, ki, ko, list(range(T)), x_title=t("position")), key="s17_qknorm")
+        st.caption(t("Each point is one token's query (key) length, at every one of the {T} positions.",
+                     T=f"{T:,}"))
+    else:
+        show_figure(FM.qk_norm_figure(qi, qo, ki, ko, labels), key="s17_qknorm")
     nq_in, nq_out = FM.vector_norms(qi), FM.vector_norms(qo)
     st.markdown(t("Layer {l}, {what}: before the norm the queries' lengths range from {a} to {b} ({x}×); after it "
                   "from {c} to {d} ({y}×), set by the learned gain alone.", l=layer,
@@ -344,7 +396,38 @@ final_cap = blocks.get("final_softcap")
 if not cap and not final_cap:
     st.info(t("{model} does not cap its scores: softmax reads them as they are, as in 2017.", model=lm_label),
             icon="🧩")
-if cap:
+if cap and long:
+    # One head's T × T scores never at once: its rows tile by tile for the numbers, the chosen token's row drawn.
+    blocked = FM._arr(trace[f"{A}.mask"])[0, 0].astype(bool)  # (T, T) bool: one layer's, 4 MB at 2,048 tokens
+
+    def score_rows(r: slice) -> tuple[np.ndarray, np.ndarray]:
+        """This head's scores before and after the cap, query rows r × every key ([R, T] each), as the trace
+        gives them: a lazy trace computes them from q and k as the forward does, a full one slices its captures."""
+        if isinstance(trace, LazyTrace):
+            s = trace.attention(A, head, r, what="scores")  # (R, T), before the cap, as `.scores`
+            return FM._arr(s).astype(np.float64), FM._arr(softcap(s, float(cap))).astype(np.float64)
+        return (FM._arr(trace[f"{A}.scores"][0, head, r]).astype(np.float64),
+                FM._arr(trace[f"{A}.scores_capped"][0, head, r]).astype(np.float64))
+
+    tile = max(1, 2**21 // T)  # rows per tile: 2M cells (16 MB in float64)
+
+    def visible_tiles():
+        for r0 in range(0, T, tile):
+            b, a = score_rows(slice(r0, min(T, r0 + tile)))
+            o = ~blocked[r0:r0 + tile]
+            yield b[o], a[o]
+
+    sm = FM.softcap_summary(visible_tiles())
+    b, a = score_rows(slice(pos, pos + 1))
+    o = ~blocked[pos]
+    show_figure(FM.softcap_figure(b[0][o], a[0][o], float(cap)), key="s17_softcap")
+    st.caption(t("{T} tokens: the points are the scores of the chosen token “{tok}” (position {p}) over the {n} "
+                 "keys it sees; the numbers below count every visible cell of the head ({cells}).", T=f"{T:,}",
+                 tok=F.show_token(tokens[pos]), p=pos, n=int(o.sum()), cells=f"{sm['cells']:,}"))
+    st.markdown(t("Layer {l}, head {h}: cap c = {c}. The largest score before the cap is {b}, after it {a}; {p} of "
+                  "the visible cells moved by more than 1%.", l=layer, h=head, c=F.num(float(cap)),
+                  b=F.num(sm["max_before"]), a=F.num(sm["max_after"]), p=f"{sm['bent']:.0%}"))
+elif cap:
     before = FM._arr(trace[f"{A}.scores"])[0, head].astype(np.float64)
     after = FM._arr(trace[f"{A}.scores_capped"])[0, head].astype(np.float64)
     open_ = ~FM._arr(trace[f"{A}.mask"])[0, 0].astype(bool)
@@ -407,8 +490,10 @@ else:
         if pts and isinstance(pts[0].get("y"), str) and pts[0]["y"] in labels:
             st.session_state["s17_pos"] = labels.index(pts[0]["y"])
 
-    show_figure(FM.moe_figure(probs, ids, loads, labels, ml), key="s17_moe", on_select=_pick_token,
-                selection_mode="points")
+    show_figure(FM.moe_figure(probs[rows], ids[rows], loads, labels[rows], ml), key="s17_moe",
+                on_select=_pick_token, selection_mode="points")
+    if long:
+        window_caption(t("Left, rows"))
     show_figure(FM.router_choice_figure(probs[pos], ids[pos], wts[pos], tokens[pos]), key="s17_router")
     load = loads[moe_layers.index(ml)]
     msg = t("Layer {l}: {E} experts, each token runs {k}. On this prompt expert {busy} takes {nb} of the {n} picks "
