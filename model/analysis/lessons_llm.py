@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from model.analysis.phenomena import SinkBlock, as_decoder, as_ids, attention_names, block_sink, sink_hooks
+from model.core import recorder
 
 __all__ = ["SinkBlock", "block_sink", "sink_hooks", "LM_INTERVENTIONS", "NEXT_TOKEN_METRIC", "no_rope", "lm_hooks",
            "LMBeforeAfter", "lm_before_after", "lm_head_importance"]
@@ -76,18 +77,27 @@ def lm_before_after(lm, text_or_ids, hooks: dict) -> LMBeforeAfter:
 
     m = as_decoder(lm)
     ids = as_ids(lm, text_or_ids)[:1]
-    a, b = m(ids)[0].double(), m.run_with_hooks(ids, hooks=hooks)[0].double()
+    T = ids.shape[1]
+    with recorder.fast_attention(T > recorder.EXACT_UP_TO):  # a long prompt: both runs on the fused path
+        a, b = m(ids)[0], m.run_with_hooks(ids, hooks=hooks)[0]  # (T, V) float: [T, V] in float64 would be 2x
 
     def top(logits):
-        p = logits[-1].softmax(-1)
+        p = logits[-1].double().softmax(-1)
         v, i = p.topk(5)
         return [(int(j), float(x)) for j, x in zip(i, v, strict=True)]
 
-    first, second = (int(x) for x in a[-1].topk(2).indices)
-    lp, lq = a[-1].log_softmax(-1), b[-1].log_softmax(-1)
-    loss = (lambda lg: float(F.cross_entropy(lg[:-1], ids[0, 1:]))) if ids.shape[1] > 1 else (lambda lg: float("nan"))
-    return LMBeforeAfter(top(a), top(b), float((lp.exp() * (lp - lq)).sum()), float(a[-1, first] - a[-1, second]),
-                         float(b[-1, first] - b[-1, second]), loss(a), loss(b))
+    def loss(logits):  # mean next-token cross-entropy in float64, 256 rows at a time
+        if T < 2:
+            return float("nan")
+        total = sum(float(F.cross_entropy(logits[r:min(r + 256, T - 1)].double(), ids[0, r + 1:r + 257],
+                                          reduction="sum")) for r in range(0, T - 1, 256))
+        return total / (T - 1)
+
+    la, lb = a[-1].double(), b[-1].double()
+    first, second = (int(x) for x in la.topk(2).indices)
+    lp, lq = la.log_softmax(-1), lb.log_softmax(-1)
+    return LMBeforeAfter(top(a), top(b), float((lp.exp() * (lp - lq)).sum()), float(la[first] - la[second]),
+                         float(lb[first] - lb[second]), loss(a), loss(b))
 
 
 @torch.no_grad()

@@ -26,6 +26,8 @@ from contextvars import ContextVar
 import torch
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20
+EXACT_UP_TO = 512  # a long input's forward (a lazy trace, a page's analysis) runs the named fast path
+                  # (fast_attention) beyond this many tokens: equal to ~1e-6, 2x faster at 2,048 tokens
 
 Hook = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 

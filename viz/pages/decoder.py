@@ -20,6 +20,7 @@ import numpy as np
 import streamlit as st
 import torch
 
+from model.core import recorder
 from model.toy.checkpoint import sampling_distribution
 from viz.figures import attention as F
 from viz.figures import decode as fd
@@ -34,6 +35,8 @@ from viz.ui.text import md_escape, target_unk_note, text_problems, unk_note
 
 STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("Sampling")}
 LM_STRATEGIES = ("greedy", "sample")  # LanguageModel.generate has no beam search
+CHIPS_UP_TO = 64  # the decoder input is drawn as chips up to this many tokens; a longer one shows its end
+MASK_UP_TO = 64  # the look-ahead mask figure, up to this many positions
 LM_MAX_NEW = (1, 64, 16)  # new tokens a language model generates here: min, max, default
 PLAY_SECONDS = 0.9  # one step per tick while playing
 AGREE_ATOL = 1e-4  # cached step-by-step vs one parallel pass: float32 reassociation only
@@ -64,8 +67,10 @@ def teacher_forced(ckpt, text: str, out_ids: tuple[int, ...]):
 
 def generate_lm(rm, text: str, max_new: int, options: tuple):
     """A language model's recorded generation (`LanguageModel.generate`: every step's top-10 and the new
-    position's attention in every layer; a private seeded generator when sampling)."""
-    return rm.obj.generate(text, max_new_tokens=max_new, **dict(options))
+    position's attention in every layer; a private seeded generator when sampling). A long prompt runs on
+    the named fast path (fused attention; the recorded rows are still each step's softmax, equal to ~1e-6)."""
+    long = rm.obj.encode(text).shape[1] > recorder.EXACT_UP_TO
+    return rm.obj.generate(text, max_new_tokens=max_new, fast=long, **dict(options))
 
 
 COMPUTATIONS = {"decode": decode, "teacher_forced": teacher_forced, "generate": generate_lm}
@@ -218,7 +223,10 @@ def token_chips(tokens: list[str], new: str, model_p: float, sample_p: float | N
     """The decoder input so far, then the token chosen at this step, with where its p comes from."""
     chip = ("<span style='display:inline-block;margin:2px;padding:2px 7px;border-radius:6px;"
             "font-family:monospace;background:{bg};color:{fg}'>{t}</span>")
-    seen = "".join(chip.format(bg="#E8F0FA", fg="#1F3B57", t=html.escape(x)) for x in tokens)
+    earlier = len(tokens) - CHIPS_UP_TO
+    seen = "".join(chip.format(bg="#E8F0FA", fg="#1F3B57", t=html.escape(x)) for x in tokens[max(0, earlier):])
+    if earlier > 0:  # a long prompt: its end, where this step reads most (the whole text is in the sidebar)
+        seen = html.escape(t("… {n} earlier tokens …", n=f"{earlier:,}")) + " " + seen
     chosen = chip.format(bg=fd.ORANGE, fg="white", t=html.escape(new))
     if sample_p is None:
         where = t("p = {p} under the model (softmax of the logits)", p=f"{model_p:.4f}")
@@ -512,7 +520,12 @@ def lm_step_view(gen, prompt: list[str], new: list[str], readable, layer: int, h
     token_chips(inp, new[step - 1], rec.prob, None)
     left, right = st.columns([3, 2])
     with left:
-        show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
+        if len(inp) <= MASK_UP_TO:
+            show_figure(fd.lookahead_mask_figure(inp), key="dec_mask", filename="lookahead-mask")
+        else:  # thousands of rows of the same triangle teach nothing more; the rule is said instead
+            st.caption(t("The look-ahead mask over these {n} positions (drawn up to {k}): the new position, the last "
+                         "row, sees all {n} keys; every earlier row sees only the keys up to itself.",
+                         n=f"{len(inp):,}", k=MASK_UP_TO))
     with right:
         top = list(zip(readable([tok for tok, _ in rec.top]), [p for _, p in rec.top], strict=True))
         show_figure(FL.top_tokens_figure(top, new[step - 1], title=t(

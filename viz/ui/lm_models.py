@@ -22,14 +22,15 @@ from pathlib import Path
 
 import torch
 
+from model.core import recorder
 from model.core.trace import LazyTrace
 
 BUILTIN = ("smollm2", "minilm")
 LAZY_BUDGET_BYTES = 512 * 2**20  # a long prompt's lazy trace (q, k, v + each layer's output): SmolLM2 at
                                  # 2,048 tokens holds ~380 MB; it fits up to ~2,700 tokens
 LONG_RUNS = threading.Semaphore(1)  # long forwards (lazy traces) run one at a time on a server
-EXACT_UP_TO = 512  # up to this many tokens a lazy trace is fed by the step-by-step forward (bit for bit the
-                   # full capture), beyond by the fused fast path (equal to ~1e-6)
+EXACT_UP_TO = recorder.EXACT_UP_TO  # up to this many tokens a lazy trace is fed by the step-by-step forward
+                                    # (bit for bit the full capture), beyond by the fused fast path (~1e-6)
 EXAMPLES = {  # the sentence a model opens on
     "decoder_lm": "When Mary and John went to the store, John gave a drink to",
     "encoder": "The animal didn't cross the street because it was too tired",
