@@ -24,6 +24,15 @@ WHEN = ["before dawn", "after the storm", "every Sunday", "in late autumn", "whi
 LONG = " ".join(f"{SUBJ[i % 8]} {VERB[(i * 3) % 8]} {WHEN[(i * 5) % 6]}." for i in range(197))
 
 
+# The chosen position's token is inside the document box's visible part, and the box does scroll (a long text).
+POSITION_IN_VIEW = """() => {
+  const box = document.querySelector('.attention-document'), s = document.getElementById('attention-position');
+  if (!box || !s) return false;
+  const b = box.getBoundingClientRect(), r = s.getBoundingClientRect();
+  return box.scrollHeight > box.clientHeight + 10 && r.top >= b.top && r.bottom <= b.bottom;
+}"""
+
+
 def titles(page) -> list[str]:
     return [re.sub(r"</?b>", "", str(t).split("<br>")[0]) for t in page.evaluate(TITLES)]
 
@@ -76,7 +85,9 @@ def drive_long_views(page, key: str, other_head: str) -> None:
     wait_param(page, "pos", "1500")
     page.get_by_role("radio", name="this layer's mean over heads", exact=True).first.click(force=True)
     wait_param(page, "scope", "layer")
-    assert page.locator(".attention-document span").count() > 1500  # the prompt as text, one span a token
+    # the text before the position (DOC_BEFORE tokens, one span a token), the box scrolled so it shows the position
+    assert page.locator(".attention-document span").count() > 1000
+    assert page.evaluate(POSITION_IN_VIEW), "the document view does not show the chosen position"
     assert page.get_by_text("Top 10 source tokens of position 1500", exact=False).count() == 1
     no_exception(page)
     pick(page, other_head[0], other_head[1])
@@ -109,6 +120,7 @@ def test_long_prompt_on_llm_and_attention(server, browser):
         page.locator(".st-key-llm_long_window").scroll_into_view_if_needed()
         shot(page, "llm-zoom")
         page.locator(".attention-document").scroll_into_view_if_needed()
+        assert page.evaluate(POSITION_IN_VIEW)
         shot(page, "llm-document")
     finally:
         ctx.close()

@@ -60,10 +60,10 @@ def head_rows(trace, layer: int, head: int | None, rows: slice, batch: int = 0, 
     return w if cols is None else w[..., cols]
 
 
-def _tiles(T: int, H: int, budget: int = TILE_BYTES):
-    """Row slices such that an (H, R, T) float64 tile stays under `budget`."""
+def _tiles(T: int, H: int, budget: int = TILE_BYTES, start: int = 0):
+    """Row slices of start..T-1 such that an (H, R, T) float64 tile stays under `budget`."""
     R = max(1, min(T, budget // max(1, H * T * 8)))
-    for r0 in range(0, T, R):
+    for r0 in range(start, T, R):
         yield slice(r0, min(T, r0 + R))
 
 
@@ -173,11 +173,14 @@ _PATTERNS = ("duplicate_token", "induction")  # per-cell patterns (previous_toke
 
 
 def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | None = None,
-                          stats: Sequence[str] = STATS, layers: Sequence[int] | None = None
-                          ) -> dict[str, HeadScores]:
+                          stats: Sequence[str] = STATS, layers: Sequence[int] | None = None,
+                          first_query: int = 0) -> dict[str, HeadScores]:
     """phenomena.head_statistics (same definitions, same HeadScores), computed over row tiles of each
     head's attention: memory O(H x tile x T), never the T x T matrices of the stack. Batch row 0.
     stats: the scores wanted (fewer: faster). layers: a subset of layers (rows of the result).
+    first_query: only the query rows first_query..T-1 are scored, each over all its keys (a long
+    prompt's statistics over its last positions: the cost grows like rows x T, not T²/2); every mean
+    is then over those rows (0: every row, the whole-matrix numbers).
 
     One pass over a tile's float32 weights gives, per row and head, the row sum, the mean distance and
     the attention on the duplicate-token and induction cells (a batched dot with the tile's cell
@@ -188,6 +191,9 @@ def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | N
     layers = list(range(len(mods))) if layers is None else list(layers)
     ids = torch.as_tensor(trace.meta["tgt_ids"][0])
     T = ids.numel()
+    first_query = max(0, min(int(first_query), T - 1))
+    if period and first_query:
+        raise ValueError("the induction score over a repeated block needs every row: first_query must be 0")
     if period and "induction" in stats and T < 2 * period + 1:
         raise ValueError(f"the induction score needs [BOS] + 2 x {period} tokens, the trace has {T}")
     tl_kinds = [k for k in stats if k in ("previous_token", "duplicate_token", "induction")]
@@ -200,13 +206,13 @@ def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | N
         total, sink, ent, dist, prev_hit, prev_tot, ind_sum = (torch.zeros(H, dtype=torch.float64) for _ in range(7))
         hit = {k: torch.zeros(H, dtype=torch.float64) for k in cells}
         tot = {k: torch.zeros(H, dtype=torch.float64) for k in cells}
-        for n, rows in enumerate(_tiles(T, H)):
+        for n, rows in enumerate(_tiles(T, H, start=first_query)):
             r0, r1 = rows.start, rows.stop
             if n < len(tiles):
                 cols, has_cell = tiles[n]
             else:
                 cols, has_cell = _tile_cells(ids, r0, r1, cells)
-                if T <= KEEP_TILES_UP_TO:
+                if T * T - first_query ** 2 <= KEEP_TILES_UP_TO ** 2:  # the kept cells: ~(T² - first²) / 2
                     tiles.append((cols, has_cell))
             w = head_rows(trace, layer, None, rows, cols=slice(0, r1)).float()  # (H, R, r1)
             i = torch.arange(r0, r1)
@@ -229,8 +235,9 @@ def head_statistics_tiled(trace, thresholds: dict | None = None, period: int | N
             if period and "induction" in stats:
                 sel = (i >= period + 1) & (i <= 2 * period)
                 ind_sum += w[:, sel.nonzero()[:, 0], i[sel] - (period - 1)].double().sum(-1)
-        scores = {"sink": sink / (T - 1) if T > 1 else torch.full((H,), float("nan")), "entropy": ent / T,
-                  "distance": dist / T, "previous_token": prev_hit / prev_tot}
+        n_rows, n_sink = T - first_query, T - max(1, first_query)  # rows scored; of them, rows with a key 0 before
+        scores = {"sink": sink / n_sink if n_sink > 0 else torch.full((H,), float("nan")), "entropy": ent / n_rows,
+                  "distance": dist / n_rows, "previous_token": prev_hit / prev_tot}
         hits = {"previous_token": prev_hit} | hit
         for k in cells:
             scores[k] = hit[k] / tot[k]

@@ -4,9 +4,10 @@
   axes labelled by the positions and first/last tokens of each block; each cell's customdata is the
   window it covers [q0, q1, k0, k1], so a click can zoom there;
 - `window_figure(cells, q0, k0, tokens)`: the exact weights of a window, token labels once it is small;
-- `document_html(tokens, view)`: the prompt as text, each token shaded by the weight the chosen position
-  puts on it (the document view), the chosen token outlined;
-- `top_sources(tokens, view)`: the top sources as table rows;
+- `document_html(tokens, view, before=, after=)`: the prompt as text, each token shaded by the weight the
+  chosen position puts on it (the document view), the chosen token outlined and in view on render (a long
+  prompt in parts: the text before the position and each top source's context);
+- `top_sources(tokens, view)`: the top sources as table rows, each with its context;
 - `needle_grid_figure(prob, correct, lengths, depths)`: a needle in a haystack, p(answer) by depth × length.
 """
 
@@ -92,35 +93,91 @@ def _shade(w: float, top: float) -> str:
     return f"rgba(255, 127, 14, {a:.3f})"
 
 
-def document_html(tokens: Sequence[str], view, max_chars: int | None = None) -> str:
+def _segments(n: int, position: int, sources: Sequence[int], before: int | None, after: int | None,
+              context: int) -> list[tuple[int, int]]:
+    """The spans [a, b) of the text shown: up to `before` tokens before the position (None: from the start)
+    and `after` after it (None: to the end), and `context` tokens either side of each source, merged."""
+    a = 0 if before is None else max(0, position - before)
+    b = n if after is None else min(n, position + after + 1)
+    spans = sorted([(a, b)] + [(max(0, s - context), min(n, s + context + 1)) for s in sources if s < n])
+    out: list[list[int]] = []
+    for s0, s1 in spans:
+        if out and s0 <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], s1)
+        else:
+            out.append([s0, s1])
+    return [(s0, s1) for s0, s1 in out]
+
+
+def _piece_html(tok: str) -> str:
+    """A readable piece as document text: ␣ a real space (the text reads as text), ↵ a line break."""
+    return html.escape(tok.replace("␣", " ")).replace("\n", "⏎<br>").replace("↵", "↵<br>")
+
+
+def document_html(tokens: Sequence[str], view, max_chars: int | None = None, before: int | None = None,
+                  after: int | None = None, context: int = 8) -> str:
     """The prompt as text with each token's background shaded by view.weights (the document view of
     model.analysis.long); the chosen position is outlined; hovering a token shows its weight. `tokens`
-    are the readable pieces (spaces and newlines as text). Tokens after the chosen position (which it
-    cannot see) are drawn plain and grey."""
+    are the readable pieces. Tokens after the chosen position (which it cannot see) are drawn grey.
+
+    A long prompt is shown in parts (before/after/context, see _segments): the `before` tokens up to the
+    position, `after` tokens past it and `context` tokens around each top source; a line "⋯ n tokens ⋯"
+    stands for each skipped stretch. The box opens scrolled to its END (flex column-reverse, no script:
+    st.html runs none), and the position is within `after` tokens of the end, so it is in view on render."""
     w = np.asarray(view.weights, dtype=float)
     top = float(w.max()) if w.size else 1.0
-    parts = []
-    for i, tok in enumerate(tokens):
-        text = html.escape(tok).replace("\n", "⏎<br>")
-        if i < w.size:
-            style = f"background:{_shade(float(w[i]), top)};border-radius:2px"
-            if i == view.position:
-                style += ";outline:2px solid #1f77b4"
-            tip = html.escape(t("position {i}: weight {w}", i=i, w=num(w[i])), quote=True)
-            parts.append(f'<span title="{tip}" style="{style}">{text}</span>')
-        else:
-            parts.append(f'<span style="color:#999">{text}</span>')
+    n = len(tokens)
+    segments = _segments(n, view.position, [i for i, _ in view.top], before, after, context)
+    gap = ('<div class="attention-gap" style="color:#888;font-style:italic;text-align:center;margin:0.3rem 0">'
+           '{}</div>')
+    parts, last = [], 0
+    for s0, s1 in segments:
+        if s0 > last:
+            parts.append(gap.format(html.escape(t("⋯ {n} tokens not shown ⋯", n=f"{s0 - last:,}"))))
+        parts.append("<div>")
+        for i in range(s0, s1):
+            text = _piece_html(tokens[i])
+            if i < w.size:
+                style = f"background:{_shade(float(w[i]), top)};border-radius:2px"
+                if i == view.position:
+                    style += ";outline:2px solid #1f77b4"
+                tip = html.escape(t("position {i}: weight {w}", i=i, w=num(w[i])), quote=True)
+                anchor = ' id="attention-position"' if i == view.position else ""
+                parts.append(f'<span{anchor} title="{tip}" style="{style}">{text}</span>')
+            else:
+                parts.append(f'<span style="color:#999">{text}</span>')
+        parts.append("</div>")
+        last = s1
+    if last < n:
+        parts.append(gap.format(html.escape(t("⋯ {n} more tokens after position {pos} (it cannot see them) ⋯",
+                                              n=f"{n - last:,}", pos=view.position))))
     body = "".join(parts)
-    # overflow-wrap: the readable pieces spell a space ␣, so the text has no break points of its own
-    return (f'<div class="attention-document" style="white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.7;'
-            f'font-size:0.95rem;max-height:28rem;overflow-y:auto;padding:0.5rem;border:1px solid #ddd;'
-            f'border-radius:4px">{body}</div>')
+    # column-reverse: a scroll box starts at its end, where the chosen position is; the one child keeps the order
+    return ('<div class="attention-document" style="display:flex;flex-direction:column-reverse;max-height:28rem;'
+            'overflow-y:auto;padding:0.5rem;border:1px solid #ddd;border-radius:4px">'
+            '<div style="white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.7;font-size:0.95rem">'
+            f'{body}</div></div>')
 
 
-def top_sources(tokens: Sequence[str], view) -> list[dict]:
-    """The top sources of a document view as table rows: position, token, weight."""
+def _plain(tok: str) -> str:
+    return tok.replace("␣", " ").replace("↵", "⏎").replace("\n", "⏎")
+
+
+def source_context(tokens: Sequence[str], i: int, width: int = 6) -> str:
+    """A few tokens either side of position i as plain text, the token itself in brackets: "…is ⟦ 71432⟧. Rem…"."""
     toks = list(tokens)
-    return [{t("position"): i, t("token"): show_token(toks[i]) if i < len(toks) else str(i), t("weight"): num(w)}
+    a, b = max(0, i - width), min(len(toks), i + width + 1)
+    left, right = "".join(_plain(x) for x in toks[a:i]), "".join(_plain(x) for x in toks[i + 1:b])
+    mid = _plain(toks[i]) if i < len(toks) else ""
+    return ("…" if a > 0 else "") + left + "⟦" + mid + "⟧" + right + ("…" if b < len(toks) else "")
+
+
+def top_sources(tokens: Sequence[str], view, width: int = 6) -> list[dict]:
+    """The top sources of a document view as table rows: position, token, weight, and the source in its
+    context (`width` tokens either side), so a reader sees what each source is."""
+    toks = list(tokens)
+    return [{t("position"): i, t("token"): show_token(toks[i]) if i < len(toks) else str(i), t("weight"): num(w),
+             t("context"): source_context(toks, i, width)}
             for i, w in view.top]
 
 

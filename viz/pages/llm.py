@@ -21,11 +21,10 @@ from model.analysis import long as LG
 from model.analysis import phenomena as PH
 from viz.figures import attention as F
 from viz.figures import llm as FL
-from viz.figures import long as FLONG
 from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
-from viz.ui.long_views import EXACT_UP_TO, long_trace, render_long_attention
+from viz.ui.long_views import EXACT_UP_TO, long_trace, render_long_attention, show_document, stats_first_query
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
@@ -255,8 +254,9 @@ def _statistics(trace, period=None):
     """Every per-head statistic of this trace, by model.analysis.phenomena's recipes (one pass, shared).
     `period`: the repeated block's length n when the input is the phenomena page's [BOS] + n tokens x 2 (its
     induction score is then Olsson's, as there)."""
-    if hasattr(trace, "attention"):  # a long prompt's lazy trace: the same scores, tile by tile
-        return LG.head_statistics_tiled(trace, period=period)
+    if hasattr(trace, "attention"):  # a long prompt's lazy trace: the same scores, tile by tile (over its last rows
+        return LG.head_statistics_tiled(trace, period=period,  # when very long: long_views.stats_first_query)
+                                        first_query=0 if period else stats_first_query(LG.n_tokens(trace)))
     return PH.head_statistics(trace, period=period)
 
 
@@ -309,6 +309,11 @@ def heads_view() -> None:
         show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}")
         _cell_clicks(key="llm_cell_clicks", data={"figure": "llm_overview"}, height=0,
                      on_cell_change=_on_overview_click)
+        first = stats_first_query(len(tokens)) if lazy and period is None else 0
+        if first:
+            st.caption(t("A long prompt: every head's statistic here is over its last {n} positions (of {T}), each "
+                         "with all the tokens before it; over every position it would take too long.",
+                         n=f"{len(tokens) - first:,}", T=f"{len(tokens):,}"))
         best = divmod(int(np.nanargmax(scores)), n_heads)
         st.caption(t("{n_layers} layers × {n_heads} heads on this input; highest: layer {l} head {h} ({v}); layer "
                      "{sl} head {sh}: {sv}. Hover a cell for its number, click it to open that head below.",
@@ -436,7 +441,7 @@ def generate_view() -> None:
             view = LG.focus(step.attention, layer, head, position=step.position)  # the document view of this step
             st.caption(t("Where position {pos} looked (layer {layer}, head {head}): the text shaded by its weights.",
                          pos=step.position, layer=layer, head=head))
-            st.html(FLONG.document_html(so_far, view))
+            show_document(so_far, view, key="llm_gen")
 
 
 # ---------------------------------------------------------------- logit lens

@@ -105,7 +105,21 @@ CELLS_UP_TO = 512  # a page draws a T × T map cell by cell up to this many toke
                   # (LG.pooled_overview) with a window of exact cells, or one row (LG.document_view)
 OVERVIEW_BLOCKS = 128  # the pooled map's side (cells); a block holds T / 128 positions
 ZOOM_SIZES = (16, 32, 64, 128, 256)
+DOC_BEFORE = 1000  # the document view shows this many tokens before the position (and each top source's context);
+                  # the whole text on request (SmolLM2 at 8,192 tokens: ~1 MB of HTML a redraw)
+DOC_AFTER = 24  # ... and this many after it (grey: it cannot see them), so the position sits near the box's end
+STATS_CELLS = 2048 * 2048 // 2  # per-head statistics read at most about this many cells a head (all rows at 2,048
+                               # tokens); a longer prompt's are over its last rows, each over all its keys
+STATS_MIN_ROWS = 256
 SCOPES = {"head": N_("this head"), "layer": N_("this layer's mean over heads"), "model": N_("the model's mean")}
+
+
+def stats_first_query(T: int) -> int:
+    """The first query row the per-head statistics score at T tokens (0: every row): the cost of a row is its
+    keys, so a long prompt scores its last STATS_CELLS / T rows (SmolLM2 at 8,192 tokens: the last 256)."""
+    if T * (T + 1) // 2 <= STATS_CELLS:
+        return 0
+    return max(0, T - max(STATS_MIN_ROWS, STATS_CELLS // T))
 
 
 def _win(raw: str | None, T: int) -> tuple[int, int, int] | None:
@@ -168,6 +182,18 @@ def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: in
                                  key=f"{key}_long_scope", required=True)
     write_query(pos=pos, scope=scope)
     view = LG.document_view(trace, pos, None if scope == "model" else layer, head if scope == "head" else None)
-    st.html(FLONG.document_html(tokens, view))
-    st.caption(t("Top {n} source tokens of position {pos}:", n=len(view.top), pos=pos))
+    show_document(tokens, view, key)
+    st.caption(t("Top {n} source tokens of position {pos} (each with a few tokens around it):", n=len(view.top),
+                 pos=pos))
     st.dataframe(FLONG.top_sources(tokens, view), hide_index=True, width="stretch")
+
+
+def show_document(tokens: list[str], view, key: str) -> None:
+    """The document view's text (FLONG.document_html), the chosen position in view: up to DOC_BEFORE tokens
+    before it (all of them when the reader asks), DOC_AFTER after, and each top source's context."""
+    whole = False
+    if view.position > DOC_BEFORE:
+        whole = st.toggle(t("Show all the text before the position"), key=f"{key}_long_whole",
+                          help=t("The box shows the {n} tokens before the position and a few tokens around each "
+                                 "top source; ⋯ marks what is skipped.", n=f"{DOC_BEFORE:,}"))
+    st.html(FLONG.document_html(tokens, view, before=None if whole else DOC_BEFORE, after=DOC_AFTER))
