@@ -71,6 +71,18 @@ def traces(tiny, budget):
     return lazy, full
 
 
+@pytest.fixture
+def no_whole_maps(monkeypatch):
+    """A page may read rows of a lazy trace's attention, never a module's whole [B, H, T, T] map."""
+    compute = LazyTrace._compute
+
+    def only_the_mask(self, module, role):
+        assert role == "mask", f"{module}.{role}: a whole map of a long prompt"
+        return compute(self, module, role)
+
+    monkeypatch.setattr(LazyTrace, "_compute", only_the_mask)
+
+
 def run(page: str, model: str, lang: str = "en", **query) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update({"checkpoint": model, "lang": lang, **query})
@@ -96,11 +108,12 @@ def fig(at, part: str) -> dict:
 
 
 def bounded(at) -> None:
-    """No heatmap has more than ROWS token rows or CELLS cells; no figure is over 200 kB here."""
+    """No heatmap has more than ROWS token rows or CELLS cells; no figure is over 200 kB here. (PE·PEᵀ, learned
+    positions only, is the first 256 positions × 256 at most, whatever the prompt: not a per-token figure.)"""
     for title, f in figs(at).items():
         assert len(json.dumps(f)) < 200_000, title
         for d in f["data"]:
-            if d["type"] == "heatmap":
+            if d["type"] == "heatmap" and not title.startswith("PE · PEᵀ"):
                 z = values(d["z"])
                 assert z.size <= CELLS and min(z.shape) <= ROWS, (title, z.shape)
 
@@ -119,7 +132,7 @@ def url(at, key: str) -> str:
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_tokens_page_shows_a_window_of_the_embedding(tiny, traces, lang):
+def test_tokens_page_shows_a_window_of_the_embedding(tiny, traces, lang, no_whole_maps):
     lazy, full = traces
     T = lazy.n_tokens
     at = run("tokens", tiny, lang)
@@ -160,7 +173,7 @@ def test_tokens_page_opens_the_window_of_the_link(tiny, traces):
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_layer_page_windows_every_per_token_figure(tiny, traces, lang):
+def test_layer_page_windows_every_per_token_figure(tiny, traces, lang, no_whole_maps):
     lazy, full = traces
     T = lazy.n_tokens
     L, a = "decoder.layers.1", "decoder.layers.1.self_attn"
@@ -227,10 +240,48 @@ def test_layer_page_window_moves_and_follows_the_chosen_token(tiny, traces):
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_architecture_map_of_a_long_prompt(tiny, traces, lang):
+def test_architecture_map_of_a_long_prompt(tiny, traces, lang, no_whole_maps):
     T = traces[0].n_tokens
     at = run("architecture", tiny, lang)
     clean(at)
     (arch,) = figs(at).values()
     assert len(json.dumps(arch)) < 200_000
     assert f"(1, {T}, 32)" in json.dumps(arch, ensure_ascii=False)  # the edges carry the prompt's length
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """(label, full capture of TEXT) of a tiny random GPT-2: learned positions, LayerNorm, a plain GELU FFN."""
+    from viz.ui import lm_models
+
+    label = tiny_hf_lm(tmp_path_factory.mktemp("tiny-long-gpt2"), "gpt2")
+    rm = lm_models.load(label)
+    return label, rm.obj.run_with_trace(rm.obj.encode(TEXT), budget_bytes=2**30)[1]
+
+
+def test_tokens_page_windows_learned_positions(gpt2):
+    """GPT-2: the position table and embedding + position show the window too."""
+    label, full = gpt2
+    T = full["decoder.embed.tok"].shape[1]
+    at = run("tokens", label, first="30")
+    clean(at)
+    bounded(at)
+    pe = fig(at, "positional encoding")["data"][0]
+    assert [int(y) for y in pe["y"]] == list(range(30, 30 + ROWS))
+    np.testing.assert_allclose(values(pe["z"]), full["decoder.embed.pos"][30:30 + ROWS].numpy(), atol=1e-6)
+    total = fig(at, "embedding + position")["data"]
+    n = CELLS // (3 * 32)  # three heatmaps of d_model values per token
+    assert rows_of(total[2]["y"]) == list(range(30, 30 + n)) and n < T
+    np.testing.assert_allclose(values(total[2]["z"]), full["decoder.embed.out"][0, 30:30 + n].numpy(), atol=1e-6)
+
+
+def test_layer_page_windows_a_plain_ffn(gpt2):
+    label, full = gpt2
+    L = "decoder.layers.2"
+    at = run("layer", label, layer="2", sub="ffn", token="60", first="50")
+    clean(at)
+    bounded(at)
+    ffn = fig(at, f"{L}.ffn")["data"]
+    n = min(ROWS, CELLS // (full[f"{L}.ffn.hidden"].shape[-1] + 1))  # the units and the zeroed share per token
+    assert rows_of(ffn[0]["x"]) == list(range(50, 50 + n))
+    np.testing.assert_allclose(values(ffn[0]["z"]), full[f"{L}.ffn.hidden"][0, 50:50 + n].numpy().T, atol=1e-6)
