@@ -28,7 +28,8 @@ from viz.figures.attention import every_tick, show_token, token_labels
 from viz.i18n import t
 
 MIB = 2**20
-WINDOW_ROWS = 256  # long prompts: a per-token figure shows at most this many tokens (rows), around the chosen one
+WINDOW_ROWS = 64  # long prompts: a per-token figure shows this many tokens (rows) around the chosen one: the
+                 # SwiGLU map keeps its 18 px a labelled row (1,232 px), the router map ~10 px in its 700
 POOL_BLOCKS = 128  # long prompts: a T × T mask is pooled to at most this many blocks a side
 
 
