@@ -26,7 +26,7 @@ values = plotly_array
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
-    return tiny_hf_lm(tmp_path_factory.mktemp("tiny-long-layer"), "llama")
+    return tiny_hf_lm(tmp_path_factory.mktemp("tiny-llama-w"), "llama")
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +91,14 @@ def run(page: str, model: str, lang: str = "en", **query) -> AppTest:
     return at.run()
 
 
-def clean(at) -> None:
+def clean(at, lang: str = "en") -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        found = english_in_zh(at)
+        assert not found, found
 
 
 def figs(at) -> dict[str, dict]:
@@ -136,7 +141,7 @@ def test_tokens_page_shows_a_window_of_the_embedding(tiny, traces, lang, no_whol
     lazy, full = traces
     T = lazy.n_tokens
     at = run("tokens", tiny, lang)
-    clean(at)
+    clean(at, lang)
     bounded(at)
     assert len(at.dataframe[0].value) == T  # the token table keeps every token
     emb = fig(at, "decoder.embed.tok")["data"][0]
@@ -178,7 +183,7 @@ def test_layer_page_windows_every_per_token_figure(tiny, traces, lang, no_whole_
     T = lazy.n_tokens
     L, a = "decoder.layers.1", "decoder.layers.1.self_attn"
     at = run("layer", tiny, lang, layer="1", sub="self_attn", token=str(T - 1), head="3")
-    clean(at)
+    clean(at, lang)
     bounded(at)
     assert at.selectbox(key="ly_token").options[-1].startswith(f"{T - 1}:")  # every token can be chosen
     assert len(at.selectbox(key="ly_token").options) == T
@@ -243,7 +248,7 @@ def test_layer_page_window_moves_and_follows_the_chosen_token(tiny, traces):
 def test_architecture_map_of_a_long_prompt(tiny, traces, lang, no_whole_maps):
     T = traces[0].n_tokens
     at = run("architecture", tiny, lang)
-    clean(at)
+    clean(at, lang)
     (arch,) = figs(at).values()
     assert len(json.dumps(arch)) < 200_000
     assert f"(1, {T}, 32)" in json.dumps(arch, ensure_ascii=False)  # the edges carry the prompt's length
@@ -254,7 +259,7 @@ def gpt2(tmp_path_factory):
     """(label, full capture of TEXT) of a tiny random GPT-2: learned positions, LayerNorm, a plain GELU FFN."""
     from viz.ui import lm_models
 
-    label = tiny_hf_lm(tmp_path_factory.mktemp("tiny-long-gpt2"), "gpt2")
+    label = tiny_hf_lm(tmp_path_factory.mktemp("tiny-gpt2-w"), "gpt2")
     rm = lm_models.load(label)
     return label, rm.obj.run_with_trace(rm.obj.encode(TEXT), budget_bytes=2**30)[1]
 
