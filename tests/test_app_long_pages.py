@@ -70,7 +70,8 @@ def test_long_prompt_is_drawn_or_said_with_a_cut(tiny, page, lang):
     words = shown(at)
     assert not any(w in words for w in API_WORDS), words[:800]
     keep = keep_buttons(at)
-    drawn = at.get("plotly_chart") or at.dataframe or at.table or "|---|" in words  # a figure or a table
+    drawn = (at.get("plotly_chart") or at.dataframe or at.table or "|---|" in words  # a figure or a table,
+             or at.get("download_button"))  # or Snapshots' trace to download
     assert keep or drawn, words[:800]
     if keep and lang == "en":  # the cut works: the page runs on the prompt's end (en only: a second AppTest run
         # formats the zh model list's labels outside the session, in English, and cannot find them)
@@ -193,3 +194,15 @@ def test_past_the_lazy_budget_too_the_limit_names_what_is_kept(tiny, monkeypatch
         assert not any(w in shown(at) for w in API_WORDS)
     (keep,) = keep_buttons(at)
     assert keep.label == f"保留最后 {fit} 个词元"
+
+
+def test_snapshots_capture_a_long_prompt_lazily(tiny):
+    """Snapshots: past the budget of the attention weights, the capture defaults to a lazy trace (queries, keys,
+    values); nothing refused, the size said."""
+    at = run("snapshots", tiny, "en", TEXT)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error and not keep_buttons(at), shown(at)[:800]
+    assert at.radio[0].value == "lazy"
+    assert "A lazy trace keeps the queries, keys and values" in shown(at)
+    at.radio[0].set_value("*.weights").run()  # the weights alone do not fit: said, with the cut
+    assert not at.exception and at.error and keep_buttons(at)

@@ -100,3 +100,17 @@ def test_hooked_runs_keep_no_layers(models):
 
     _, lazy = model.run_with_trace(ids(n=12), lazy=True, layers=True, hooks={"decoder.layers.0.ffn.out": zero})
     assert "decoder.layers.0.norm2.out" not in lazy and "decoder.layers.0.out" not in lazy
+
+
+def test_two_lazy_traces_compare_their_stored_tensors(models):
+    """compare_traces on two lazy traces compares what they store (every computed map is the same function
+    of it): equal traces match; a changed k is found."""
+    from model.core.trace import compare_traces
+
+    model = models("llama3")
+    _, lazy = model.run_with_trace(ids(n=16), lazy=True)
+    back = Trace.from_bytes(lazy.to_bytes())
+    diff = compare_traces(back, lazy)
+    assert diff.equal and diff.n_compared == len(lazy.stored())
+    _, other = model.run_with_trace(ids(seed=3, n=16), lazy=True)
+    assert not compare_traces(back, other).equal

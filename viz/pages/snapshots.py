@@ -6,7 +6,7 @@ import json
 import streamlit as st
 
 from model import Trace, TraceFileError, compare_traces
-from model.core.recorder import DEFAULT_BUDGET_BYTES, estimate_bytes, select_names
+from model.core.recorder import DEFAULT_BUDGET_BYTES, select_names
 from model.core.trace import MAX_HEADER_BYTES, META_KEYS
 from viz.figures import attention as F
 from viz.i18n import N_, option_labels, t
@@ -50,7 +50,8 @@ st.caption(t(
     "layer, head and the query/key tokens."))
 # A language model's full trace is big (SmolLM2, 16 tokens: ~100 MiB; 1,024 tokens: gigabytes): its snapshot
 # captures the attention weights only unless the user asks for everything.
-CAPTURES = {"*.weights": N_("attention weights only (*.weights)"), "all": N_("everything (a full trace)")}
+CAPTURES = {"*.weights": N_("attention weights only (*.weights)"), "all": N_("everything (a full trace)"),
+            "lazy": N_("queries, keys and values (the maps computed when read)")}
 
 
 @st.cache_resource(show_spinner=False, max_entries=4, ttl=3600)
@@ -67,16 +68,18 @@ def _lm_weights_trace(name: str, text: str, names: str) -> Trace:
     return Trace(dict(tr), meta)
 
 
-def _bytes(shapes: dict, pattern: str) -> int:
-    return estimate_bytes(shapes, select_names(list(shapes), None if pattern == "all" else pattern))
+def _bytes(lm, T: int, pattern: str) -> int:
+    if pattern == "lazy":  # q, k, v of every layer (LazyTrace): grows like T
+        return lm.trace_bytes(T, lazy=True)
+    return lm.trace_bytes(T, names=None if pattern == "all" else pattern)
 
 
-def _tokens_that_fit(model, pattern: str, budget: int, T: int) -> int:
+def _tokens_that_fit(lm, pattern: str, budget: int, T: int) -> int:
     """The longest prompt (in tokens, < T) whose capture of `pattern` stays within `budget` bytes."""
     lo, hi = 0, T
     while lo + 1 < hi:  # bytes grow with T: bisect
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _bytes(model.capture_names(1, mid), pattern) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if _bytes(lm, mid, pattern) <= budget else (lo, mid)
     return lo
 
 
@@ -94,8 +97,12 @@ def lm_trace(sel):
         st.stop()
     model = rm.obj.model
     shapes = model.capture_names(1, T)
-    sizes = {g: _bytes(shapes, g) for g in CAPTURES}
-    seed_from_query("snap_capture", "capture", "*.weights", valid=lambda v: v in CAPTURES)
+    sizes = {g: _bytes(rm.obj, T, g) for g in CAPTURES}
+    from viz.ui.long_views import LONG_BUDGET
+
+    budgets = {g: LONG_BUDGET if g == "lazy" else DEFAULT_BUDGET_BYTES for g in CAPTURES}
+    default = "*.weights" if sizes["*.weights"] <= DEFAULT_BUDGET_BYTES else "lazy"  # a long prompt: lazy
+    seed_from_query("snap_capture", "capture", default, valid=lambda v: v in CAPTURES)
     choice = st.radio(t("Capture"), list(CAPTURES), key="snap_capture", horizontal=True,
                       format_func=option_labels(list(CAPTURES), lambda g: t(CAPTURES[g])))
     write_query(capture=choice)
@@ -104,12 +111,15 @@ def lm_trace(sel):
                  "grows with the square of the length. Its attention weights alone ({k} tensors, one per layer) are "
                  "{w} MiB, so that is what a snapshot captures unless you choose everything.", n=len(shapes),
                  full=f"{sizes['all'] / 2**20:,.1f}", T=T, k=n_weights, w=f"{sizes['*.weights'] / 2**20:,.1f}"))
-    if sizes[choice] > DEFAULT_BUDGET_BYTES:
-        fit = _tokens_that_fit(model, choice, DEFAULT_BUDGET_BYTES, T)
+    st.caption(t("A lazy trace keeps the queries, keys and values of every layer ({q} MiB: it grows like the length) "
+                 "and computes a map when it is read; saved, it holds just those, and loading it gives the same "
+                 "maps.", q=f"{sizes['lazy'] / 2**20:,.1f}"))
+    if sizes[choice] > budgets[choice]:
+        fit = _tokens_that_fit(rm.obj, choice, budgets[choice], T)
         show_error(t("Capturing {what} for these {T} tokens needs about {mib} MiB, over this server's limit "
                             "of {limit} MiB per trace. Up to {fit} tokens fit: shorten the prompt, or capture the "
                             "attention weights only.", what=t(CAPTURES[choice]), T=T,
-                            mib=f"{sizes[choice] / 2**20:,.0f}", limit=f"{DEFAULT_BUDGET_BYTES / 2**20:,.0f}",
+                            mib=f"{sizes[choice] / 2**20:,.0f}", limit=f"{budgets[choice] / 2**20:,.0f}",
                             fit=f"{fit:,}"))
         if fit > 0:  # the Attention page's cut: ?keep=N, the prompt's end (the sidebar applies it on every page)
             from viz.ui.long_views import _keep_button
@@ -120,6 +130,11 @@ def lm_trace(sel):
         with st.spinner(t("Running the model…")):
             if choice == "all":
                 return require_trace(sel)
+            if choice == "lazy":  # the Attention page's long trace: the same forward, shared
+                from viz.ui.long_views import _long_trace
+
+                tr = _long_trace(sel.name, sel.text, False, None)
+                return sel, tr.with_meta(dict(tr.meta, text=sel.text, captured="lazy"))
             return sel, _lm_weights_trace(sel.name, sel.text, choice)
     except ValueError as e:  # too long for the model's positions, ...
         show_error(e, t("Shorten or change the text in the sidebar."))
