@@ -36,17 +36,23 @@ def lm_window(n_tok: int, widths: list[int]) -> int:
 
 
 def windowed(m, tokens: list[str], first: int, title: str, value_name: str, key: str, filename: str) -> None:
-    """F.vectors_heatmap of a (position × dimension) matrix, on the window of a long prompt that fits a figure,
-    its rows labelled with their positions in the prompt; a caption says which tokens it shows."""
+    """F.vectors_heatmap of a (position × dimension) matrix, on the window of a long prompt that fits a figure."""
     m = F.arr(m)
     rows = FL.token_window(m.shape[0], first, FL.window_size(m.shape[0], m.shape[1]))
-    fig = F.vectors_heatmap(m[rows], tokens[rows], title, value_name)
-    show_figure(FL.relabel_rows(fig, FL.window_labels(tokens, rows)), key=key, filename=filename)
-    window_note(rows, m.shape[0])
+    show_window(F.vectors_heatmap(m[rows], tokens[rows], title, value_name), rows, m.shape[0],
+                FL.window_labels(tokens, rows), key, filename)
 
 
-def window_note(rows: slice, n_tok: int) -> None:
-    if rows.stop - rows.start < n_tok:
+def show_window(fig, rows: slice, n_tok: int, labels: list[str], key: str, filename: str) -> None:
+    """A figure drawn from a window's rows, its rows labelled with their positions in the prompt; when it is a
+    window of a longer prompt, some labels on its first y axis (plotly picks a readable subset) and a caption
+    that says which tokens it shows."""
+    fig = FL.relabel_rows(fig, labels)
+    cut = rows.stop - rows.start < n_tok
+    if cut:
+        fig.update_layout(yaxis_showticklabels=True)
+    show_figure(fig, key=key, filename=filename)
+    if cut:
         st.caption(t("Tokens {a}–{b} of {n}: the window set by “First token” above.", a=rows.start,
                      b=rows.stop - 1, n=f"{n_tok:,}"))
 
@@ -118,17 +124,14 @@ def lm_tokens() -> None:
     rows = FL.token_window(pe.shape[0], first, FL.window_size(pe.shape[0], pe.shape[1]))
     fig = F.vectors_heatmap(pe[rows], None, t("positional encoding ({n} positions × {d} dims)", n=pe.shape[0], d=D),
                             "PE")
-    show_figure(FL.relabel_rows(fig, [str(i) for i in range(rows.start, rows.stop)]), key="tok_pe",
-                filename="positional-encoding")
-    window_note(rows, pe.shape[0])
+    show_window(fig, rows, pe.shape[0], [str(i) for i in range(rows.start, rows.stop)], "tok_pe",
+                "positional-encoding")
     show_figure(F.pe_similarity(pe[:256]), key="tok_pe_sim", filename="pe-similarity")
     st.subheader(t("Embedding + position = the input of layer 0"))
     rows = FL.token_window(T, first, FL.window_size(T, 3 * D))  # three heatmaps side by side
     fig = F.embedding_sum_figure(trace["decoder.embed.tok"][0, rows], F.arr(trace["decoder.embed.pos"])[rows],
                                  trace["decoder.embed.out"][0, rows], shown[rows])
-    show_figure(FL.relabel_rows(fig, FL.window_labels(shown, rows)), key="tok_sum",
-                filename="decoder-embedding-plus-position")
-    window_note(rows, T)
+    show_window(fig, rows, T, FL.window_labels(shown, rows), "tok_sum", "decoder-embedding-plus-position")
 
 
 _sel = selection()
