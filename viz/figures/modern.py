@@ -480,7 +480,7 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
     fig.update_xaxes(type="category", row=1, col=3)
     fig.update_yaxes(title_text=t("positions back"), row=1, col=3)
     fig.update_annotations(font_size=11)  # three subplot titles side by side
-    fig.update_layout(height=420, margin=dict(l=50, r=20, t=60, b=50))
+    fig.update_layout(height=420, margin=dict(l=90 if pooled else 50, r=20, t=60, b=50))  # pooled: "1984–1999"
     return fig
 
 
@@ -515,9 +515,10 @@ def qk_norm_figure(q_in: np.ndarray, q_out: np.ndarray, k_in: np.ndarray, k_out:
 # ---- soft-capping
 
 
-def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figure:
+def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float, points: str | None = None) -> go.Figure:
     """One head's live scores: after the cap against before (every unmasked cell), on the curve cap·tanh(s/cap),
-    with the identity (no cap) and the bounds ±cap."""
+    with the identity (no cap) and the bounds ±cap. `points`: the points' legend name (default "this head's
+    scores"; a long prompt draws one token's row)."""
     before, after = np.asarray(before, np.float64).ravel(), np.asarray(after, np.float64).ravel()
     lim = max(float(np.abs(before).max(initial=0)), 2.5 * cap)
     xs = np.linspace(-lim, lim, 201)
@@ -526,7 +527,7 @@ def softcap_figure(before: np.ndarray, after: np.ndarray, cap: float) -> go.Figu
                              line=dict(color="#bbbbbb", dash="dot")))
     fig.add_trace(go.Scatter(x=xs, y=soft_cap(xs, cap), mode="lines", name=t("{c}·tanh(s/{c})", c=F_num(cap)),
                              line=dict(color="#1f77b4")))
-    fig.add_trace(go.Scatter(x=before, y=after, mode="markers", name=t("this head's scores"),
+    fig.add_trace(go.Scatter(x=before, y=after, mode="markers", name=points or t("this head's scores"),
                              marker=dict(color="#d62728", size=5, opacity=0.6),
                              hovertemplate=t("before %{x:.4g}<br>after %{y:.4g}") + "<extra></extra>"))
     for s in (-1, 1):

@@ -420,7 +420,9 @@ if cap and long:
     sm = FM.softcap_summary(visible_tiles())
     b, a = score_rows(slice(pos, pos + 1))
     o = ~blocked[pos]
-    show_figure(FM.softcap_figure(b[0][o], a[0][o], float(cap)), key="s17_softcap")
+    show_figure(FM.softcap_figure(b[0][o], a[0][o], float(cap), points=t("the scores of “{tok}”",
+                                                                          tok=F.show_token(tokens[pos]))),
+                key="s17_softcap")
     st.caption(t("{T} tokens: the points are the scores of the chosen token “{tok}” (position {p}) over the {n} "
                  "keys it sees; the numbers below count every visible cell of the head ({cells}).", T=f"{T:,}",
                  tok=F.show_token(tokens[pos]), p=pos, n=int(o.sum()), cells=f"{sm['cells']:,}"))
