@@ -86,7 +86,7 @@ def test_long_prompt_is_drawn_or_said_with_a_cut(tiny, page, lang):
         assert keep[0].label.startswith("保留最后 ") and "个词元" in words, words[:800]
 
 
-@pytest.mark.parametrize("page", ("tokens", "flow"))
+@pytest.mark.parametrize("page", ("tokens", "since2017"))  # (/flow runs on the last 128 tokens of any long text)
 def test_over_the_context_length_has_its_own_sentence(tiny, page):
     at = run(page, tiny, "en", "word " * 400)
     assert not at.exception, [e.value for e in at.exception]
@@ -95,23 +95,9 @@ def test_over_the_context_length_has_its_own_sentence(tiny, page):
     assert [b.label for b in keep_buttons(at)] == ["Keep the last 256 tokens"]
 
 
-def test_head_importance_runs_on_the_kept_end(tiny):
-    """Experiments → Head importance (one forward per head): too long for its trace, it offers the cut and then
-    runs on the prompt's last part."""
-    at = run("experiments", tiny, "en", TEXT, exp_view="heads")
-    assert not at.exception, [e.value for e in at.exception]
-    keep = keep_buttons(at)
-    assert keep, shown(at)[:800]
-    keep[0].click()
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert any("last" in i.value and "of the text's" in i.value for i in at.info), shown(at)[:800]
-    assert at.get("plotly_chart"), shown(at)[:800]
-
-
 def test_flow_causal_check_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch):
-    """Within the budget but over /flow's FLOW_MAX_TOKENS (128): one forward per token is too slow; a sentence
-    says so and the cut to 128 tokens runs."""
+    """Over /flow's FLOW_MAX_TOKENS (128): one forward per token is too slow; a sentence says so and the page
+    runs on the text's last 128 tokens (the positions it offers are those)."""
     from viz.ui import lm_models
 
     monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 2**30)
@@ -119,33 +105,28 @@ def test_flow_causal_check_says_it_is_costly_and_runs_on_the_end(tiny, monkeypat
     assert 128 < lm_models.load(tiny).obj.encode(text).shape[1] <= 256
     at = run("flow", tiny, "en", text)
     assert not at.exception, [e.value for e in at.exception]
-    assert any("one forward pass per token" in w.value for w in at.warning), shown(at)[:800]
-    (keep,) = keep_buttons(at)
-    assert keep.label == "Keep the last 128 tokens"
-    keep.click()
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert any("one forward pass per token" in w.value and "runs on the text's last 128 tokens" in w.value
+               for w in at.warning), shown(at)[:800]
     assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]
+    assert len(at.selectbox(key="flow_pos").options) == 128
 
 
-def test_head_importance_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch):
-    """Within the budget but over Experiments' LM_IMPORTANCE_MAX_TOKENS (64): one forward per head is too slow."""
+@pytest.mark.parametrize("full_budget", [None, 2**30])  # the prompt's trace lazy, or full
+def test_head_importance_says_it_is_costly_and_runs_on_the_end(tiny, monkeypatch, full_budget):
+    """Over Experiments' LM_IMPORTANCE_MAX_TOKENS (64): one forward per head is too slow; the knock-outs run on
+    the text's last 64 tokens, said; the head summary reads the whole prompt's trace."""
     from viz.ui import lm_models
 
-    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 2**30)
-    d = list(LanguageModel.run_with_trace.__defaults__)
-    d[2] = 2**30
-    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
+    if full_budget:
+        monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", full_budget)
     assert 64 < lm_models.load(tiny).obj.encode(TEXT).shape[1] <= 256
     at = run("experiments", tiny, "en", TEXT, exp_view="heads")
     assert not at.exception, [e.value for e in at.exception]
-    assert any("one forward pass per head" in w.value for w in at.warning), shown(at)[:800]
-    (keep,) = keep_buttons(at)
-    assert keep.label == "Keep the last 64 tokens"
-    keep.click()
-    at.run()
+    assert at.get("plotly_chart") and not at.warning, shown(at)[:800]  # the summary, before any knock-out
+    at.toggle(key="exp_lm_imp_on").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert not keep_buttons(at) and at.get("plotly_chart"), shown(at)[:800]
+    assert any("one forward pass per head" in w.value and "last 64 tokens" in w.value for w in at.warning)
+    assert not keep_buttons(at) and len(at.get("plotly_chart")) == 2, shown(at)[:800]
 
 
 def test_a_new_prompt_drops_the_cut(tiny):

@@ -114,3 +114,23 @@ def test_two_lazy_traces_compare_their_stored_tensors(models):
     assert diff.equal and diff.n_compared == len(lazy.stored())
     _, other = model.run_with_trace(ids(seed=3, n=16), lazy=True)
     assert not compare_traces(back, other).equal
+
+
+def test_head_summary_of_a_lazy_trace_equals_the_full_one(models):
+    """Experiments' "What each head does" on a long prompt reads a lazy trace tile by tile: the same entropy,
+    distance and weight on special tokens as from the whole weights."""
+    import numpy as np
+
+    from model.analysis.heads import SPECIAL, head_summary
+
+    model = models("mistral")  # a sliding window: rows past it see fewer keys
+    x = ids(n=30)
+    _, full = model.run_with_trace(x)
+    _, lazy = model.run_with_trace(x, lazy=True)
+    tokens = [sorted(SPECIAL)[0]] + ["w"] * 14 + [sorted(SPECIAL)[0]] + ["w"] * 14
+    a = head_summary(full.with_meta(dict(full.meta, tgt_tokens=tokens)))
+    b = head_summary(lazy.with_meta(dict(lazy.meta, tgt_tokens=tokens)))
+    assert a["modules"] == b["modules"]
+    for k in ("entropy", "distance", "special"):
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-12)
+    assert (a["special"] > 0).all()

@@ -119,10 +119,15 @@ def head_summary(trace, modules: list[str] | None = None) -> dict[str, np.ndarra
     src, tgt = trace.meta.get("src_tokens") or [], trace.meta.get("tgt_tokens") or []
     ent, dist, spec = [], [], []
     for m in names:
+        info = desc["attention"][m]
+        if hasattr(trace, "attention") and info["kind"] != "cross":  # a lazy trace (a long input): tile by tile
+            keys = {"src_tokens": src, "tgt_tokens": tgt}[info["key_tokens"]]
+            for out, x in zip((ent, dist, spec), _summary_tiled(trace, m, keys), strict=True):
+                out.append(x)
+            continue
         w = trace[f"{m}.weights"][0].double()  # (H, Lq, Lk)
         H, Lq, Lk = w.shape
         ent.append((-(w * w.clamp_min(1e-30).log()).sum(-1)).mean(-1).numpy())
-        info = desc["attention"][m]
         if info["kind"] == "cross":  # queries and keys are different sequences: no distance between them
             dist.append(np.full(H, np.nan))
         else:
@@ -133,6 +138,25 @@ def head_summary(trace, modules: list[str] | None = None) -> dict[str, np.ndarra
         spec.append(w[..., special].sum(-1).mean(-1).numpy())
     return {"modules": names, "kinds": [desc["attention"][m]["kind"] for m in names], "entropy": np.stack(ent),
             "distance": np.stack(dist), "special": np.stack(spec)}
+
+
+def _summary_tiled(trace, module: str, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """head_summary's entropy, distance and special weight of one self-attention module of a LazyTrace, from
+    blocks of query rows (model.analysis.long's tiles: never H × T × T in float64): the same definitions,
+    the row sums added in another order (equal to ~1e-12)."""
+    from model.analysis.long import _tiles
+
+    T = trace.n_tokens
+    H = trace.n_heads(module)
+    special = torch.tensor([k in SPECIAL for k in keys[:T]] + [False] * (T - len(keys[:T])))
+    ent, dist, spec = (torch.zeros(H, dtype=torch.float64) for _ in range(3))
+    for rows in _tiles(T, H):
+        w = trace.attention(module, None, rows, slice(0, rows.stop)).double()  # (H, R, r1): causal rows
+        gap = (torch.arange(rows.start, rows.stop)[:, None] - torch.arange(rows.stop)[None]).abs().double()
+        ent += (-(w * w.clamp_min(1e-30).log()).sum(-1)).sum(-1)
+        dist += (w * gap).sum(-1).sum(-1)
+        spec += w[..., special[:rows.stop]].sum(-1).sum(-1)
+    return (ent / T).numpy(), (dist / T).numpy(), (spec / T).numpy()
 
 
 def importance_for(ckpt, trace, mode: str = "zero") -> HeadImportance:

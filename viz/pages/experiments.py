@@ -9,6 +9,7 @@ attribution panel, and two inputs compared on the pretrained MiniLM encoder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -636,10 +637,14 @@ def lm_heads_view(sel, lm, trace) -> None:
     n = len(trace.meta["model"]["attention"]) * lm.model.cfg.n_heads
     # One batch row per head over the whole prompt: seconds to minutes on a CPU, so it runs when asked.
     if st.toggle(t("Knock out each of the {n} heads", n=n), key="exp_lm_imp_on"):
+        from viz.ui.long_limits import costly_cut
+
+        text = costly_cut(lm, sel.text, LM_IMPORTANCE_MAX_TOKENS,
+                          t("Head importance removes each head in turn: one forward pass per head."))
         with st.spinner(t("Knocking out every head…")):
-            hi = _lm_importance(sel.name, sel.text, mode)
+            hi = _lm_importance(sel.name, text, mode)
         show_figure(FX.importance_maps(hi), key="exp_importance", filename="head-importance")
-        lm_top_heads(sel, hi)
+        lm_top_heads(dataclasses.replace(sel, text=text), hi)
     st.subheader(t("What each head does"))
     st.session_state.setdefault("exp_summary_q", "entropy")
     q = st.segmented_control(t("Quantity"), list(FX.SUMMARY_LABELS), key="exp_summary_q", required=True,
@@ -660,11 +665,7 @@ def lm_view(view: str, sel) -> None:
                      query_params={"checkpoint": sel.name, "phen": "ioi", "lang": current_lang()})
         return
     if view == "heads":
-        from viz.ui.long_limits import check_length  # a long prompt: said before 1 + L·H forwards, with a cut
-
-        check_length(lm, sel.text, costly_above=LM_IMPORTANCE_MAX_TOKENS,
-                     costly=t("Head importance removes each head in turn: one forward pass per head."))
-        _, trace = require_trace(sel)
+        _, trace = require_trace(sel)  # a long prompt: a lazy trace (the head summary reads it tile by tile)
         lm_heads_view(sel, lm, trace)
     else:
         problem = text_problems(sel.text)

@@ -132,10 +132,11 @@ try:
     obj = _model(sel.name)
     kind = _kind(obj)
     if kind == "lm" and isinstance(load_ckpt(sel.name), lm_models.RealModel):  # too long: said before the forward
-        from viz.ui.long_limits import check_length
+        from viz.ui.long_limits import check_length, costly_cut
 
-        check_length(obj, text, FL.CAPTURE, costly_above=FLOW_MAX_TOKENS,
-                     costly=t("The causal check zeroes each token's values in turn: one forward pass per token."))
+        text = costly_cut(obj, text, FLOW_MAX_TOKENS,
+                          t("The causal check zeroes each token's values in turn: one forward pass per token."))
+        check_length(obj, text, FL.CAPTURE)
     with st.spinner(t("Running the model…")):
         base = _subject(sel.name, text, sel.target, None)
 except ValueError as e:

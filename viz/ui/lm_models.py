@@ -206,7 +206,7 @@ class RealModel:
             ids = lm.encode(text, chat=chat)  # a text over the context length: ContextLengthError
             T = ids.shape[1]
             if lm.trace_bytes(T) <= recorder.DEFAULT_BUDGET_BYTES:
-                logits, trace = lm.run_with_trace(ids)
+                logits, trace = lm.run_with_trace(ids, budget_bytes=recorder.DEFAULT_BUDGET_BYTES)
             else:
                 logits, trace = self._lazy(ids)
         else:

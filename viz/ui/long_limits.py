@@ -70,13 +70,10 @@ def show_limit(err: BaseException) -> bool:
     return True
 
 
-def check_length(lm, text: str, names=None, budget: int | None = None, costly_above: int | None = None,
-                 costly: str | None = None) -> None:
+def check_length(lm, text: str, names=None, budget: int | None = None) -> None:
     """Before a page runs a language model `lm` on `text` for a full capture of `names` (None: every capture
     point): over the model's context length or the capture budget, say so (`show_limit`) and st.stop(), in
-    milliseconds rather than after a forward pass that cannot be kept. costly_above: an analysis whose time grows
-    too fast with the length (one forward per token...) runs only up to this many tokens; `costly` says why, and
-    the page offers to keep the prompt's last part."""
+    milliseconds rather than after a forward pass that cannot be kept."""
     budget = recorder.DEFAULT_BUDGET_BYTES if budget is None else budget
     try:
         T = lm.encode(text).shape[1]
@@ -86,18 +83,26 @@ def check_length(lm, text: str, names=None, budget: int | None = None, costly_ab
     except ValueError:
         return  # the page says what else is wrong with the text
     need = lm.trace_bytes(T, names=names)
-    fit = lm.max_tokens_within(budget, names=names) if need > budget else T
-    if costly_above is not None and costly_above < T and costly_above <= fit:  # the smaller limit, said once
-        st.warning(t("{why} At {n} tokens that takes too long on this server: it runs on at most {k} tokens.",
-                     why=costly or "", n=f"{T:,}", k=f"{costly_above:,}"), icon="⏳")
-        from viz.ui.long_views import _keep_button
-
-        _keep_button(costly_above, "costly")
-        st.stop()
     if need > budget:
+        fit = lm.max_tokens_within(budget, names=names)
         show_limit(recorder.CaptureBudgetError(
             "over budget", needed_bytes=need, budget=budget, n_tokens=T, max_tokens=fit, context_length=lm.max_tokens))
         st.stop()
+
+
+def costly_cut(lm, text: str, above: int, why: str) -> str:
+    """The text an analysis whose time grows too fast with the length (a forward pass per token, per head)
+    runs on: the text itself up to `above` tokens, else its last `above` tokens (the end, where the next
+    token is predicted), said in a warning beside `why`: never cut silently."""
+    try:
+        n = len(lm._need_tokenizer().encode(text).ids)
+    except ValueError:
+        return text  # no tokenizer: the page says so itself
+    if n <= above:
+        return text
+    st.warning(t("{why} At {n} tokens that takes too long on this server, so it runs on the text's last {k} tokens.",
+                 why=why, n=f"{n:,}", k=f"{above:,}"), icon="⏳")
+    return kept_text(lm, text, above)[0]
 
 
 def kept_text(lm, text: str, keep: int | None) -> tuple[str, int]:
