@@ -87,7 +87,7 @@ KIND_COLORS = {"query": "#1f77b4", "key": "#ff7f0e"}
 TOKEN_GROUPS = 10  # colour by token: the most frequent tokens get a colour each, the rest grey
 TOP_K = 5
 MAX_POINTS = 1024  # a long prompt's picture draws at most this many queries and as many keys (figure ≤ ~1.5 MB)
-CLARITY_QUERIES, CLARITY_RUNS = 128, 8  # a long input's clarity: 8 runs of 16 consecutive queries, spread evenly
+CLARITY_QUERIES, CLARITY_RUNS = 128, 4  # a long input's clarity: 4 runs of 32 consecutive queries, spread evenly
 
 
 @dataclass
@@ -273,22 +273,31 @@ def query_runs(T: int, n: int = CLARITY_QUERIES, runs: int = CLARITY_RUNS) -> li
 
 
 def clarity_rows(qxy: np.ndarray, kxy: np.ndarray, pos: np.ndarray, w: np.ndarray, causal: bool,
-                 k: int = TOP_K) -> tuple[float, float]:
+                 k: int = TOP_K, chunk: int = 32) -> tuple[float, float]:
     """QKMap.clarity's numbers for one input, over the queries at positions `pos` only: qxy [R, 2] their points,
-    kxy [Tk, 2] every key's, w [R, Tk] their weight rows. NaN if no query sees more than k keys."""
+    kxy [Tk, 2] every key's, w [R, Tk] their weight rows. NaN if no query sees more than k keys. Causal rows are
+    taken `chunk` at a time over the keys they can see (the keys after are never among a row's top k)."""
     Tk = len(kxy)
-    vis = np.arange(Tk)[None, :] <= pos[:, None] if causal else np.ones((len(pos), Tk), bool)
-    n_vis = vis.sum(-1)
-    use = n_vis > k
-    if not use.any():
+    scores, chances = [], []
+    for c0 in range(0, len(pos), chunk):
+        p, q, ww = pos[c0:c0 + chunk], qxy[c0:c0 + chunk], w[c0:c0 + chunk]
+        n_k = min(Tk, int(p.max()) + 1) if causal else Tk
+        vis = np.arange(n_k)[None, :] <= p[:, None] if causal else np.ones((len(p), n_k), bool)
+        n_vis = vis.sum(-1)
+        use = n_vis > k
+        if not use.any():
+            continue
+        vis, q, ww = vis[use], q[use], ww[use, :n_k]
+        d = np.where(vis, ((q[:, None, :] - kxy[None, :n_k, :]) ** 2).sum(-1), np.inf)
+        ww = np.where(vis, ww, -np.inf)
+        near, true = np.zeros(d.shape, bool), np.zeros(d.shape, bool)
+        np.put_along_axis(near, np.argsort(d, axis=1, kind="stable")[:, :k], True, 1)
+        np.put_along_axis(true, np.argsort(-ww, axis=1, kind="stable")[:, :k], True, 1)
+        scores.append((near & true).sum(1) / k)
+        chances.append(k / n_vis[use])
+    if not scores:
         return math.nan, math.nan
-    vis, qxy, w = vis[use], qxy[use], w[use]
-    d = np.where(vis, ((qxy[:, None, :] - kxy[None, :, :]) ** 2).sum(-1), np.inf)
-    ww = np.where(vis, w, -np.inf)
-    near, true = np.zeros(d.shape, bool), np.zeros(d.shape, bool)
-    np.put_along_axis(near, np.argsort(d, axis=1, kind="stable")[:, :k], True, 1)
-    np.put_along_axis(true, np.argsort(-ww, axis=1, kind="stable")[:, :k], True, 1)
-    return float(((near & true).sum(1) / k).mean()), float((k / n_vis[use]).mean())
+    return float(np.concatenate(scores).mean()), float(np.concatenate(chances).mean())
 
 
 def pca2(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
