@@ -128,6 +128,11 @@ def rows_of(labels) -> list[int]:
     return [int(str(s).split(":")[0]) for s in labels]
 
 
+def query_of(at) -> dict:
+    """One query, step by step: the figure with five panels."""
+    return next(f for f in figs(at).values() if "xaxis5" in f["layout"])
+
+
 def url(at, key: str) -> str:
     v = at.query_params[key]
     return v[0] if isinstance(v, list) else v
@@ -213,7 +218,7 @@ def test_layer_page_windows_every_per_token_figure(tiny, traces, lang, no_whole_
     np.testing.assert_allclose(values(wo["data"][0]["z"]), FL.concat_heads(z), atol=1e-6)
     np.testing.assert_allclose(values(wo["data"][1]["z"]), full[f"{a}.out"][0, w].numpy(), atol=1e-6)
     # one query (the last token) against the last ROWS keys; the other keys' p·v summed
-    query = next(f for f in figs(at).values() if "xaxis5" in f["layout"])  # one query, its five steps
+    query = query_of(at)
     keys = rows_of(query["data"][3]["x"])
     assert keys == list(range(T - ROWS, T))
     p = full[f"{a}.weights"][0, 3, T - 1].numpy()
@@ -235,10 +240,18 @@ def test_layer_page_window_moves_and_follows_the_chosen_token(tiny, traces):
     at.number_input(key="ly_first").set_value(10).run()
     clean(at)
     assert rows_of(fig(at, "gated FFN")["data"][1]["x"])[0] == 10 and url(at, "first") == "10"
+    assert rows_of(query_of(at)["data"][3]["x"]) == [0]  # token 0 sees one key: the only one drawn
     at.selectbox(key="ly_token").set_value(70).run()  # another token: the window moves to it
     clean(at)
     g = rows_of(fig(at, "gated FFN")["data"][1]["x"])
     assert g[0] <= 70 <= g[-1] and url(at, "first") == str(g[0])
+    query = query_of(at)  # the last ROWS keys token 70 sees, up to itself; the earlier ones summed in the z panel
+    assert rows_of(query["data"][3]["x"]) == list(range(71 - ROWS, 71))
+    a = "decoder.layers.0.self_attn"
+    np.testing.assert_allclose(values(query["data"][3]["y"]), full[f"{a}.weights"][0, 0, 70, 71 - ROWS:71].numpy(),
+                               atol=1e-6)
+    stack = sum(values(d["y"]) for d in query["data"] if d["type"] == "bar" and d.get("xaxis") == "x5")
+    np.testing.assert_allclose(stack, full[f"{a}.z"][0, 0, 70].numpy(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- Architecture map

@@ -360,12 +360,19 @@ with tabs[4]:
                        "table's last column is the same dot product before the rotation (`.q_unrot`, `.k_unrot`)."))
     n_keys = len(qs["qk"])
     size = FL.window_size(n_keys, 4 + int(qs["d_k"]))  # four bars per key, and its p·v in the last panel
-    if size < n_keys:  # a long prompt: the keys up to the query (the ones it can see last), the rest summed
-        keys = FL.token_window(n_keys, token + 1 - size, size)
+    if size < n_keys:  # a long prompt: a window of keys, what the others add to z summed
+        if qs["blocked"][token + 1:].all():  # causal: the last keys it sees, up to itself (later ones add 0)
+            keys = slice(max(0, token + 1 - size), token + 1)
+            note = t("This query has {n} keys: the chart and the table show keys {a}–{b}, the last {k} it can see "
+                     "(up to itself); in the last panel, what the other keys add to z is one grey bar.",
+                     n=f"{n_keys:,}", a=keys.start, b=keys.stop - 1, k=keys.stop - keys.start)
+        else:  # it sees both sides (an encoder): the keys around it
+            keys = FL.token_window(n_keys, token - size // 2, size)
+            note = t("This query has {n} keys: the chart and the table show keys {a}–{b}, the {k} around it; in the "
+                     "last panel, what the other keys add to z is one grey bar.", n=f"{n_keys:,}", a=keys.start,
+                     b=keys.stop - 1, k=size)
         qs = FL.query_window(qs, keys)
-        notes.append(t("This query has {n} keys: the chart and the table show keys {a}–{b}, the last {k} up to "
-                       "the query; in the last panel, what the other keys add to z is one grey bar.",
-                       n=f"{n_keys:,}", a=keys.start, b=keys.stop - 1, k=size))
+        notes.append(note)
     for note in notes:
         st.caption(note)
     show_figure(FL.query_figure(qs, FL.F.token_labels(tokens, token + 1)[token], k_tokens),
