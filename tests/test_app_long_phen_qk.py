@@ -125,9 +125,13 @@ def test_phenomena_long_prompt(tiny, lm, full, small_budget, lang):
     (fig,) = [f for k, f in figures(at).items() if "phen_sink_map" in k]
     np.testing.assert_allclose(plotly_array(fig["data"][0]["z"]), ref["sink"].scores, rtol=1e-6, atol=1e-7)
     assert not at.metric and at.toggle(key="phen_sink_long_block").value is False
+    assert at.toggle(key="phen_sink_long_block").label.startswith(
+        {"en": "Run the model with token 0 blocked", "zh": "屏蔽第 0 个词元后运行模型"}[lang])
     at = run("phenomena", tiny, lang, state={"phen_sink_long_block": True})
     assert_ok(at)
     b = PH.block_sink(lm, TEXT)
+    said = {"en": "Measuring every head alone takes 12 runs", "zh": "逐个测量每个头需要运行模型 12 次"}[lang]
+    assert any(c.value.startswith(said) for c in at.caption)  # not the L x H runs of a long prompt
     assert [m.value for m in at.metric][2] == f"{num(b.answer_logit_before)} → {num(b.answer_logit_after)}"
 
 
@@ -152,6 +156,9 @@ def test_qk_long_prompt(tiny, lm, full, small_budget, monkeypatch, lang):
         at = run("qk", tiny, lang, batch="prompt", layer=str(layer), head=str(head), color="token", query="0.40")
     assert_ok(at)
     assert at.number_input(key="qk_query_pos").value == 40
+    s = -(-T // 16)  # every s-th position drawn
+    said = {"en": f"the picture draws the query and key of one position in {s}", "zh": f"图中每 {s} 个位置只画出"}[lang]
+    assert any(said in c.value for c in at.caption), "\n".join(c.value for c in at.caption)
     assert at.query_params["query"] in ("0.40", ["0.40"])
     # the ringed top keys: the full capture's weights of that head and row
     w = tr[f"decoder.layers.{layer}.self_attn.weights"][0, head, 40].double().numpy()
