@@ -78,11 +78,16 @@ def by_title(at, words: str) -> dict:
     return fig
 
 
-def assert_ok(at):
+def assert_ok(at, lang: str = "en"):
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     for c in at.get("plotly_chart"):
         assert len(c.proto.spec) < 1.5e6
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        found = english_in_zh(at)
+        assert not found, "\n".join(found)
 
 
 # ---------------------------------------------------------------- the analysis at short length
@@ -114,21 +119,21 @@ def test_phenomena_long_prompt(tiny, lm, full, small_budget, lang):
     assert isinstance(models.get_trace(tiny, TEXT), LazyTrace)  # the page's trace is the lazy one
     ref = PH.head_statistics(full[1])
     at = run("phenomena", tiny, lang, phen="patterns", pat_src="prompt")
-    assert_ok(at)
+    assert_ok(at, lang)
     maps = figures(at)
     for key in ("previous_token", "duplicate_token"):
         (fig,) = [f for k, f in maps.items() if f"phen_{key}_map" in k]
         np.testing.assert_allclose(plotly_array(fig["data"][0]["z"]), ref[key].scores, rtol=1e-6, atol=1e-7)
 
     at = run("phenomena", tiny, lang)  # sinks: the share from the tiled statistics, the blocked runs when asked
-    assert_ok(at)
+    assert_ok(at, lang)
     (fig,) = [f for k, f in figures(at).items() if "phen_sink_map" in k]
     np.testing.assert_allclose(plotly_array(fig["data"][0]["z"]), ref["sink"].scores, rtol=1e-6, atol=1e-7)
     assert not at.metric and at.toggle(key="phen_sink_long_block").value is False
     assert at.toggle(key="phen_sink_long_block").label.startswith(
         {"en": "Run the model with token 0 blocked", "zh": "屏蔽第 0 个词元后运行模型"}[lang])
     at = run("phenomena", tiny, lang, state={"phen_sink_long_block": True})
-    assert_ok(at)
+    assert_ok(at, lang)
     b = PH.block_sink(lm, TEXT)
     said = {"en": "Measuring every head alone takes 12 runs", "zh": "逐个测量每个头需要运行模型 12 次"}[lang]
     assert any(c.value.startswith(said) for c in at.caption)  # not the L x H runs of a long prompt
@@ -148,13 +153,13 @@ def test_qk_long_prompt(tiny, lm, full, small_budget, monkeypatch, lang):
     T = len(tr.meta["tgt_ids"][0])
     layer, head = 1, 3
     at = run("qk", tiny, lang, batch="prompt", layer=str(layer), head=str(head), color="token")
-    assert_ok(at)
+    assert_ok(at, lang)
     assert at.number_input(key="qk_query_pos").value == T - 1  # the last position, picked by default
     if lang == "en":
         at.number_input(key="qk_query_pos").set_value(40).run()
     else:
         at = run("qk", tiny, lang, batch="prompt", layer=str(layer), head=str(head), color="token", query="0.40")
-    assert_ok(at)
+    assert_ok(at, lang)
     assert at.number_input(key="qk_query_pos").value == 40
     s = -(-T // 16)  # every s-th position drawn
     said = {"en": f"the picture draws the query and key of one position in {s}", "zh": f"图中每 {s} 个位置只画出"}[lang]
