@@ -107,3 +107,14 @@ def test_statistics_over_the_last_query_rows(monkeypatch):
             np.testing.assert_allclose(got[k].scores[layer], v.numpy(), atol=1e-6, err_msg=k)
     whole = lg.head_statistics_tiled(lazy)
     assert not np.allclose(whole["sink"].scores, got["sink"].scores)
+
+
+def test_step_attention_figure_draws_a_long_contexts_last_keys():
+    from viz.figures import llm as FLLM
+
+    attn = torch.rand(3, 2, 40)
+    toks = [f"w{i}" for i in range(40)]
+    fig = FLLM.step_attention_figure(attn, toks, head=1, first=30)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    np.testing.assert_array_equal(z, attn[:, 1, 30:].numpy().astype(float))
+    assert list(fig.data[0].x)[0].startswith("30: w30") and len(fig.data[0].x) == 10

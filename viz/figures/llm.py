@@ -91,12 +91,15 @@ def top_tokens_figure(top: Sequence[tuple[str, float]], chosen: str | None = Non
     return fig
 
 
-def step_attention_figure(attn, tokens: Sequence[str], head: int, title: str | None = None) -> go.Figure:
+def step_attention_figure(attn, tokens: Sequence[str], head: int, title: str | None = None,
+                          first: int = 0) -> go.Figure:
     """attn [L, H, T]: one generated position's attention in every layer; rows = layers, columns = the keys
-    (prompt and tokens so far), for head `head`."""
+    (prompt and tokens so far), for head `head`. first: the first key drawn (a long context draws its last
+    keys only; the labels keep their positions)."""
     a = arr(attn)[:, head]  # [L, T]
+    x = token_labels(tokens, a.shape[1])[first:]
+    a = a[:, first:]
     L, T = a.shape
-    x = token_labels(tokens, T)
     fig = go.Figure(go.Heatmap(z=a, x=x, y=list(range(L)), colorscale=WEIGHTS_SCALE, zmin=0, zmax=1,
                                hovertemplate=t("layer %{y} · key %{x}") + "<br>" + t("weight") +
                                ": %{z:.3f}<extra></extra>", colorbar={"thickness": 12}))

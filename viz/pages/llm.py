@@ -332,6 +332,7 @@ def heads_view() -> None:
 
 # ---------------------------------------------------------------- generate
 
+STEP_KEYS = 1024  # a step's every-layer map draws at most this many keys (L x keys cells: at 8,192 keys 1.5 MB)
 GEN_KEY = "_al_llm_generation"  # st.session_state: (inputs, steps) of this session's last generation
 
 
@@ -434,10 +435,13 @@ def generate_view() -> None:
             st.caption(t("Chosen: “{tok}” (probability {p}).", tok=_readable(step.token), p=F.num(drawn)))
     with c2:
         if step.attention is not None:
-            show_figure(FL.step_attention_figure(
-                step.attention, so_far, head, title=t("Step {i}: where position {pos} looked, every layer · head "
-                                                      "{head}", i=i, pos=step.position, head=head)),
-                key="llm_step_attn")
+            first = max(0, step.attention.shape[-1] - STEP_KEYS)  # a long context: its last keys (figure size)
+            title = t("Step {i}: where position {pos} looked, every layer · head {head}", i=i, pos=step.position,
+                      head=head)
+            if first:
+                title += t(" (its last {n} keys; the text below shows the rest)", n=f"{STEP_KEYS:,}")
+            show_figure(FL.step_attention_figure(step.attention, so_far, head, title=title, first=first),
+                        key="llm_step_attn")
             view = LG.focus(step.attention, layer, head, position=step.position)  # the document view of this step
             st.caption(t("Where position {pos} looked (layer {layer}, head {head}): the text shaded by its weights.",
                          pos=step.position, layer=layer, head=head))
