@@ -257,12 +257,16 @@ def test_smollm2_pages(name, lang):
 
 
 def test_smollm2_snapshot_of_1024_tokens_says_what_fits():
-    """30 layers × 9 heads × T² floats: at 1,024 tokens the weights alone are 1.1 GiB, over the 512 MiB budget."""
+    """30 layers × 9 heads × T² floats: at 1,024 tokens the weights alone are 1.1 GiB, over the 512 MiB budget.
+    The page then captures a lazy trace by default (q, k, v); asked for the weights, it says what fits."""
     lm = lm_models.load("smollm2").obj
     text = " ".join(["cat"] * 1023)
     T = lm.encode(text).shape[1]
     assert T >= 1000
     at = page("snapshots", "smollm2", text=text)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.radio[0].value == "lazy" and at.get("download_button")
+    at = page("snapshots", "smollm2", text=text, capture="*.weights")
     assert not at.exception
     fit = max(n for n in range(1, T) if 30 * 9 * n * n * 4 <= 512 * 2**20)  # the weights are the only captures
     msg = " ".join(e.value for e in at.error)
