@@ -182,3 +182,21 @@ def test_qk_long_prompt(tiny, lm, full, small_budget, monkeypatch, lang):
     np.testing.assert_allclose(np.array(sorted(r[1:] for r in rows_long)), np.array(sorted(r[1:] for r in rows_full)),
                                atol=1e-12)
     assert ch_long == pytest.approx(ch_full)
+
+
+def test_past_the_lazy_budget_both_pages_say_the_limit(tiny, lm, small_budget, monkeypatch):
+    """A prompt even a lazy trace cannot hold here: the limit in the UI's words with the keep-the-end button."""
+    import streamlit as st
+
+    from viz.ui import lm_models
+
+    st.cache_resource.clear()  # the pages' results for TEXT under the earlier tests' budget
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", 1)
+    monkeypatch.setattr(lm_models, "LAZY_BUDGET_BYTES", lm.trace_bytes(48, lazy=True, layers=True))
+    fit = lm.max_tokens_within(lm_models.LAZY_BUDGET_BYTES, lazy=True, layers=True)
+    for page, query in (("phenomena", {}), ("phenomena", {"phen": "patterns", "pat_src": "prompt"}),
+                        ("qk", {"batch": "prompt"})):
+        at = run(page, tiny, "en", **query)
+        assert not at.exception, [e.value for e in at.exception]
+        assert [b.label for b in at.button if b.label.startswith("Keep the last")] == [f"Keep the last {fit} tokens"]
+        assert not at.get("plotly_chart")
