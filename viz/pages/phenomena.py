@@ -6,6 +6,11 @@ sentences, states its number and the threshold used, outlines the heads it found
 Language model page at that layer and head, and has a "try it". The numbers come from model/analysis
 (phenomena.py, ioi.py, patching.py, lessons_llm.py, long.py); this page only draws them. Heavy results are
 cached per (model, input), bounded.
+
+A sidebar prompt too long to capture every attention map (issue 24 §3; SmolLM2 past ~700 tokens) gets its per-head
+scores tile by tile from its lazy trace (long.head_statistics_tiled: head_statistics's numbers, never 30 x H x T x T
+at once); blocking token 0 runs the model twice on it when asked (phenomena.sink_effect_long), and the L x H runs
+of "every head alone" are offered only up to the length whose maps fit.
 """
 
 from __future__ import annotations
