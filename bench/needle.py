@@ -42,14 +42,17 @@ def main() -> None:
     lengths = [int(x) for x in a.lengths.split(",")]
     depths = [float(x) for x in a.depths.split(",")]
     lm = load_model("smollm2")
-    print(f"SmolLM2-135M-Instruct, key {a.key!r} (answer tokens: {len(LG.needle_prompt(lm, 64, 0.5, a.key).answer)})")
+    n_answer = len(LG.needle_prompt(lm, 64, 0.5, a.key).answer)
+    room = lm.max_tokens - (n_answer - 1)  # a trial appends the answer's tokens but the last (teacher forcing)
+    print(f"SmolLM2-135M-Instruct, key {a.key!r} ({n_answer} answer tokens; a prompt is at most {room:,} tokens, the "
+          f"context {lm.max_tokens:,} less the answer's tokens appended but the last)")
     print(f"{'length':>7} {'depth':>5} {'p(answer)':>10} {'p(first)':>9} {'right':>5} {'copied':>6} {'s':>6} "
           f"{'peak RSS GiB':>12}", flush=True)
     by_len: dict[int, list] = {}
     secs: dict[int, list[float]] = {}
     for n in lengths:
         for d in depths:
-            p = LG.needle_prompt(lm, n, d, a.key)
+            p = LG.needle_prompt(lm, min(n, room), d, a.key)
             t0 = time.perf_counter()
             tr = LG.needle_trial(lm, p)
             s = time.perf_counter() - t0
@@ -69,9 +72,10 @@ def main() -> None:
               f"{mean_s:.1f} s a trial ({mean_s / ref_s:.2f}x); retrieval heads "
               + (", ".join(f"L{la}H{h} {v:.2f}" for la, h, v in heads) or "none (no answer token copied)"), flush=True)
     if a.ablate:
-        trials = by_len.get(a.ablate) or [LG.needle_trial(lm, LG.needle_prompt(lm, a.ablate, d, a.key)) for d in depths]
+        trials = by_len.get(a.ablate) or [LG.needle_trial(lm, LG.needle_prompt(lm, min(a.ablate, room), d, a.key))
+                                          for d in depths]
         scores = LG.retrieval_scores(trials)
-        prompts = [LG.needle_prompt(lm, a.ablate, d, "58219") for d in depths]
+        prompts = [LG.needle_prompt(lm, min(a.ablate, room), d, "58219") for d in depths]
         t0 = time.perf_counter()
         ab = LG.ablate_retrieval(lm, prompts, scores, k=a.k, n_controls=1)
         print(f"\nablation at {a.ablate:,} tokens (key 58219, depths {depths}), {time.perf_counter() - t0:.0f} s:")

@@ -8,7 +8,9 @@ when shown), so memory grows like the prompt, not its square.
 - a head's whole map, pooled (keys summed, queries averaged: each row still sums to 1), beside a zoom
   window of exact cells (its corner and size in the URL: `win=q0,k0,size`; token labels once small);
 - the document view: the prompt as text, each token shaded by how much the chosen position attends to
-  it (one head, the layer's mean, or the model's mean), with the top 10 sources.
+  it (one head, the layer's mean, or the model's mean), with the top 10 sources and their contexts. A
+  long prompt shows the DOC_BEFORE tokens before the position and each top source's context, in a box
+  that opens at its end, where the position is (`show_document`; no script: st.html runs none).
 """
 
 from __future__ import annotations
