@@ -118,3 +118,34 @@ def test_step_attention_figure_draws_a_long_contexts_last_keys():
     z = np.asarray(fig.data[0].z, dtype=float)
     np.testing.assert_array_equal(z, attn[:, 1, 30:].numpy().astype(float))
     assert list(fig.data[0].x)[0].startswith("30: w30") and len(fig.data[0].x) == 10
+
+
+def test_llm_statistics_of_a_very_long_prompt_are_over_its_last_rows(tiny, monkeypatch):
+    """Past STATS_CELLS, /llm's per-head statistics are over the prompt's last rows (long_views.stats_first_query),
+    said in a caption; the grid equals head_statistics_tiled(first_query=...) on the same trace."""
+    import json
+
+    from conftest import plotly_array
+
+    from model.analysis import long as LG
+    from viz.ui import lm_models
+
+    assert long_views.stats_first_query(2048) == 0 and 8192 - long_views.stats_first_query(8192) == 478
+    monkeypatch.setattr(long_views, "FULL_BUDGET", 1)
+    monkeypatch.setattr(long_views, "STATS_CELLS", 60 * 60 // 2)
+    lm = lm_models.load(tiny).obj
+    _, lazy = lm.run_with_trace(TEXT, lazy=True)
+    T = LG.n_tokens(lazy)  # ~190 tokens: 60 x 60 / 2 cells leave 9 rows, at least STATS_MIN_ROWS
+    monkeypatch.setattr(long_views, "STATS_MIN_ROWS", 16)
+    first = long_views.stats_first_query(T)
+    assert T - first == 16
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"checkpoint": tiny, "lang": "en", "prompt": TEXT, "view": "heads", "stat": "sink"})
+    at.switch_page("viz/pages/llm.py")
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert any(f"over its last 16 positions (of {T:,})" in c.value for c in at.caption)
+    want = LG.head_statistics_tiled(lazy, stats=("sink",), first_query=first)["sink"].scores
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    grid = next(s for s in specs if s["data"][0].get("customdata") is not None and len(s["data"][0]["z"]) == 3)
+    np.testing.assert_allclose(np.asarray(plotly_array(grid["data"][0]["z"]), float), want, atol=1e-6)

@@ -110,16 +110,17 @@ ZOOM_SIZES = (16, 32, 64, 128, 256)
 DOC_BEFORE = 1000  # the document view shows this many tokens before the position (and each top source's context);
                   # the whole text on request (SmolLM2 at 8,192 tokens: ~1 MB of HTML a redraw)
 DOC_AFTER = 24  # ... and this many after it (grey: it cannot see them), so the position sits near the box's end
-STATS_CELLS = 2048 * 2048 // 2  # per-head statistics read at most about this many cells a head (all rows at 2,048
-                               # tokens); a longer prompt's are over its last rows, each over all its keys
+STATS_CELLS = 2800 * 2800 // 2  # per-head statistics read at most about this many cells a head: every row up to
+                               # 2,800 tokens (the other pages' lazy limit); a longer prompt's over its last rows,
+                               # each over all its keys (cost ~ rows x T)
 STATS_MIN_ROWS = 256
 SCOPES = {"head": N_("this head"), "layer": N_("this layer's mean over heads"), "model": N_("the model's mean")}
 
 
 def stats_first_query(T: int) -> int:
     """The first query row the per-head statistics score at T tokens (0: every row): the cost of a row is its
-    keys, so a long prompt scores its last STATS_CELLS / T rows (SmolLM2 at 8,192 tokens: the last 256)."""
-    if T * (T + 1) // 2 <= STATS_CELLS:
+    keys, so a long prompt scores its last STATS_CELLS / T rows (at 8,192 tokens: the last 478)."""
+    if T * T <= 2 * STATS_CELLS:
         return 0
     return max(0, T - max(STATS_MIN_ROWS, STATS_CELLS // T))
 
