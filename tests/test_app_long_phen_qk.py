@@ -200,3 +200,17 @@ def test_past_the_lazy_budget_both_pages_say_the_limit(tiny, lm, small_budget, m
         assert not at.exception, [e.value for e in at.exception]
         assert [b.label for b in at.button if b.label.startswith("Keep the last")] == [f"Keep the last {fit} tokens"]
         assert not at.get("plotly_chart")
+
+
+def test_clarity_top_k_by_partition_is_the_stable_sorts():
+    """A long prompt's clarity marks each row's k smallest by a partition: the first k of a stable argsort (what
+    QKMap.clarity marks), ties by the lowest index."""
+    from viz.figures.qk import _smallest
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        x = rng.integers(0, 6, (7, int(rng.integers(6, 60)))).astype(float)  # many ties
+        x[rng.random(x.shape) < 0.2] = np.inf  # keys a query cannot see
+        ref = np.zeros(x.shape, bool)
+        np.put_along_axis(ref, np.argsort(x, axis=1, kind="stable")[:, :5], True, 1)
+        assert (_smallest(x, 5) == ref).all()
