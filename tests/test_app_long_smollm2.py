@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 pytestmark = pytest.mark.slow
 N = 2048
 PAGES = ("tokens", "layer", "architecture", "since2017", "phenomena", "qk", "decoder", "experiments", "snapshots",
-         "flow")
+         "flow", "phenomena?phen=patterns&pat_src=prompt", "qk?batch=prompt")  # (the views on the sidebar's prompt)
 COSTLY = {"flow": "runs on the text's last 128 tokens"}  # one forward pass per token: said, then run on the end
 MAX_FIGURE_BYTES = 2_000_000  # a plotly figure's JSON: a browser on a classroom laptop takes this in well under 1 s
 
@@ -41,8 +41,9 @@ def run(page: str, text: str, **query) -> AppTest:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_draws_a_2048_token_prompt(prompt, page):
+    page, _, query = page.partition("?")
     t0 = time.perf_counter()
-    at = run(page, prompt)
+    at = run(page, prompt, **dict(kv.split("=") for kv in query.split("&") if kv))
     took = time.perf_counter() - t0
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
