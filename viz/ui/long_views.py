@@ -21,7 +21,7 @@ from model.analysis import long as LG
 from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
-from viz.ui.lm_models import EXACT_UP_TO
+from viz.ui.lm_models import EXACT_UP_TO, LONG_RUNS
 from viz.ui.models import load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
@@ -41,7 +41,8 @@ def _long_trace(name: str, text: str, chat: bool, keep: int | None):
     lm = rm.obj
     ids = lm.encode(text, chat=chat, keep_last=keep)
     T = ids.shape[1]
-    _, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET, last_only=True)
+    with LONG_RUNS:  # one long forward at a time on this server (lm_models.LONG_RUNS: clicks do not queue behind five)
+        _, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET, last_only=True)
     meta = trace.meta
     meta["checkpoint"] = name
     meta["tgt_pieces"] = lm.tokens(ids[0])
