@@ -187,3 +187,24 @@ def test_snapshots_capture_a_long_prompt_lazily(tiny):
     assert "A lazy trace keeps the queries, keys and values" in shown(at)
     at.radio[0].set_value("*.weights").run()  # the weights alone do not fit: said, with the cut
     assert not at.exception and at.error and keep_buttons(at)
+
+
+def test_a_long_trace_of_text_or_ids_reads_like_a_full_one(tiny):
+    """RealModel.trace past the full budget: the same meta as a full trace (the text, its readable tokens, what each
+    position predicts: argmax of the logits, computed from the final hidden states a block at a time), for a
+    text or its ids (/llm's `rep=` links pass ids)."""
+    import torch
+
+    from model.core.trace import LazyTrace
+    from viz.ui import lm_models
+
+    rm = lm_models.load(tiny)
+    ids = rm.obj.encode(TEXT)
+    with torch.no_grad():
+        best = rm.obj.model(ids)[0].argmax(-1)
+    for given in (TEXT, ids):
+        logits, tr = rm.trace(given)
+        assert isinstance(tr, LazyTrace) and logits.shape[1] == 1
+        assert tr.meta["next_tokens"] == rm.readable(rm.obj.tokens(best.tolist()))
+        assert tr.meta.get("text") == (TEXT if isinstance(given, str) else None)
+        assert "decoder.layers.1.norm2.out" in tr and tr.meta["tgt_tokens"] == rm.readable(rm.obj.tokens(ids[0]))

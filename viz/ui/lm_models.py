@@ -203,12 +203,11 @@ class RealModel:
 
         if self.family == "decoder_lm":
             lm = self.obj
-            ids = lm.encode(text, chat=chat)  # a text over the context length: ContextLengthError
-            T = ids.shape[1]
+            T = lm._ids(text, chat).shape[1]  # text or ids; a text over the context length: ContextLengthError
             if lm.trace_bytes(T) <= recorder.DEFAULT_BUDGET_BYTES:
-                logits, trace = lm.run_with_trace(ids, budget_bytes=recorder.DEFAULT_BUDGET_BYTES)
+                logits, trace = lm.run_with_trace(text, chat=chat, budget_bytes=recorder.DEFAULT_BUDGET_BYTES)
             else:
-                logits, trace = self._lazy(ids)
+                logits, trace = self._lazy(text, T, chat)
         else:
             logits, trace = self.obj.run_with_trace(text)
         meta = trace.meta
@@ -225,10 +224,8 @@ class RealModel:
             return logits, trace.with_meta(meta)  # lazy stays lazy (Trace(trace, meta) would compute every name)
         return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
 
-    def _lazy(self, ids):
-        from model.core import recorder
-
-        lm, T = self.obj, ids.shape[1]
+    def _lazy(self, text, T: int, chat: bool):
+        lm = self.obj
         budget = max(LAZY_BUDGET_BYTES, recorder.DEFAULT_BUDGET_BYTES)
         need = lm.trace_bytes(T, lazy=True, layers=True)
         if need > budget:
@@ -243,8 +240,8 @@ class RealModel:
         # One long forward at a time on this server: five at once share 2 cores no faster, and meanwhile
         # every other session's click would wait behind them.
         with LONG_RUNS:
-            return lm.run_with_trace(ids, lazy=True, layers=True, fast=T > EXACT_UP_TO, budget_bytes=budget,
-                                     last_only=True)
+            return lm.run_with_trace(text, chat=chat, lazy=True, layers=True, fast=T > EXACT_UP_TO,
+                                     budget_bytes=budget, last_only=True)
 
     def _argmax(self, trace) -> torch.Tensor:
         """Each position's most likely next token from a lazy trace's final hidden states, a block of rows
