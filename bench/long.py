@@ -9,6 +9,8 @@
   document view of the last position (the model's mean over layers and heads, top 10), vs the same
   sdpa forward;
 - a click on another head: its pooled overview + its document view on the same trace (server time);
+- the other pages' lazy trace (layers=True: q, k, v + each layer's output): its forward vs sdpa, bytes held, and
+  the time to give a layer's other tensors (the layer run again);
 - memory: the lazy trace's bytes at --tokens and --long, each measured in a fresh interpreter (bytes
   held, and the peak RSS growth of the call), beside the full capture's estimate (every capture point)
   and transformers' output_attentions=True (its peak RSS growth, measured at --tokens; at --long its
@@ -187,6 +189,19 @@ def main() -> int:
     lg.head_statistics_tiled(state["trace"])
     stats_t = time.perf_counter() - stats_t
 
+    # ---- the other pages' lazy trace (layers=True: + each layer's output; a layer's other tensors run it again)
+    def ours_layers():
+        state["layers"] = lm.run_with_trace(ids, lazy=True, layers=True, fast=True, budget_bytes=None,
+                                            last_only=True)[1]
+
+    fwd_layers = interleaved({"layers": ours_layers, "sdpa": ref_sdpa}, args.reps)
+    again = []
+    for layer in (3, 17, 28):
+        t = time.perf_counter()
+        state["layers"][f"decoder.layers.{layer}.norm2.out"]
+        again.append(time.perf_counter() - t)
+    layers_bytes, t_again = state["layers"].nbytes(), statistics.median(again)
+
     # ---- generation at T of context
     n_new = args.new_tokens
     counts: dict[str, int] = {}
@@ -230,6 +245,11 @@ def main() -> int:
     line("click on another head (overview + document view), s", f"{t_click:.3f}", "", None, "<= 1 s",
          t_click <= 1)
     line(f"per-head statistics, {L}x{H} heads, {T} tokens, tiled, s", f"{stats_t:.1f}", "", None, "", None)
+    r = fwd_layers["layers"] / fwd_layers["sdpa"]
+    line(f"lazy trace with layers (other pages), {T} tokens, s (vs sdpa)", f"{fwd_layers['layers']:.2f}",
+         f"{fwd_layers['sdpa']:.2f}", r, "", None)
+    line(f"  bytes held (q, k, v + each layer's output), {T} tokens", mib(layers_bytes), "", None, "", None)
+    line("  a layer's other tensors: the layer run again, s", f"{t_again:.3f}", "", None, "", None)
     for n, target in ((T, 256 * 2**20), (args.long, 2**30)):
         if n not in mem:
             continue
