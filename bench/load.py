@@ -312,12 +312,15 @@ PLOT_TEXT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el =>
 
 
 def soak_prompt(i: int, tokens: int, lm) -> str:
-    """Session i's prompt: its marker word, then filler cut to `tokens` tokens (short: a sentence)."""
+    """Session i's prompt: its marker word, then filler cut to `tokens` tokens (short: a sentence), then the marker
+    again: a long prompt's document view shows the text before the chosen (last) position, not its start."""
     head = f"A note about the {MARKERS[i]}: the {MARKERS[i]} came back today."
     if tokens <= 0:
         return head
-    ids = lm.encode(head + " " + FILLER * (tokens // 20 + 2))[0, :tokens]
-    return lm.decode(ids.tolist())
+    tail = f" So the {MARKERS[i]} came back."
+    n_tail = lm.encode(tail).shape[1]
+    ids = lm.encode(head + " " + FILLER * (tokens // 20 + 2))[0, :tokens - n_tail]
+    return lm.decode(ids.tolist()) + tail
 
 
 def llm_pick_head(page, h: int) -> float:
