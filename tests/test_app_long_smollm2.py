@@ -56,4 +56,7 @@ def test_page_draws_a_2048_token_prompt(prompt, page):
     sizes = [len(f.proto.spec) for f in figs]
     assert max(sizes, default=0) <= MAX_FIGURE_BYTES, (page, sizes)
     assert all(json.loads(f.proto.spec)["data"] for f in figs), page
+    if page == "decoder":  # the new position's attention: the last 256 keys, the rest's weight said
+        assert any("the last 256" in c.value for c in at.caption), [c.value for c in at.caption]
+        assert all(len(json.loads(f.proto.spec)["data"][0].get("x") or []) <= 256 for f in figs[-2:])
     print(f"{page}: {took:.1f} s, {len(figs)} figures, largest {max(sizes, default=0) / 1e6:.2f} MB")

@@ -151,7 +151,7 @@ def test_the_shared_language_model_traces_are_bounded_in_bytes(monkeypatch):
             return torch.zeros(1, 1, 4), Trace({"x": torch.zeros(256 * 1024)}, {})  # 1 MiB of float32
 
     monkeypatch.setattr(models, "_load_shared", lambda name: Fake())
-    cache = models._LMTraces(max_entries=6, max_bytes=3 * 2**20 + 100)
+    cache = models.BoundedTraces(max_entries=6, max_bytes=3 * 2**20 + 100)
     first = cache("m", "a", False)
     assert cache("m", "a", False) is first and calls == ["a"]
     for text in "bcde":

@@ -27,10 +27,11 @@ def show(token: str) -> str:
     return {" ": "␣", "\n": "⏎", "\t": "⇥", "": "∅"}.get(token, token)
 
 
-def labels(tokens: Sequence[str]) -> list[str]:
+def labels(tokens: Sequence[str], first: int = 0) -> list[str]:
     """Unique category names "position: token" (repeated tokens must stay separate columns); the hover
-    shows them, so no per-cell hover strings are sent (a 64×256 heatmap would carry ~1 MB of them)."""
-    return [f"{i}: {show(t)}" for i, t in enumerate(tokens)]
+    shows them, so no per-cell hover strings are sent (a 64×256 heatmap would carry ~1 MB of them).
+    first: the position of tokens[0] (a window of a longer input keeps its positions)."""
+    return [f"{first + i}: {show(t)}" for i, t in enumerate(tokens)]
 
 
 def _token_axis(names: Sequence[str], tokens: Sequence[str], max_ticks: int = 48) -> dict:
@@ -85,13 +86,14 @@ def lookahead_mask_figure(tokens: Sequence[str], predicted: Sequence[str] | None
 
 
 def attention_rows_figure(weights: np.ndarray, row_labels: Sequence[str], key_tokens: Sequence[str],
-                          title: str, query_token: str = "") -> go.Figure:
+                          title: str, query_token: str = "", first: int = 0) -> go.Figure:
     """Attention weights of one query (the new token): one row per head (or the head mean) over keys.
 
-    weights: [rows, keys]; each row is a softmax distribution (sums to 1).
+    weights: [rows, keys]; each row is a softmax distribution (sums to 1), or its last keys from position
+    `first` on (a long input: the columns keep their positions).
     """
     w = np.asarray(weights, dtype=np.float32)
-    keys = labels(key_tokens)
+    keys = labels(key_tokens, first)
     query = show(query_token)
     fig = go.Figure(go.Heatmap(
         z=w, x=keys, y=list(row_labels), zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,

@@ -37,6 +37,7 @@ STRATEGIES = {"greedy": N_("Greedy"), "beam": N_("Beam search"), "sample": N_("S
 LM_STRATEGIES = ("greedy", "sample")  # LanguageModel.generate has no beam search
 CHIPS_UP_TO = 64  # the decoder input is drawn as chips up to this many tokens; a longer one shows its end
 MASK_UP_TO = 64  # the look-ahead mask figure, up to this many positions
+KEYS_UP_TO = 256  # the new position's attention figures draw at most the last this many keys
 LM_MAX_NEW = (1, 64, 16)  # new tokens a language model generates here: min, max, default
 PLAY_SECONDS = 0.9  # one step per tick while playing
 AGREE_ATOL = 1e-4  # cached step-by-step vs one parallel pass: float32 reassociation only
@@ -533,16 +534,22 @@ def lm_step_view(gen, prompt: list[str], new: list[str], readable, layer: int, h
             filename="next-tokens")
     attn = rec.attention.numpy()  # [L, H, T so far]
     which = head_label(head)
+    first = max(0, len(inp) - KEYS_UP_TO)  # a long prompt: its last keys (thousands of columns draw as nothing)
     every = attn.mean(1, keepdims=True) if head in ("all", "mean") else attn[:, int(head): int(head) + 1]
     show_figure(FL.step_attention_figure(
         every, inp, 0, title=t("Step {step}: where the new position {pos} looked, every layer · {which}", step=step,
-                               pos=rec.position, which=t("mean over heads") if head in ("all", "mean") else which)),
-        key="dec_every_layer", filename="new-position-every-layer")
+                               pos=rec.position, which=t("mean over heads") if head in ("all", "mean") else which),
+        first=first), key="dec_every_layer", filename="new-position-every-layer")
     z, labels = rows_of(attn[layer], head)
     show_figure(fd.attention_rows_figure(
-        z, labels, inp, t("Masked self-attention of the new position {pos} (layer {layer}, {which}): keys ≤ now "
-                          "only", pos=rec.position, layer=layer, which=which), query_token=inp[-1]),
-        key="dec_self", filename="decoder-self-attention")
+        z[:, first:], labels, inp[first:], t("Masked self-attention of the new position {pos} (layer {layer}, "
+                                             "{which}): keys ≤ now only", pos=rec.position, layer=layer, which=which),
+        query_token=inp[-1], first=first), key="dec_self", filename="decoder-self-attention")
+    if first:
+        rest = z[:, :first].sum(-1)  # each row's weight on the keys not drawn
+        st.caption(t("Keys {a}–{b} of {n}: the last {k}. The weight on the {a} earlier keys, not drawn, is "
+                     "{lo}–{hi} per row (each row sums to 1).", a=f"{first:,}", b=f"{len(inp) - 1:,}",
+                     n=f"{len(inp):,}", k=KEYS_UP_TO, lo=f"{rest.min():.3f}", hi=f"{rest.max():.3f}"))
 
 
 def seq2seq_note(sel) -> None:

@@ -22,32 +22,43 @@ from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
 from viz.ui.lm_models import EXACT_UP_TO, LONG_RUNS
-from viz.ui.models import load_ckpt
+from viz.ui.models import BoundedTraces, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
 FULL_BUDGET = recorder.DEFAULT_BUDGET_BYTES  # the full trace the other views use, at most this
 LONG_BUDGET = 2**30  # a lazy trace (q, k, v of every layer), at most this: SmolLM2 at 8,192 tokens is 0.92 GiB
-LONG_TRACES = 2  # lazy traces kept for all sessions (SmolLM2 at 8,192 tokens: 0.92 GiB each)
+LONG_TRACES = 8  # lazy traces kept for all sessions, at most this many and ...
+LONG_TRACES_BYTES = 1280 * 2**20  # ... this many bytes together (SmolLM2: 225 MiB at 2,048 tokens, 0.92 GiB at 8,192)
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-@st.cache_resource(show_spinner=False, max_entries=LONG_TRACES, ttl=1800)
 def _long_trace(name: str, text: str, chat: bool, keep: int | None):
+    """The q,k,v-only lazy trace of `text` (its last `keep` tokens), shared by every session (read-only)."""
+    return _LONG_TRACES(name, text, bool(chat), keep)[1]
+
+
+def _make_long_trace(name: str, text: str, chat: bool, keep: int | None):
     rm = load_ckpt(name)
     lm = rm.obj
     ids = lm.encode(text, chat=chat, keep_last=keep)
     T = ids.shape[1]
     with LONG_RUNS:  # one long forward at a time on this server (lm_models.LONG_RUNS: clicks do not queue behind five)
-        _, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET, last_only=True)
+        logits, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET,
+                                          last_only=True)
     meta = trace.meta
     meta["checkpoint"] = name
     meta["tgt_pieces"] = lm.tokens(ids[0])
     meta["tgt_tokens"] = rm.readable(meta["tgt_pieces"])
-    return trace.with_meta(meta)
+    return logits, trace.with_meta(meta)
+
+
+# Bounded in bytes, not entries (a class's five 2,048-token prompts: 1.1 GiB; one 8,192-token prompt: 0.9 GiB):
+# with two entries, the soak's five long sessions evicted each other and a head switch ran the forward again.
+_LONG_TRACES = BoundedTraces(LONG_TRACES, LONG_TRACES_BYTES, make=_make_long_trace)
 
 
 def _keep_button(n: int, key: str) -> None:

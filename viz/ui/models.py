@@ -96,26 +96,27 @@ def _session_trace(name: str, text: str, target: str | None):
     return cache[key]
 
 
-class _LMTraces:
+class BoundedTraces:
     """The shared cache of real LMs' traces, bounded in BYTES as well as entries (issue 24 §6's soak: six full
     SmolLM2 traces of 276-token prompts held ~3 GB after the class had gone). Least recently used out first;
     the newest always stays. Single flight: a second session asking for a trace being computed waits for it."""
 
-    def __init__(self, max_entries: int, max_bytes: int):
+    def __init__(self, max_entries: int, max_bytes: int, make=None):
         from model.analysis.shared import SharedResults
 
         self.max_entries, self.max_bytes = max_entries, max_bytes
+        # make(*key) -> (logits, trace); by default a real model's trace (name, text, chat)
+        self.make = make or (lambda name, text, chat: _load_shared(name).trace(text, chat=chat))
         self._flight = SharedResults(max_entries=1)  # single flight only; the entries live below
         self._done: OrderedDict = OrderedDict()  # key -> ((logits, trace), nbytes)
         self._lock = threading.Lock()
 
-    def __call__(self, name: str, text: str, chat: bool):
-        key = (name, text, bool(chat))
+    def __call__(self, *key):
         with self._lock:
             if key in self._done:
                 self._done.move_to_end(key)
                 return self._done[key][0]
-        out = self._flight.get(key, lambda: _load_shared(name).trace(text, chat=chat))
+        out = self._flight.get(key, lambda: self.make(*key))
         first = out[0] if isinstance(out[0], list | tuple) else [out[0]]  # logits, or MiniLM's hidden states per layer
         size = int(out[1].nbytes()) + sum(x.numel() * x.element_size() for x in first)
         with self._lock:
@@ -136,7 +137,7 @@ class _LMTraces:
         self._flight.clear()
 
 
-_cached_lm_trace = _LMTraces(LM_TRACE_ENTRIES, LM_TRACE_BYTES)
+_cached_lm_trace = BoundedTraces(LM_TRACE_ENTRIES, LM_TRACE_BYTES)
 
 
 def get_trace(name: str, text: str, target: str | None = None, chat: bool = False):
