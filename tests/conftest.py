@@ -126,6 +126,21 @@ def tiny_bpe_tokenizer(d: Path):
     return tok
 
 
+def lower_full_budget(monkeypatch, budget: int) -> None:
+    """Make a language model's full trace over `budget` bytes take the lazy path (as SmolLM2's 512 MiB does past
+    276 tokens): run_with_trace's default budget and recorder.DEFAULT_BUDGET_BYTES (read at call time by the
+    pages) lowered, and the shared LM trace cache emptied of traces made under another budget."""
+    from model.core import recorder
+    from model.loaders.lm import LanguageModel
+    from viz.ui import models
+
+    d = list(LanguageModel.run_with_trace.__defaults__)  # (names, hooks, budget_bytes, chat, lazy, ...)
+    d[2] = budget
+    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
+    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", budget)
+    models._cached_lm_trace.clear()
+
+
 def tiny_hf_lm(d: Path, family: str = "llama") -> str:
     """A tiny random Hugging Face LM directory in `d` (byte-level BPE tokenizer trained on TINY_CORPUS;
     "llama": GQA, RoPE, RMSNorm, SwiGLU; "gpt2": learned positions, LayerNorm, GELU), saved with

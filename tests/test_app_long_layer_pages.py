@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import APP, plotly_array, tiny_hf_lm
+from conftest import APP, lower_full_budget, plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model.core import recorder
@@ -39,16 +39,12 @@ def budget(tiny) -> int:
 
 @pytest.fixture(autouse=True)
 def small(monkeypatch, budget):
-    d = list(LanguageModel.run_with_trace.__defaults__)  # (names, hooks, budget_bytes, chat, lazy, fast, last_only)
-    d[2] = budget
-    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
-    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", budget)
+    lower_full_budget(monkeypatch, budget)
     monkeypatch.setattr(FL, "ROWS_UP_TO", ROWS)
     monkeypatch.setattr(FL, "FIGURE_CELLS", CELLS)
-    from viz.ui import long_views, models
+    from viz.ui import long_views
 
     monkeypatch.setattr(long_views, "CELLS_UP_TO", 16)
-    models._cached_lm_trace.clear()  # traces made under another budget
 
 
 @pytest.fixture(scope="module")

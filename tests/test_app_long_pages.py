@@ -8,11 +8,10 @@ layer's output kept; viz.ui.lm_models.RealModel.trace); past the lazy trace's bu
 from __future__ import annotations
 
 import pytest
-from conftest import APP, tiny_hf_lm
+from conftest import APP, lower_full_budget, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model.core import recorder
-from model.loaders.lm import LanguageModel
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -37,13 +36,7 @@ def budget(tiny) -> int:
 
 @pytest.fixture(autouse=True)
 def small_budget(monkeypatch, budget):
-    d = list(LanguageModel.run_with_trace.__defaults__)  # (names, hooks, budget_bytes, chat, lazy, fast, last_only)
-    d[2] = budget
-    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
-    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", budget)  # read at call time by long_limits.check_length
-    from viz.ui import models
-
-    models._cached_lm_trace.clear()  # traces made under another budget
+    lower_full_budget(monkeypatch, budget)
 
 
 def run(page: str, model: str, lang: str, text: str, **query) -> AppTest:

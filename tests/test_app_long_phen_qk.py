@@ -10,14 +10,13 @@ import json
 
 import numpy as np
 import pytest
-from conftest import APP, plotly_array, tiny_hf_lm
+from conftest import APP, lower_full_budget, plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 
 from model.analysis import long as LG
 from model.analysis import phenomena as PH
 from model.core import recorder
 from model.core.trace import LazyTrace
-from model.loaders.lm import LanguageModel
 from viz.figures.attention import num
 
 TIMEOUT = 300
@@ -46,14 +45,10 @@ def full(lm):
 @pytest.fixture
 def small_budget(monkeypatch, lm):
     budget = lm.trace_bytes(32)  # a full trace of 32 tokens fits; TEXT (~100 tokens) does not
-    d = list(LanguageModel.run_with_trace.__defaults__)
-    d[2] = budget
-    monkeypatch.setattr(LanguageModel.run_with_trace, "__defaults__", tuple(d))
-    monkeypatch.setattr(recorder, "DEFAULT_BUDGET_BYTES", budget)
+    lower_full_budget(monkeypatch, budget)
     from viz.ui import models, qk_batch
 
     monkeypatch.setattr(qk_batch, "FULL_UP_TO", 32)
-    models._cached_lm_trace.clear()
     yield budget
     models._cached_lm_trace.clear()
 
