@@ -201,3 +201,22 @@ def test_a_long_trace_of_text_or_ids_reads_like_a_full_one(tiny):
         assert tr.meta["next_tokens"] == rm.readable(rm.obj.tokens(best.tolist()))
         assert tr.meta.get("text") == (TEXT if isinstance(given, str) else None)
         assert "decoder.layers.1.norm2.out" in tr and tr.meta["tgt_tokens"] == rm.readable(rm.obj.tokens(ids[0]))
+
+
+@pytest.mark.parametrize("exact_up_to", [512, 16])  # step by step, or the fast path (both past 16 tokens)
+def test_the_attention_page_and_the_other_pages_show_the_same_maps(tiny, monkeypatch, exact_up_to):
+    """One prompt, one set of numbers: the Attention page's long trace (q, k, v) and the other pages' lazy trace
+    (q, k, v + each layer's output) come from the same forward switch, so every head's map is the same, bit for bit."""
+    import torch
+
+    from viz.ui import lm_models, long_views, models
+
+    monkeypatch.setattr(lm_models, "EXACT_UP_TO", exact_up_to)
+    monkeypatch.setattr(long_views, "EXACT_UP_TO", exact_up_to)
+    long_views._LONG_TRACES.clear()
+    attn, pages = long_views._long_trace(tiny, TEXT, False, None), models.get_trace(tiny, TEXT)
+    assert bool(attn.meta["fast_attention"]) == bool(pages.meta["fast_attention"]) == (exact_up_to == 16)
+    for m in attn.modules():
+        for r in ("q", "k", "v", "weights"):
+            assert torch.equal(attn[f"{m}.{r}"], pages[f"{m}.{r}"]), (m, r)
+    long_views._LONG_TRACES.clear()
