@@ -75,6 +75,19 @@ def figures(at) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
+def figures_by_title(at) -> dict[str, dict]:
+    """The run's plotly figures (their JSON) keyed by title text."""
+    return {(s := json.loads(c.proto.spec))["layout"].get("title", {}).get("text", ""): s
+            for c in at.get("plotly_chart")}
+
+
+def figure_titled(at, part: str) -> dict:
+    """The first figure whose title contains `part` (fails listing the titles there are)."""
+    found = [f for k, f in figures_by_title(at).items() if part in k]
+    assert found, list(figures_by_title(at))
+    return found[0]
+
+
 def shown(fig: dict) -> dict:
     """The visible trace of a figure's JSON: the page's head heatmap carries every head, showing one."""
     return next(d for d in fig["data"] if d.get("visible", True) is True)

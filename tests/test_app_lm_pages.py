@@ -5,13 +5,14 @@ en and zh (slow, never skipped). Every number checked is the trace's or the mode
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 
 import numpy as np
 import pytest
 from conftest import APP, plotly_array, tiny_hf_lm
+from conftest import figure_titled as fig
+from conftest import figures_by_title as figs
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -32,20 +33,6 @@ def tiny(request, tmp_path_factory) -> str:
 
 
 values = plotly_array
-
-
-def figs(at) -> dict[str, dict]:
-    out = {}
-    for c in at.get("plotly_chart"):
-        spec = json.loads(c.proto.spec)
-        out[spec["layout"].get("title", {}).get("text", "")] = spec
-    return out
-
-
-def fig(at, part: str) -> dict:
-    found = [f for k, f in figs(at).items() if part in k]
-    assert found, list(figs(at))
-    return found[0]
 
 
 def clean(at) -> None:

@@ -5,11 +5,10 @@ as long; en and zh."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from conftest import APP, plotly_array, tiny_hf_lm
+from conftest import figures_by_title as figs
 from streamlit.testing.v1 import AppTest
 
 from viz.ui import long_views
@@ -34,14 +33,6 @@ def page(model: str, lang: str = "en", **query) -> AppTest:
     at.query_params.update({"checkpoint": model, "lang": lang, **{k: str(v) for k, v in query.items()}})
     at.switch_page("viz/pages/attention.py")
     return at.run()
-
-
-def figs(at) -> dict[str, dict]:
-    out = {}
-    for c in at.get("plotly_chart"):
-        spec = json.loads(c.proto.spec)
-        out[spec["layout"].get("title", {}).get("text", "")] = spec
-    return out
 
 
 def qp(at, name: str) -> str:

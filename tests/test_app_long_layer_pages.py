@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pytest
 from conftest import APP, lower_full_budget, plotly_array, tiny_hf_lm
+from conftest import figure_titled as fig
+from conftest import figures_by_title as figs
 from streamlit.testing.v1 import AppTest
 
 from model.core import recorder
@@ -95,17 +97,6 @@ def clean(at, lang: str = "en") -> None:
 
         found = english_in_zh(at)
         assert not found, found
-
-
-def figs(at) -> dict[str, dict]:
-    return {(s := json.loads(c.proto.spec))["layout"].get("title", {}).get("text", ""): s
-            for c in at.get("plotly_chart")}
-
-
-def fig(at, part: str) -> dict:
-    found = [f for k, f in figs(at).items() if part in k]
-    assert found, list(figs(at))
-    return found[0]
 
 
 def bounded(at) -> None:

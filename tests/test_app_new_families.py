@@ -16,12 +16,10 @@ as `--model PATH` models.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from conftest import APP, plotly_array, tiny_bpe_tokenizer
+from conftest import APP, figures, plotly_array, tiny_bpe_tokenizer
 from streamlit.testing.v1 import AppTest
 from test_i18n import english_in_zh
 
@@ -88,10 +86,6 @@ def run_page(label: str, page: str, lang: str = "en", **query) -> AppTest:
     assert not at.exception, (page, lang, [e.value for e in at.exception])
     assert not at.error, (page, lang, [e.value for e in at.error])
     return at
-
-
-def figures(at) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
 def titles(fig: dict) -> str:
