@@ -30,9 +30,11 @@ _KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while
 # - a fresh load pushes a few entries (same path) before this script runs: Back then took up to 6 presses.
 #   Every entry made once the patch runs is marked (__al); Back landing on an unmarked entry of the page
 #   it just left goes on back;
-# - st.switch_page writes the next page's query into this page's entry a moment before the page change:
-#   Back then reopened this page with the other page's parameters. The entry's URL as the last finished
-#   run left it is kept until the next run finishes; a page change during a run puts it back first.
+# - st.switch_page writes the next page's query into this page's entry a moment (one or more pushes) before
+#   the page change: Back then reopened this page with the other page's parameters. The entry's URLs are kept
+#   (its trail); at the page change, the newest one that is not wholly inside the next page's query is put
+#   back. An earlier version kept "the URL as the last finished run left it" instead: on a loaded machine
+#   Streamlit shows "not running" for a moment between the two runs of a switch, and that URL was lost.
 _HISTORY_PATCH = """<script>
 (() => {
   const h = window.history;
@@ -40,26 +42,29 @@ _HISTORY_PATCH = """<script>
   h.__attentionLabReplace = true;
   const push = h.pushState.bind(h), replace = h.replaceState.bind(h);
   const mark = (state) => Object.assign({}, state || {}, {__al: 1});
-  let before = null;  // this entry's URL and state as the last finished run left them (null: unchanged since)
+  const pairs = (url) => [...new URL(url, location.href).searchParams].map(([k, v]) => k + "=" + v);
+  let trail = [];  // this entry's earlier URLs and states, oldest first (bounded)
+  const keep = () => { trail.push({url: location.href, state: h.state}); trail = trail.slice(-64); };
   h.replaceState = (state, title, url) => replace(mark(state), title, url);
   h.pushState = (state, title, url) => {
     const next = new URL(url ?? location.href, location.href);
     if (next.pathname === location.pathname) {
-      before = before || {url: location.href, state: h.state};
+      keep();
       return replace(mark(state), title, url);
     }
-    if (before) replace(before.state, "", before.url);
-    before = null;
+    keep();
+    const theirs = new Set(pairs(next.href));
+    const own = trail.reverse().find((e) => !pairs(e.url).every((p) => theirs.has(p)));
+    if (own && own.url !== location.href) replace(own.state, "", own.url);
+    trail = [];
     return push(mark(state), title, url);
   };
-  new MutationObserver(() => {  // a run finished: the URL it wrote is this page's own
-    if (document.querySelector('[data-test-script-state="notRunning"]')) before = null;
-  }).observe(document.body, {subtree: true, attributes: true, attributeFilter: ["data-test-script-state"]});
   replace(mark(h.state), "", location.href);
   let path = location.pathname;
   window.addEventListener("popstate", (ev) => {
     const same = location.pathname === path;
     path = location.pathname;
+    trail = [];
     if (same && !(ev.state && ev.state.__al)) h.back();
   });
 })();
