@@ -8,6 +8,13 @@ from browser_support import browser, page, paths, server  # noqa: F401  (real-br
 
 from model import Transformer, TransformerConfig
 
+# Long texts in links are kept on disk (viz/ui/text_store.py): the tests' copies go to a folder of their own, not
+# the user's cache. Set before any app or server starts, so the browser tests' `streamlit run` inherits it.
+if "ATTENTION_LAB_TEXTS" not in os.environ:
+    import tempfile
+
+    os.environ["ATTENTION_LAB_TEXTS"] = tempfile.mkdtemp(prefix="al-texts-")
+
 # ---------------------------------------------------------------- skips are failures in CI
 # A skipped test proves nothing. In CI (CI=1, set by .ci/run) a skip fails the run unless the test
 # is marked `@pytest.mark.may_skip(reason=...)`; locally a skip stays a skip, listed by -rs.

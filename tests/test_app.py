@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from model import Trace
 from model.toy.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
+from viz.ui import text_store
 from viz.ui.models import EXTRA_ENV, checkpoint_names
 from viz.ui.sidebar import PREFERRED, default_checkpoint
 from viz.ui.state import MAX_URL_TEXT
@@ -509,13 +510,34 @@ def test_the_url_carries_the_whole_view(shipped):
     assert fresh.sidebar.text_area(key="source_text").value == shipped.example
 
 
-def test_a_long_text_is_said_to_stay_out_of_the_link(shipped):
+def test_a_long_text_goes_in_the_link_as_a_reference_to_this_servers_copy(shipped):
+    """A text over MAX_URL_TEXT is not in the URL (a reload would send it in the request line): the link names a
+    copy kept on the server (?text_ref=), and a fresh session on that link reads the same text back."""
     text = (shipped.example + " ") * (MAX_URL_TEXT // len(shipped.example) + 1)
     at = run_app("viz/pages/tokens.py", text=text)
-    assert "text" not in at.query_params
-    assert any("does not carry" in c.value for c in at.sidebar.caption)
+    assert not at.exception  # (the toy model says the text is over its 255 tokens: nothing is cut)
+    link = {k: at.query_params[k] for k in at.query_params}
+    assert "text" not in link and link["text_ref"] in ([text_store.ref_of(text)], text_store.ref_of(text))
+    assert any("reference to a copy kept on this server" in c.value for c in at.sidebar.caption)
+    fresh = run_app("viz/pages/tokens.py", query=link)
+    assert not fresh.exception
+    assert fresh.sidebar.text_area(key="source_text").value == text
+    # back to a short text: the reference leaves the link, the text comes back into it
+    fresh.sidebar.text_area(key="source_text").set_value(shipped.example).run()
+    assert "text_ref" not in fresh.query_params and not any("reference" in c.value for c in fresh.sidebar.caption)
     short = run_app("viz/pages/tokens.py")
-    assert not any("does not carry" in c.value for c in short.sidebar.caption)
+    assert not any("reference" in c.value for c in short.sidebar.caption)
+
+
+@pytest.mark.parametrize("ref", ["0123456789abcdef", "../../etc/passwd", "x" * 5000])
+def test_a_link_to_a_long_text_this_server_does_not_keep_says_so(shipped, ref):
+    """Another server's link, a trimmed text, or a forged reference: one sentence, the model's example, no file read
+    outside the store."""
+    at = run_app(query={"checkpoint": shipped.name, "text_ref": ref})  # the default page: said on the first run
+    assert_clean(at)
+    assert at.sidebar.text_area(key="source_text").value == shipped.example
+    (said,) = [w.value for w in at.warning if "does not keep" in w.value]
+    assert "`text`" in said and shipped.example[:20] in said
 
 
 def test_unk_warning_shows_the_original_characters():

@@ -142,12 +142,15 @@ def test_lesson_sentence_and_value_are_kept_in_the_link():
     assert "lesson_text" not in fresh.query_params and "lesson_value" not in fresh.query_params
 
 
-def test_a_default_sentence_and_a_long_one_stay_out_of_the_link():
+def test_a_default_sentence_stays_out_of_the_link_and_a_long_one_goes_as_a_reference():
     at = open_lessons(lesson=1)
-    assert "lesson_text" not in at.query_params
+    assert "lesson_text" not in at.query_params and "lesson_text_ref" not in at.query_params
     at.text_input(key="lesson_text_tokens").set_value("我" * 1001).run()
-    assert "lesson_text" not in at.query_params
-    assert any("1001 characters long" in c.value for c in at.caption)
+    assert "lesson_text" not in at.query_params and "lesson_text_ref" in at.query_params
+    assert any("reference to a copy kept on this server" in c.value for c in at.caption)
+    ref = at.query_params["lesson_text_ref"]
+    fresh = open_lessons(lesson=1, lesson_text_ref=ref[-1] if isinstance(ref, list) else ref)
+    assert fresh.text_input(key="lesson_text_tokens").value == "我" * 1001
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

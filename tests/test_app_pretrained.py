@@ -236,7 +236,7 @@ def test_the_view_is_in_the_url_and_a_link_reopens_it(minilm):
 
 
 @needs_minilm
-def test_a_text_too_long_for_the_url_says_so(minilm):
+def test_a_text_too_long_for_the_url_goes_as_a_reference_and_says_so(minilm):
     at = run_page("word " * 300)
-    assert "pre_text" not in at.query_params
-    assert any("not kept in the page's link" in c.value for c in at.caption)
+    assert "pre_text" not in at.query_params and "pre_text_ref" in at.query_params
+    assert any("reference to a copy kept on this server" in c.value for c in at.caption)

@@ -1,11 +1,13 @@
 """A ~2,048-token prompt in Chromium (issue 24, "Done when"): pasted into /llm and into the Attention page on
 SmolLM2, it gets the lazy views. The test opens a head, zooms (the window lives in the URL), uses the document
-view, clicks another head, and finds no exception. Screenshots go to artifacts/screenshots/long-*.png.
-One server, one browser context per page; the second page reuses the server's cached lazy trace."""
+view, clicks another head, and finds no exception; its link reopens the same view. Screenshots go to
+artifacts/screenshots/long-*.png. One server, one browser context per page; the second page reuses the server's
+cached lazy trace."""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from browser_support import SHOTS, wait_drawn
@@ -122,6 +124,22 @@ def test_long_prompt_on_llm_and_attention(server, browser):
         page.locator(".attention-document").scroll_into_view_if_needed()
         assert page.evaluate(POSITION_IN_VIEW)
         shot(page, "llm-document")
+        link = page.url
+    finally:
+        ctx.close()
+    # The link, copied into a new context: the prompt is not in it (a reload would send 10,000 characters in the
+    # request line) but named, as this server's copy; the same prompt, head and window come back.
+    query = parse_qs(urlparse(link).query)
+    assert "prompt" not in query and "text" not in query and query["prompt_ref"], query
+    ctx = browser.new_context(viewport={"width": 1400, "height": 3400})
+    try:
+        page = ctx.new_page()
+        page.goto(link)
+        wait_drawn(page, timeout=TIMEOUT)
+        no_exception(page)
+        assert page.locator(".st-key-llm_prompt textarea").input_value() == LONG
+        assert any(t.startswith("Layer 17, head 5: the whole input, pooled") for t in titles(page)), titles(page)
+        assert any(t.startswith("Exact weights: queries 1000–1031, keys 980–1011") for t in titles(page)), titles(page)
     finally:
         ctx.close()
     # The Attention page: paste into the sidebar's prompt; the page chooses layer and head itself.

@@ -27,7 +27,7 @@ from viz.ui.attention_views import KIND_IDS
 from viz.ui.models import capabilities, get_trace, is_real_model, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require, require_trace, selection
-from viz.ui.state import MAX_URL_TEXT, clamp_state, note_replaced, seed_from_query, write_query
+from viz.ui.state import MAX_URL_TEXT, clamp_state, long_text_note, note_replaced, seed_from_query, write_query
 from viz.ui.text import text_problems
 
 VIEWS = {"before_after": N_("Before / after"), "heads": N_("Head importance"),
@@ -438,10 +438,9 @@ def compare_view() -> None:
     k2 = c3.text_input(t("Key token 2"), key="exp_cmp_k2")
     # Kept in the link like the sidebar's text, under the same length rule.
     values = {param: st.session_state[key] for key, (param, _) in CMP_PARAMS.items()}
-    write_query(**{p: (v if len(v) <= MAX_URL_TEXT else None) for p, v in values.items()})
-    if any(len(v) > MAX_URL_TEXT for v in values.values()):
-        st.caption(t("A text here is longer than {n} characters, so the page's link does not carry it: a copied "
-                     "link opens on the example instead.", n=f"{MAX_URL_TEXT:,}"))
+    write_query(**values)
+    if note := long_text_note(*values.values()):
+        st.caption(note)
     try:
         with st.spinner(t("Running MiniLM…")):
             hf = _compare(a, b, q, k1, k2)

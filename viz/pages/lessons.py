@@ -19,7 +19,7 @@ from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import lm_models
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
-from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
+from viz.ui.state import clamp_state, int_in, link_params, long_text_note, seed_from_query, write_query
 from viz.ui.task_help import problems_text, task_of
 from viz.ui.text import text_problems
 
@@ -234,7 +234,7 @@ def page_query(lesson: LS.Lesson, text: str, value) -> dict:
         query["pre_text"] = LS.BERT_WIDE
     if lesson.param_query and value is not None:
         query[lesson.param_query] = value
-    return {k: str(v) for k, v in query.items()}
+    return link_params(query)  # a long sentence as a reference to this server's copy, as write_query writes it
 
 
 # ---------------------------------------------------------------- one lesson
@@ -259,11 +259,9 @@ def text_control(lesson: LS.Lesson) -> str:
         key = f"lesson_text_{lesson.slug}"
         seed_from_query(key, "lesson_text", lesson.text)
         text = st.text_input(t("Sentence for the {model} model", model=lesson.checkpoint), key=key)
-        fits = len(text) <= MAX_URL_TEXT
-        write_query(lesson_text=text if fits and text != lesson.text else None)
-        if not fits:
-            st.caption(t("This text is {n} characters long: over {max}, it is not kept in the page's link (a shared "
-                         "link or a reload opens the default text).", n=len(text), max=MAX_URL_TEXT))
+        write_query(lesson_text=text if text != lesson.text else None)
+        if note := long_text_note(text):
+            st.caption(note)
     else:
         write_query(lesson_text=None)  # a link's stray sentence: this lesson has none
     return text

@@ -173,12 +173,13 @@ def _prompt_input():
     c1, c2 = st.columns([5, 1])
     prompt = c1.text_area(t("Prompt"), key="llm_prompt", height=80, on_change=_to_sidebar,
                           help=t("Raw text: the model continues it. The same prompt as the sidebar's: edit either, "
-                                 "every page runs it. Its link carries it (up to {n} characters).",
+                                 "every page runs it. Its link carries it (over {n} characters, as a reference to a "
+                                 "copy kept on this server).",
                                  n=f"{MAX_URL_TEXT:,}"))
     chat = c2.toggle(t("Chat template"), key="llm_chat", disabled=not getattr(rm.obj, "chat_template", None),
                      help=t("Wrap the prompt in the model's chat template (a user turn, then the assistant's turn "
                             "opened), as a chat app would. Its tokens are shown below."))
-    write_query(prompt=prompt if len(prompt) <= MAX_URL_TEXT else None, chat="1" if chat else None)
+    write_query(prompt=prompt, chat="1" if chat else None)  # a long prompt goes as a reference (?prompt_ref=)
     if not prompt.strip():
         show_error(t("The prompt is empty: type one above."))
         st.stop()

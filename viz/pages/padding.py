@@ -12,7 +12,7 @@ from viz.i18n import t
 from viz.ui.models import load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
-from viz.ui.state import MAX_URL_TEXT, seed_from_query, write_query
+from viz.ui.state import long_text_note, seed_from_query, write_query
 
 SEP = "=>"
 
@@ -83,11 +83,9 @@ from_url = followed and st.query_params.get("pad_model", default) == name
 seed_from_query(key, "pad_lines" if from_url else "", None if key in st.session_state else default_lines())
 lines = st.text_area(t("Sentences, one per line: `source {sep} target` (without a target, the model's own greedy "
                        "translation is used)", sep=SEP), key=key, height=120)
-# Long batches stay out of the URL (as the sidebar's texts): a reload would send them in the request line.
-write_query(pad_model=name, pad_lines=lines if len(lines) <= MAX_URL_TEXT else None)
-if len(lines) > MAX_URL_TEXT:
-    st.caption(t("These sentences are longer than {n} characters, so the page's link does not carry them: a copied "
-                 "link opens on the default batch instead.", n=f"{MAX_URL_TEXT:,}"))
+write_query(pad_model=name, pad_lines=lines)  # a long batch goes as a reference, as the sidebar's texts
+if note := long_text_note(lines):
+    st.caption(note)
 rows = parse(lines)
 if not 2 <= len(rows) <= MAX_SENTENCES:
     show_error(t("Type 2 to {n} sentences, one per line (found {k}).", n=MAX_SENTENCES, k=len(rows)))

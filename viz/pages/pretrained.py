@@ -17,7 +17,7 @@ from viz.figures import pretrained as FP
 from viz.i18n import t
 from viz.ui.attention_views import render_attention
 from viz.ui.render import show_error, show_figure
-from viz.ui.state import MAX_URL_TEXT, int_in, seed_from_query, write_query
+from viz.ui.state import int_in, long_text_note, seed_from_query, write_query
 from viz.ui.text import text_problems
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
@@ -108,11 +108,9 @@ def url_text(key: str, param: str, default: str, label: str, widget=st.text_area
     """
     seed_from_query(key, param, default)
     text = widget(label, key=key, **kw)
-    fits = len(text) <= MAX_URL_TEXT
-    write_query(**{param: text if fits and text != default else None})
-    if not fits:
-        st.caption(t("This text is {n} characters long: over {max}, it is not kept in the page's link (a shared "
-                     "link or a reload opens the default text).", n=len(text), max=MAX_URL_TEXT))
+    write_query(**{param: text if text != default else None})
+    if note := long_text_note(text):
+        st.caption(note)
     return text
 
 

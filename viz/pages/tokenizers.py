@@ -11,7 +11,7 @@ from model.toy.tokenizer import SPECIALS, Tokenizer
 from viz.figures import tokenizers as FT
 from viz.i18n import N_, option_labels, t
 from viz.ui.render import show_error, show_figure
-from viz.ui.state import MAX_URL_TEXT, int_in, seed_from_query, write_query
+from viz.ui.state import int_in, long_text_note, seed_from_query, write_query
 
 EXAMPLES = {  # the seeds' examples (seed 002: "eating" -> eat + ing; Chinese is best cut by character)
     "I like eating ice cream.": N_("seed 002: a subword tokenizer cuts “eating” into eat + ##ing"),
@@ -63,11 +63,9 @@ seed_from_query("tkp_vocab", "vocab", 120, int, int_in(len(SPECIALS) + 1, 1000))
 vocab = c2.slider(t("WordPiece vocabulary size"), len(SPECIALS) + 1, 1000, key="tkp_vocab", step=1,
                   help=t("Training starts from single characters and keeps merging the most frequent adjacent pair "
                          "until the vocabulary has this many entries (or nothing is left to merge)."))
-# Long texts stay out of the URL (as the sidebar's): a reload would send them in the request line.
-write_query(corpus=corpus_id, vocab=vocab, tkp_text=text if len(text) <= MAX_URL_TEXT else None)
-if len(text) > MAX_URL_TEXT:
-    st.caption(t("This text is longer than {n} characters, so the page's link does not carry it: a copied link "
-                 "opens on the first example instead.", n=f"{MAX_URL_TEXT:,}"))
+write_query(corpus=corpus_id, vocab=vocab, tkp_text=text)  # a long text goes as a reference, as the sidebar's
+if note := long_text_note(text):
+    st.caption(note)
 
 if not text.strip():
     show_error(t("Type some text to cut."))

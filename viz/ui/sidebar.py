@@ -16,7 +16,7 @@ from viz.ui import lm_models
 from viz.ui.heap import freeze_heap_once
 from viz.ui.models import capabilities, checkpoint_names, get_trace, load_ckpt, session_models
 from viz.ui.render import show_error
-from viz.ui.state import _KEPT, MAX_URL_TEXT, seed_from_query, write_query
+from viz.ui.state import _KEPT, long_text_note, seed_from_query, write_query
 from viz.ui.text import stop_note, target_unk_note, text_problems, unk_note
 
 PREFERRED = ("dates", "zh-en", "reverse")  # default checkpoint: attention is readable on these
@@ -109,16 +109,11 @@ def sidebar() -> Selection | None:
                 t("Target text"), key="target_text",
                 help=t("Empty: the decoder reads the model's own greedy translation. Otherwise it reads this "
                        "text in one parallel pass under the look-ahead mask (teacher forcing)."))
-    long = [label for label, s in ((t("source text"), text), (t("target text"), target)) if len(s) > MAX_URL_TEXT]
-    if long:
-        sb.caption(t("The {what} is longer than {n} characters, so the page's link does not carry it: "
-                     "a copied link opens on the model's example instead.", what=t(" and ").join(long),
-                     n=f"{MAX_URL_TEXT:,}"))
+    if note := long_text_note(text, target):
+        sb.caption(note)
     sb.radio(t("Figure download format"), ["png", "svg"], key="export_format", horizontal=True,
              help=t("What the camera button in each figure's toolbar saves."))
-    # Long texts stay out of the URL: a reload would send them in the request line.
-    write_query(checkpoint=name, text=text if len(text) <= MAX_URL_TEXT else None,
-                target=(target or None) if len(target) <= MAX_URL_TEXT else None)
+    write_query(checkpoint=name, text=text, target=target or None)  # a long text goes as a reference (?text_ref=)
     sel = Selection(name, _kept(name, text) if real else text, target or None)
     st.session_state[_SEL_KEY] = sel
     freeze_heap_once()

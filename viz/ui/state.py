@@ -16,8 +16,10 @@ from typing import Any
 import streamlit as st
 
 from viz.i18n import t
+from viz.ui import text_store
 
-MAX_URL_TEXT = 1000  # characters of source/target text mirrored into the URL
+MAX_URL_TEXT = 1000  # characters of a text mirrored into the URL; a longer one goes as a reference (text_store)
+REF = "_ref"  # ?text_ref=<16 hex>: the long text `text` kept on this server
 _KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while it is not drawn
 
 
@@ -96,6 +98,10 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
         return
     candidates = []
     raw = st.query_params.get(param)
+    if raw is None and (ref := st.query_params.get(param + REF)) is not None:
+        raw = text_store.get(ref)
+        if raw is None:  # another server's link, or a text trimmed from the store: say so, use the default
+            note_gone(param, ref, st.session_state.get(kept, default))
     url_ok = False
     if raw is not None:
         try:
@@ -132,18 +138,55 @@ def note_replaced(what: str, given: Any, used: Any, lo: Any = None, hi: Any = No
     st.warning(msg, icon="🔗")
 
 
+def note_gone(what: str, ref: str, used: Any) -> None:
+    """Say, once per session and link, that a link's long text is not kept on this server."""
+    noted = st.session_state.setdefault(_NOTED, set())
+    if (what + REF, str(ref)) in noted:
+        return
+    noted.add((what + REF, str(ref)))
+    used = str(used) if len(str(used)) <= 60 else str(used)[:60] + "…"
+    st.warning(t("This link names a long `{what}` that this server does not keep (it was made on another server, "
+                 "or the text was removed to make room), so the page uses {used}.", what=what, used=used), icon="🔗")
+
+
+def long_text_note(*texts: str) -> str | None:
+    """The caption under a text box whose text is over MAX_URL_TEXT characters (None when every text fits)."""
+    long = [x for x in texts if len(x) > MAX_URL_TEXT]
+    if not long:
+        return None
+    if all(text_store.put(x) is not None for x in long):
+        return t("Over {n} characters, the link carries a reference to a copy kept on this server: the link "
+                 "reopens it here, but not on another server.", n=f"{MAX_URL_TEXT:,}")
+    return t("Over {n} characters, and this server could not keep a copy, so the page's link does not carry "
+             "it: a copied link opens on the default text instead.", n=f"{MAX_URL_TEXT:,}")
+
+
+def link_params(params: dict[str, Any]) -> dict[str, str]:
+    """A link's parameters as the URL holds them: None left out, a text over MAX_URL_TEXT characters as
+    `{param}_ref=`, a reference to this server's copy (left out if the copy cannot be kept)."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, str) and len(v) > MAX_URL_TEXT:
+            if (ref := text_store.put(v)) is not None:
+                out[k + REF] = ref
+        elif v is not None:
+            out[k] = str(v)
+    return out
+
+
 def write_query(**params: Any) -> None:
     """Mirror the current view into the URL so it can be shared (None removes a parameter).
 
     The one place that writes the URL: one message per call, none when nothing changed, and a
-    replaced (not pushed) history entry, see `install_history_patch`."""
+    replaced (not pushed) history entry, see `install_history_patch`. A text over MAX_URL_TEXT characters is
+    written as `{param}_ref=`, a reference to a copy kept on this server (text_store): a reload would send the
+    text itself in the request line. `seed_from_query` reads it back."""
     current = {k: st.query_params.get_all(k) for k in st.query_params}
     new = {k: v[-1] if len(v) == 1 else v for k, v in current.items()}
     for k, v in params.items():
-        if v is None:
-            new.pop(k, None)
-        else:
-            new[k] = str(v)
+        new.pop(k, None)
+        new.pop(k + REF, None)
+        new |= link_params({k: v})
     if new != {k: v[-1] if len(v) == 1 else v for k, v in current.items()}:
         st.query_params.from_dict(new)
 
