@@ -20,6 +20,7 @@ sessions (Playwright) and reads the server's CPU time (utime + stime) and reside
 Absolute times are noise on a shared machine; compare the ratios within one run.
 
     .venv/bin/python bench/load.py --llm-soak [--sessions 20] [--long-sessions 5] [--long-tokens 2048] [--clicks 4]
+        [--idle 60]  (then memory once the class's traces went unused for 60 s)
 
 Issue 24 §6: the class on /llm with SmolLM2, some sessions with long prompts (the longest /llm takes, when it
 refuses the length asked for: said in the output). Memory after the class / before, exceptions, sessions that
@@ -459,8 +460,10 @@ def llm_soak(args) -> None:
 
     lm = load_model("smollm2")  # its tokenizer cuts the long prompts to an exact length
     port = bench.free_port()
-    proc = bench.start_server(ROOT / "app.py", port, extra=["--server.disconnectedSessionTTL", "2"])
+    env = {"ATTENTION_LAB_TRACE_IDLE_S": str(args.idle)} if args.idle else None
+    proc = bench.start_server(ROOT / "app.py", port, env=env, extra=["--server.disconnectedSessionTTL", "2"])
     base = f"http://127.0.0.1:{port}"
+    mem_idle = None
     try:
         bench.wait_health(port)
         with sync_playwright() as p:
@@ -489,6 +492,9 @@ def llm_soak(args) -> None:
         time.sleep(6)  # > disconnectedSessionTTL: closed sessions are dropped
         quiet_cpu(proc.pid, 1.0)
         mem_after = rss_mb(proc.pid)
+        if args.idle:  # the traces' idle time, then the sweeper's next look (every idle/4 s, at most 60 s)
+            time.sleep(args.idle + min(60.0, args.idle / 4) + 2)
+            mem_idle = rss_mb(proc.pid)
     finally:
         bench.stop_server(proc)
     red = [x for r in results for x in r["redraw"]]
@@ -504,6 +510,9 @@ def llm_soak(args) -> None:
           f" {wall:.0f} s, server CPU {cpu:.0f} s; load average {os.getloadavg()[0]:.1f} at the end (2 cores)")
     print(f"memory (RSS): before the class {mem_before:.0f} MB, peak {peak:.0f} MB, after every session closed "
           f"{mem_after:.0f} MB   after / before {mem_after / mem_before:.2f}")
+    if mem_idle is not None:
+        print(f"memory (RSS) once the class's traces went unused for {args.idle:.0f} s "
+              f"(ATTENTION_LAB_TRACE_IDLE_S): {mem_idle:.0f} MB   after / before {mem_idle / mem_before:.2f}")
     print(f"exceptions or error messages {len(errors)}   sessions that showed another's prompt {len(foreign)}   "
           f"[{verdict(not errors and not foreign)}]")
     for e in (errors + foreign)[:6]:
@@ -714,6 +723,8 @@ def main() -> None:
                     help="only: issue 24 §6, --sessions browsers on /llm (SmolLM2), --long-sessions of them long")
     ap.add_argument("--long-sessions", type=int, default=5, help="--llm-soak: sessions with a long prompt")
     ap.add_argument("--long-tokens", type=int, default=2048, help="--llm-soak: the long prompts' length")
+    ap.add_argument("--idle", type=float, default=0.0,
+                    help="--llm-soak: the server's trace idle time (s); memory is measured again once it has passed")
     args = ap.parse_args()
     if args.llm_soak:
         llm_soak(args)

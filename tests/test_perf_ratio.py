@@ -159,3 +159,44 @@ def test_the_shared_language_model_traces_are_bounded_in_bytes(monkeypatch):
     assert cache.nbytes() <= 3 * 2**20 + 100 and len(cache._done) == 3  # a and b went, the newest three stay
     cache("m", "a", False)
     assert calls == ["a", "b", "c", "d", "e", "a"]
+
+
+def test_the_lm_trace_cache_lets_go_of_traces_unused_for_its_idle_time(monkeypatch):
+    """The class has gone: its traces go after idle_s unused, the newest too (none held in the single flight)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from model.core.trace import Trace
+    from viz.ui import models
+
+    now = [0.0]
+    made = []
+
+    def make(name, text, chat):
+        made.append(Trace({"x": torch.zeros(1024)}, {}))
+        return torch.zeros(1, 1, 4), made[-1]
+
+    cache = models.BoundedTraces(max_entries=6, max_bytes=2**30, make=make, idle_s=60, clock=lambda: now[0])
+    cache("m", "a", False)
+    now[0] = 50
+    cache("m", "b", False)
+    now[0] = 100
+    assert cache.sweep() == 1 and set(cache._done) == {("m", "b", False)}  # a: 100 s unused; b: 50 s
+    cache("m", "b", False)  # used again: its clock restarts
+    now[0] = 150
+    assert cache.sweep() == 0
+    now[0] = 161
+    assert cache.sweep() == 1 and cache.nbytes() == 0
+    gone = [weakref.ref(t) for t in made]
+    made.clear()
+    gc.collect()
+    assert all(r() is None for r in gone)  # nothing else (the single flight) holds them
+    cache("m", "a", False)
+    assert len(made) == 1  # asked again: computed again
+    assert models.trace_idle_s() == 1200.0
+    monkeypatch.setenv("ATTENTION_LAB_TRACE_IDLE_S", "30")
+    assert models.trace_idle_s() == 30.0
+    monkeypatch.setenv("ATTENTION_LAB_TRACE_IDLE_S", "soon")
+    assert models.trace_idle_s() == 1200.0

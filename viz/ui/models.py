@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import weakref
 from collections import OrderedDict
 
 import streamlit as st
@@ -99,42 +101,92 @@ def _session_trace(name: str, text: str, target: str | None):
 class BoundedTraces:
     """The shared cache of real LMs' traces, bounded in BYTES as well as entries (issue 24 §6's soak: six full
     SmolLM2 traces of 276-token prompts held ~3 GB after the class had gone). Least recently used out first;
-    the newest always stays. Single flight: a second session asking for a trace being computed waits for it."""
+    the newest always stays. Single flight: a second session asking for a trace being computed waits for it.
 
-    def __init__(self, max_entries: int, max_bytes: int, make=None):
+    Entries unused for `idle_s` seconds go too (a sweeper thread looks every minute at most): the soak's class
+    left its five 2,048-token traces behind, memory after ÷ before 1.91. A pause in a lesson is shorter."""
+
+    def __init__(self, max_entries: int, max_bytes: int, make=None, idle_s: float | None = None,
+                 clock=time.monotonic):
         from model.analysis.shared import SharedResults
 
         self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.idle_s = trace_idle_s() if idle_s is None else idle_s
+        self.clock = clock
         # make(*key) -> (logits, trace); by default a real model's trace (name, text, chat)
         self.make = make or (lambda name, text, chat: _load_shared(name).trace(text, chat=chat))
         self._flight = SharedResults(max_entries=1)  # single flight only; the entries live below
-        self._done: OrderedDict = OrderedDict()  # key -> ((logits, trace), nbytes)
+        self._done: OrderedDict = OrderedDict()  # key -> ((logits, trace), nbytes, last use)
         self._lock = threading.Lock()
 
     def __call__(self, *key):
         with self._lock:
             if key in self._done:
                 self._done.move_to_end(key)
-                return self._done[key][0]
+                out, size, _ = self._done[key]
+                self._done[key] = (out, size, self.clock())
+                return out
         out = self._flight.get(key, lambda: self.make(*key))
         first = out[0] if isinstance(out[0], list | tuple) else [out[0]]  # logits, or MiniLM's hidden states per layer
         size = int(out[1].nbytes()) + sum(x.numel() * x.element_size() for x in first)
         with self._lock:
-            self._done[key] = (out, size)
+            self._done[key] = (out, size, self.clock())
             self._done.move_to_end(key)
             while len(self._done) > 1 and (len(self._done) > self.max_entries or
-                                           sum(n for _, n in self._done.values()) > self.max_bytes):
+                                           sum(e[1] for e in self._done.values()) > self.max_bytes):
                 self._done.popitem(last=False)
+        _sweep_every(self)
         return out  # (_flight keeps the newest result only: the one _done never evicts, no extra memory)
+
+    def sweep(self) -> int:
+        """Drop the entries unused for idle_s seconds (the newest too: the class has gone); how many went."""
+        now = self.clock()
+        with self._lock:
+            idle = [k for k, (_, _, last) in self._done.items() if now - last > self.idle_s]
+            for k in idle:
+                del self._done[k]
+            if idle and not self._done:
+                self._flight.clear()  # it held the newest result
+        return len(idle)
 
     def nbytes(self) -> int:
         with self._lock:
-            return sum(n for _, n in self._done.values())
+            return sum(e[1] for e in self._done.values())
 
     def clear(self) -> None:
         with self._lock:
             self._done.clear()
         self._flight.clear()
+
+
+def trace_idle_s() -> float:
+    """Seconds a cached long-model trace may go unused: $ATTENTION_LAB_TRACE_IDLE_S, else 20 minutes."""
+    try:
+        return max(1.0, float(os.environ.get("ATTENTION_LAB_TRACE_IDLE_S", "1200")))
+    except ValueError:
+        return 1200.0
+
+
+_swept: weakref.WeakSet = weakref.WeakSet()  # every BoundedTraces that held an entry
+_sweeper: list[threading.Thread] = []  # the one sweeper thread, once started
+_swept_lock = threading.Lock()
+
+
+def _sweep_every(cache: BoundedTraces) -> None:
+    """Start (once per process) the daemon thread that sweeps every BoundedTraces that ever held an entry."""
+    with _swept_lock:
+        _swept.add(cache)
+        if _sweeper:
+            return
+
+        def loop():
+            while True:
+                time.sleep(max(1.0, min(60.0, min((c.idle_s for c in list(_swept)), default=60.0) / 4)))
+                for c in list(_swept):
+                    c.sweep()
+
+        _sweeper.append(threading.Thread(target=loop, name="attention-lab-trace-sweeper", daemon=True))
+        _sweeper[0].start()
 
 
 _cached_lm_trace = BoundedTraces(LM_TRACE_ENTRIES, LM_TRACE_BYTES)
