@@ -145,8 +145,11 @@ def note_gone(what: str, ref: str, used: Any) -> None:
         return
     noted.add((what + REF, str(ref)))
     used = str(used) if len(str(used)) <= 60 else str(used)[:60] + "…"
-    st.warning(t("This link names a long `{what}` that this server does not keep (it was made on another server, "
-                 "or the text was removed to make room), so the page uses {used}.", what=what, used=used), icon="🔗")
+    ref = str(ref).replace("`", "'")
+    ref = ref if len(ref) <= 20 else ref[:20] + "…"
+    st.warning(t("This link's `{param}={ref}` names a long text that this server does not keep (the link was made on "
+                 "another server, or the text was removed to make room), so the page uses {used}.",
+                 param=what + REF, ref=ref, used=used), icon="🔗")
 
 
 def long_text_note(*texts: str) -> str | None:
