@@ -325,3 +325,21 @@ def test_notebook_flow_view_exports_offline(tmp_path):
     assert sum(len(d.customdata) for d in dots) == len(r.edges(0.0))
     page = nb.export_html([fig, nb.flow_compare(s)], tmp_path / "routes.html")
     assert (tmp_path / "routes.html").exists() and "Plotly" in page and "src=\"http" not in page
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral", "gemma2", "gemma3", "gpt_neox", "qwen2_moe"])
+def test_causal_effect_on_the_clean_prefix_equals_the_full_runs(tmp_path, family):
+    """reuse_prefix: a batch runs from its first source on, over the clean run's keys and values before it
+    (sliding windows, local RoPE, soft caps, MoE routing, learned or rotary positions all see the offset)."""
+    from test_families import build
+    from test_families import ids as family_ids
+
+    from model import load_model
+
+    build(family).save_pretrained(tmp_path)
+    m = load_model(str(tmp_path)).model
+    s = flow.prepare(m, family_ids(n=21))
+    full = flow.causal_effect(s, m.describe(), batch=4, reuse_prefix=False)
+    fast = flow.causal_effect(s, m.describe(), batch=4)
+    assert full.shape == fast.shape == (21,) and full.max() > 1e-3
+    np.testing.assert_allclose(fast, full, rtol=1e-4, atol=1e-5)

