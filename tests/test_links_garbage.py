@@ -133,3 +133,14 @@ def test_garbage_language_falls_back(value):
     at = open_link("viz/pages/lessons.py", query={"lang": GARBAGE[value]})
     assert_no_traceback(at, f"lang = {value!r}")
     assert at.query_params["lang"] in ("en", "zh")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["path", "5000-chars", "emoji"])
+@pytest.mark.parametrize("page", PAGES)
+def test_garbage_in_long_text_references(page, value):
+    """A long text travels as `{param}_ref=` (viz/ui/text_store.py), read for any parameter the link lacks: a
+    forged or foreign reference in every one of them gets a sentence, never a traceback or a file read."""
+    params = sorted(read_params() - NOT_GARBAGE)
+    at = open_link(page, query={f"{p}_ref": GARBAGE[value] for p in params} | {"lang": "en"})
+    assert_no_traceback(at, f"{page} with every *_ref = {value!r}")
