@@ -600,7 +600,8 @@ def causal_effect(subject: Subject, desc: dict | None = None, batch: int = 16, r
     reuse_prefix (a language model): a batch whose first source is token a runs positions a.. only, on the
     clean run's keys and values of the positions before a. Zeroing a value at or after a cannot change an
     earlier position (the look-ahead mask), so this is the same computation with half the work on average
-    (SmolLM2, 128 tokens: 24 s -> 12 s); equal to the full runs within float rounding (tests/test_flow.py)."""
+    (SmolLM2, 128 tokens, quiet: 19.6 s -> 12.0 s, bench/flow.py); equal to the full runs within float rounding
+    (tests/test_flow.py)."""
     desc = desc or subject.module.describe()
     clean_out = subject.forward()
     clean = subject.measure(clean_out)

@@ -103,8 +103,8 @@ def unk_warning(enc: pretrained.PretrainedEncoder, e) -> None:
 def url_text(key: str, param: str, default: str, label: str, widget=st.text_area, **kw) -> str:
     """A text widget whose value is kept in the URL (`?param=`), so a reload or a shared link shows it.
 
-    Texts longer than MAX_URL_TEXT stay out of the URL (a reload would send them in the
-    request line), and the page says so under the widget.
+    A text longer than MAX_URL_TEXT goes as a reference to this server's copy (`?param_ref=`, see
+    viz/ui/state.py), and the page says so under the widget.
     """
     seed_from_query(key, param, default)
     text = widget(label, key=key, **kw)

@@ -5,6 +5,8 @@ every query-string change; `install_history_patch` (app.py, first thing) turns a
 page path into a replace, so only a page change adds an entry and Back leaves a page in one press.
 `seed_from_query` gives a widget its first value: the URL, else the value this session last had
 (so Attention -> Tokens -> Attention keeps the view, and so does an input error), else a default.
+A text over MAX_URL_TEXT characters goes into the URL as `?{param}_ref=`, a reference to a copy this
+server keeps (text_store.py): a reload would send the text itself in the request line.
 Everything a user chose or uploaded lives in `st.session_state` (per session).
 """
 
@@ -120,15 +122,27 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
 _NOTED = "_al_noted"  # (what, value) pairs this session was already told about
 
 
+def _first_time(what: str, given: Any) -> bool:
+    """True the first time this session is told about the link's `what=given` (each note is said once)."""
+    noted = st.session_state.setdefault(_NOTED, set())
+    if (what, str(given)) in noted:
+        return False
+    noted.add((what, str(given)))
+    return True
+
+
+def _quoted(value: Any, most: int = 60) -> str:
+    """A link's value as a note shows it in a code span: backticks replaced, at most `most` characters."""
+    value = str(value).replace("`", "'")
+    return value if len(value) <= most else value[:most] + "…"
+
+
 def note_replaced(what: str, given: Any, used: Any, lo: Any = None, hi: Any = None) -> None:
     """Say, once per session and value, that a link's `what=given` could not be used and which value
     the page shows instead (`lo`..`hi`: the widget's range, when that is the reason)."""
-    noted = st.session_state.setdefault(_NOTED, set())
-    if (what, str(given)) in noted:
+    if not _first_time(what, given):
         return
-    noted.add((what, str(given)))
-    given = str(given).replace("`", "'")  # shown in a code span: the value exactly as the link has it
-    given = given if len(given) <= 60 else given[:60] + "…"
+    given = _quoted(given)  # the value exactly as the link has it
     if lo is not None and hi is not None:
         msg = t("This link's `{what}={given}` is outside the range {lo} to {hi}, so the page uses {used}.",
                 what=what, given=given, lo=lo, hi=hi, used=used)
@@ -140,16 +154,11 @@ def note_replaced(what: str, given: Any, used: Any, lo: Any = None, hi: Any = No
 
 def note_gone(what: str, ref: str, used: Any) -> None:
     """Say, once per session and link, that a link's long text is not kept on this server."""
-    noted = st.session_state.setdefault(_NOTED, set())
-    if (what + REF, str(ref)) in noted:
+    if not _first_time(what + REF, ref):
         return
-    noted.add((what + REF, str(ref)))
-    used = str(used) if len(str(used)) <= 60 else str(used)[:60] + "…"
-    ref = str(ref).replace("`", "'")
-    ref = ref if len(ref) <= 20 else ref[:20] + "…"
     st.warning(t("This link's `{param}={ref}` names a long text that this server does not keep (the link was made on "
                  "another server, or the text was removed to make room), so the page uses {used}.",
-                 param=what + REF, ref=ref, used=used), icon="🔗")
+                 param=what + REF, ref=_quoted(ref, 20), used=_quoted(used)), icon="🔗")
 
 
 def long_text_note(*texts: str) -> str | None:
