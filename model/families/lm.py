@@ -7,7 +7,7 @@ capture names follow the decoder's (every view that reads `decoder.*` works):
     decoder.layers[i].norm1             LayerNorm or RMSNorm, before attention (pre-LN)
     decoder.layers[i].self_attn         masked self-attention: w_q, w_k, w_v, w_o (+ RoPE, grouped K/V)
     decoder.layers[i].norm2             before the FFN
-    decoder.layers[i].ffn               linear1 (up), gate (SwiGLU only), linear2 (down)
+    decoder.layers[i].ffn               linear1 (up), gate (SwiGLU only), linear2 (down); none if ffn="none"
     decoder.norm                        final norm
     generator                           output projection, tied to decoder.embed.tok when configured
 
@@ -66,7 +66,7 @@ POSITIONALS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_gemma", "rmsnorm_olmo")
 NORM_POSITIONS = ("pre", "sandwich", "post")
 LAYER_TYPES = ("full", "sliding")
-FFNS = ("plain", "gated")
+FFNS = ("plain", "gated", "none")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class LMConfig(DictConfig):
     rope_base: float = 10000.0
     norm: str = "layernorm"  # or "rmsnorm"
     norm_eps: float = 1e-5
-    ffn: str = "plain"  # or "gated" (SwiGLU: down(act(gate(x)) * up(x)))
+    ffn: str = "plain"  # or "gated" (SwiGLU: down(act(gate(x)) * up(x))), or "none" (attention-only: no FFN, no norm2)
     activation: str = "gelu_tanh"  # "gelu" (erf), "gelu_tanh" (GPT-2), "silu" (Llama), "relu"
     qkv_bias: bool = True
     out_bias: bool = True
@@ -244,10 +244,12 @@ class LMConfig(DictConfig):
         attn += {None: 0, "head": 2 * hs, "full": (H + Hkv) * hs}[self.qk_norm]
         ffn = (3 if self.ffn == "gated" else 2) * D * F + ((2 if self.ffn == "gated" else 1) * F + D
                                                           if self.ffn_bias else 0)
+        if self.ffn == "none":  # attention-only: no FFN and no norm before/after it
+            ffn = 0
         moe = (self.n_experts * (3 * D * self.moe_d_ff + D) + 3 * D * self.moe_shared_d_ff
                + (D if self.moe_shared_gate and self.moe_shared_d_ff else 0))
         norm = D * (2 if self.norm == "layernorm" else 1)
-        n_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_position]
+        n_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_position] // (2 if self.ffn == "none" else 1)
         total = sum(attn + (moe if self.is_moe(i) else ffn) + n_norms * norm for i in range(self.n_layers))
         embed = V * D + (self.max_len * D if self.positional == "learned" else 0)
         return total + embed + norm + (0 if self.tie_embeddings else V * D)
@@ -305,13 +307,15 @@ class LMBlock(nn.Module):
             out_bias=cfg.out_bias, scale=cfg.query_scale, softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm,
             norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg), rope_float32=cfg.rope_float32)
         self.norm_post_attn = _norm(cfg) if post else None
-        self.norm2 = _norm(cfg) if pre else None
-        if cfg.is_moe(i):
+        self.norm2 = _norm(cfg) if pre and cfg.ffn != "none" else None
+        if cfg.ffn == "none":  # attention-only (Elhage et al. 2021): the block is x + Attn(Norm1(x))
+            self.ffn = None
+        elif cfg.is_moe(i):
             self.ffn = MoEFeedForward(cfg.d_model, cfg.n_experts, cfg.moe_top_k, cfg.moe_d_ff, cfg.activation,
                                       cfg.moe_norm_topk, cfg.moe_shared_d_ff, cfg.moe_shared_gate)
         else:
             self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, 0.0, cfg.ffn_bias, gated=cfg.ffn == "gated")
-        self.norm_post_ffn = _norm(cfg) if post else None
+        self.norm_post_ffn = _norm(cfg) if post and cfg.ffn != "none" else None
         self.rotary = cfg.positional == "rotary"
         self.parallel = cfg.parallel_residual
         self.d_model = cfg.d_model
@@ -324,7 +328,9 @@ class LMBlock(nn.Module):
     def forward(self, x, mask, angles=None, cache: dict | None = None) -> torch.Tensor:
         h = self._maybe(self.norm1, x)
         a = self._maybe(self.norm_post_attn, self.self_attn(h, h, mask, cache, angles=angles))
-        if self.parallel:  # GPT-NeoX: the FFN reads the layer's input, not x + attention
+        if self.ffn is None:  # attention-only
+            x = x + a
+        elif self.parallel:  # GPT-NeoX: the FFN reads the layer's input, not x + attention
             x = self.ffn(self.norm2(x)) + a + x  # Hugging Face's order of the sum
         else:
             x = x + a
@@ -336,7 +342,8 @@ class LMBlock(nn.Module):
             return {} if norm is None else norm.capture_points(B, T)
 
         return (pts(self.norm1) | self.self_attn.capture_points(B, T, T, self.rotary) | pts(self.norm_post_attn)
-                | pts(self.norm2) | self.ffn.capture_points(B, T) | pts(self.norm_post_ffn)
+                | pts(self.norm2) | ({} if self.ffn is None else self.ffn.capture_points(B, T))
+                | pts(self.norm_post_ffn)
                 | {f"{self.name}.out": (B, T, self.d_model)})
 
 
