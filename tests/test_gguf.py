@@ -417,16 +417,17 @@ def spm_kv(arch: str) -> dict:
     head = ["<pad>", "</s>", "<s>", "<unk>"] if gemma else ["<unk>", "<s>", "</s>"]
     pieces = ["\u2581", "t", "h", "e", "a", "n", "o", "w", "r", "d", "l", "th", "\u2581t", "\u2581th", "the",
               "\u2581the", "an", "\u2581a", "\u2581an", "he", "wo", "\u2581wo", "or", "ld", "orld", "\u2581world",
-              "<|user|>"] + (["  ", "   "] if gemma else [])
+              "<|user|>"] + (["  ", "   ", "\n"] if gemma else [])
     tokens = head + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    types = [3] * len(head) + [6] * 256 + [1] * (len(pieces) - (3 if gemma else 1)) + [3] + ([1, 1] if gemma else [])
+    # Gemma's runs of spaces and its newline are user-defined tokens (type 4), as in the real file
+    types = [3] * len(head) + [6] * 256 + [1] * (len(pieces) - (4 if gemma else 1)) + [3] + ([4, 4, 4] if gemma else [])
     scores = [0.0] * (len(head) + 256) + [-float(i) * (1.5 if i % 3 else 1.0) for i in range(len(pieces))]
     ids = {"bos": 2, "eos": 1, "unknown": 3, "padding": 0} if gemma else {"bos": 1, "eos": 2, "unknown": 0}
     return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
             "tokenizer.ggml.scores": scores} | {f"tokenizer.ggml.{k}_token_id": v for k, v in ids.items()}
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "phi3"])
 def test_sentencepiece_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, arch):
     from transformers import AutoTokenizer
 
@@ -434,8 +435,9 @@ def test_sentencepiece_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, a
     path = write_gguf(tmp_path / f"{arch}.gguf", {"w": (np.zeros(32, np.float32), QT.F32)}, kv, arch=arch)
     ours = tokenizer_from_gguf(G.read_gguf(path).metadata | {"general.architecture": arch}, path.name)
     ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert ours.get_vocab_size() == len(kv["tokenizer.ggml.tokens"])  # no token added twice, no id past the embedding
     for text in ["the world", " the  an", "another world!", "h\u00e9llo w\u00f6rld \u4e16", "<|user|>the",
-                 "   three", "tab\tand\nnewline"]:
+                 "   three", "  two", "a  b   c", "tab\tand\nnewline\n\n"]:
         assert ours.encode(text).ids == ref(text)["input_ids"], text
         assert ours.decode(ours.encode(text).ids, skip_special_tokens=True) == ref.decode(ref(text)["input_ids"],
                                                                                           skip_special_tokens=True)

@@ -53,8 +53,13 @@ def tokenizer_from_gguf(metadata: dict, name: str = "GGUF") -> Tokenizer:
     tok = _byte_level(metadata, tokens, name) if kind == "gpt2" else _sentencepiece(metadata, tokens, name)
     special = [AddedToken(t, special=True, normalized=False)
                for t, k in zip(tokens, types, strict=True) if k == CONTROL]
+    # A user-defined token is matched whole in the text, as spelled in the vocabulary the model reads: Gemma's
+    # runs of spaces (user-defined, stored as "  ") are respelled "▁▁" in that vocabulary, so their raw
+    # spelling is no token of it and is not added (it would get a new id past the embedding; transformers
+    # skips them the same way). Text "  two" reaches them through the normalizer: ▁▁two -> ▁▁ two.
+    vocab = tok.get_vocab()
     user = [AddedToken(t, special=False, normalized=False)
-            for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED]
+            for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED and t in vocab]
     tok.add_special_tokens(special)
     tok.add_tokens(user)
     # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise (transformers follows it)
