@@ -32,6 +32,7 @@ Which attention module reads which token side comes from the model's own descrip
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from model.core import residual
 from model.core.describe import described
 
 CHUNK_BYTES = 32 * 2**20  # one block of alpha * v W^O terms (query rows x keys x heads x d_model, float32)
@@ -191,15 +193,17 @@ def _check_position(pos: int, n: int) -> None:
 
 
 CAPTURE = ["*.embed.out", "*_attn.weights", "*_attn.v", "*_attn.out", "*.ffn.out", "*.norm*.in", "*.norm*.out",
-           "*.layers.*.out"]
+           "*.layers.*.out"]  # "*.norm*" also holds the norms after a sublayer (norm_post_attn, norm_post_ffn)
 
 
 def capture(subject: Subject):
     """The trace every analysis here reads (weights, values, sublayer outputs, the residual sums)."""
     m, ids = subject.module, subject.ids
     with torch.no_grad():
-        if subject.kind == "lm":
-            return m.run_with_trace(ids["tgt"], names=CAPTURE, meta={"tgt_tokens": subject.tokens["tgt_tokens"]})[1]
+        if subject.kind == "lm":  # an attention-only model has no FFN: only the patterns that name something
+            have = list(m.capture_names())
+            names = [p for p in CAPTURE if fnmatch.filter(have, p)]
+            return m.run_with_trace(ids["tgt"], names=names, meta={"tgt_tokens": subject.tokens["tgt_tokens"]})[1]
         meta = dict(subject.tokens)
         if subject.kind == "encoder":
             return m.run_with_trace(ids["src"], names=CAPTURE, meta=meta,
@@ -209,47 +213,14 @@ def capture(subject: Subject):
 
 # ---------------------------------------------------------------------- the layer graph
 
-
-@dataclass(frozen=True)
-class Sublayer:
-    """One residual update  whole = residual + out  (then a LayerNorm in post-LN)."""
-
-    stack: str  # "encoder" / "decoder"
-    layer: int
-    kind: str  # "attn" (self), "cross", "ffn"
-    module: str  # the attention module, or the layer's path for an FFN
-    out: str  # capture of the update
-    whole: str  # capture of residual + update
-    after: str  # capture of the residual stream after the sublayer (whole, or its post-LN norm)
-    key_stack: str = ""  # attention: the stack whose tokens are the keys
+# One residual update (model/core/residual.py owns the wiring: pre-norm, sandwich, post-norm, parallel,
+# post-LN); the routes graph has one row of nodes after each.
+Sublayer = residual.Update
 
 
 def sublayers(desc: dict) -> dict[str, list[Sublayer]]:
     """Each stack's residual updates in computation order, from the model's description."""
-    pre = bool(desc.get("blocks", {}).get("norm_first", False))
-    out: dict[str, list[Sublayer]] = {}
-    by_layer: dict[tuple[str, int], list[tuple[str, dict]]] = {}
-    for name, info in desc["attention"].items():
-        by_layer.setdefault((info["stack"], info["layer"]), []).append((name, info))
-    for stack, s in desc["stacks"].items():
-        subs = []
-        for i in range(s["layers"]):
-            p = f"{stack}.layers.{i}"
-            mods = by_layer.get((stack, i), [])
-            steps = [("cross" if info["kind"] == "cross" else "attn", name,
-                      "encoder" if info["kind"] == "cross" else stack) for name, info in mods]
-            steps.append(("ffn", f"{p}.ffn", ""))
-            for k, (kind, name, key_stack) in enumerate(steps):
-                # pre-LN: the sum is the next sublayer's norm input (or the layer output); post-LN: norm{k+1}.in
-                if pre:
-                    whole = f"{p}.norm{k + 2}.in" if k + 1 < len(steps) else f"{p}.out"
-                    after = whole
-                else:
-                    whole, after = f"{p}.norm{k + 1}.in", f"{p}.norm{k + 1}.out"
-                out_name = f"{name}.out"
-                subs.append(Sublayer(stack, i, kind, name, out_name, whole, after, key_stack))
-        out[stack] = subs
-    return out
+    return residual.updates(desc)
 
 
 def _first(trace, name: str) -> torch.Tensor:
@@ -398,48 +369,82 @@ def compose(steps: dict[str, list[Step]], out_stack: str, position: int,
 
 @torch.no_grad()
 def routes(subject: Subject, trace=None, chunk_bytes: int = CHUNK_BYTES) -> Routes:
-    """The contributions of every edge of the prediction's layer graph (one forward pass, `trace`)."""
+    """The contributions of every edge of the prediction's layer graph (one forward pass, `trace`).
+    Each update's terms are what it really adds to the stream (model/core/residual.py): through the norm
+    after the sublayer (Gemma 2/3, OLMo 2) frozen at this run, and both sublayers' terms in one update for
+    a parallel block (GPT-NeoX)."""
     trace = capture(subject) if trace is None else trace
     desc = described(trace.meta)
     modules = dict(subject.module.named_modules())
     steps: dict[str, list[Step]] = {}
     peak = 0
     for stack, subs in sublayers(desc).items():
-        resid = _first(trace, f"{stack}.embed.out")  # (T, D): the residual stream entering the sublayer
+        resid = _first(trace, f"{stack}.embed.out")  # (T, D): the residual stream entering the update
         rows = []
         for sub in subs:
-            whole = _first(trace, sub.whole)  # (Tq, D) = resid + update (+ W^O's bias)
-            if sub.kind == "ffn":
-                c = proximity(torch.stack([resid, _first(trace, sub.out)]), whole)
+            whole = residual.whole_of(trace, sub, resid)  # (Tq, D) = resid + update (+ W^O's bias)
+            ffn = None
+            if sub.ffn is not None:  # the FFN's term, through its post norm when it has one
+                ffn = trace[sub.outs[-1]][0].float()
+                if sub.post_ffn is not None:
+                    pf = residual.frozen(modules[sub.post_ffn], trace, torch.float32)
+                    ffn = ffn - pf.bias if pf.bias is not None else ffn  # the norm's bias is no term
+            if sub.attn is None:
+                c = proximity(torch.stack([resid, ffn]), whole)
                 rows.append(Step(sub, c[0].numpy(), ffn=c[1].numpy()))
             else:
-                c_heads, c_res, chunk = _attention_shares(modules[sub.module], trace, sub, resid, whole,
-                                                          desc["attention"][sub.module]["causal"], chunk_bytes)
+                post = residual.frozen(modules[sub.post_attn], trace, torch.float32) if sub.post_attn else None
+                c_heads, c_res, c_ffn, chunk = _attention_shares(
+                    modules[sub.attn], trace, sub, resid, whole, desc["attention"][sub.attn]["causal"], chunk_bytes,
+                    post, ffn)
                 peak = max(peak, chunk)
-                rows.append(Step(sub, c_res, heads=c_heads))
-            resid = _first(trace, sub.after)
+                rows.append(Step(sub, c_res, heads=c_heads, ffn=c_ffn))
+            resid = residual.after_of(trace, sub, whole)
         steps[stack] = rows
     out_stack = "encoder" if subject.kind == "encoder" else "decoder"
     return Routes(desc, steps, {k: list(v) for k, v in subject.tokens.items()}, out_stack, subject.position,
                   peak, step_labels(desc))
 
 
-def _attention_shares(module, trace, sub: Sublayer, resid, whole, causal: bool, chunk_bytes: int):
-    """[Tq, H, Tk] head/key shares and [Tq] residual shares of one attention sublayer, a block of
-    query rows at a time: a block holds rows x H x keys x D floats, never the whole T x T x H x D."""
-    A = _first(trace, f"{sub.module}.weights")  # (H, Tq, Tk)
-    u = head_values(module, trace[f"{sub.module}.v"][0])  # (H, Tk, D)
+def term_values(module, v: torch.Tensor, post: residual.FrozenNorm | None = None) -> torch.Tensor:
+    """u[h, j] = v_{kv(h), j} W^O_h (`head_values`), centred when a LayerNorm follows the attention (centring is
+    linear: centre(sum_j alpha_j u_j) = sum_j alpha_j centre(u_j)). v [H_kv, Tk, hs] -> [H, Tk, D]."""
+    u = head_values(module, v)
+    return u - u.mean(-1, keepdim=True) if post is not None and post.center else u
+
+
+def attention_terms(A: torch.Tensor, u: torch.Tensor, post: residual.FrozenNorm | None, a: int, b: int,
+                    k: int) -> torch.Tensor:
+    """The terms alpha_hij * v_j W^O_h of query rows a..b-1 over keys 0..k-1, (H, rows, k, D): what each (head,
+    key) adds to the residual stream, through the norm after attention (frozen: its scale at each query row and
+    its gain) when the block has one. Summed over heads and keys, plus W^O's bias (through the norm) and the
+    norm's bias, they are the update (model/core/residual.py; tests/test_residual.py)."""
+    block = A[:, a:b, :k, None] * u[:, None, :k, :]
+    if post is not None:
+        block.mul_(post.scale[None, a:b, None, :].to(block.dtype) * post.gain.to(block.dtype))
+    return block
+
+
+def _attention_shares(module, trace, sub: Sublayer, resid, whole, causal: bool, chunk_bytes: int,
+                      post: residual.FrozenNorm | None = None, ffn: torch.Tensor | None = None):
+    """[Tq, H, Tk] head/key shares, [Tq] residual shares and ([Tq] or None) the FFN's shares of one update with
+    attention, a block of query rows at a time: a block holds rows x H x keys x D floats, never the whole
+    T x T x H x D. Each (head, key) term is alpha * v W^O_h, through `post` (the norm after attention, frozen);
+    `ffn` [Tq, D]: a parallel block's FFN term, in the same sum."""
+    A = _first(trace, f"{sub.attn}.weights")  # (H, Tq, Tk)
+    u = term_values(module, trace[f"{sub.attn}.v"][0], post)  # (H, Tk, D)
     H, Tq, Tk = A.shape
     D = u.shape[-1]
     norm = whole.abs().sum(-1)  # (Tq,) ||y||_1
     prox_res = (norm - (whole - resid).abs().sum(-1)).clamp(min=0)  # (Tq,)
+    prox_ffn = None if ffn is None else (norm - (whole - ffn).abs().sum(-1)).clamp(min=0)
     prox = torch.zeros(Tq, H, Tk)
     rows = max(1, chunk_bytes // (4 * H * Tk * D))
     peak = 0
     for a in range(0, Tq, rows):
         b = min(Tq, a + rows)
         k = b if causal and Tq == Tk else Tk  # a causal block's later keys have weight 0: prox 0
-        block = A[:, a:b, :k, None] * u[:, None, :k, :]  # (H, rows, k, D)
+        block = attention_terms(A, u, post, a, b, k)  # (H, rows, k, D)
         peak = max(peak, block.numel() * block.element_size())
         block.neg_().add_(whole[None, a:b, None, :]).abs_()  # in place: |y_i - alpha v W^O|
         dist = block.sum(-1)  # (H, rows, k)
@@ -447,8 +452,10 @@ def _attention_shares(module, trace, sub: Sublayer, resid, whole, causal: bool, 
         prox[a:b, :, :k] = (norm[None, a:b, None] - dist).clamp_(min=0).permute(1, 0, 2)
         # a zero weight makes the term 0 and its proximity exactly 0; keep it so despite rounding
         prox[a:b, :, :k] *= (A[:, a:b, :k] > 0).permute(1, 0, 2)
-    total = (prox.sum((1, 2)) + prox_res).clamp(min=1e-30)
-    return (prox / total[:, None, None]).numpy(), (prox_res / total).numpy(), peak
+    total = prox.sum((1, 2)) + prox_res + (0 if prox_ffn is None else prox_ffn)
+    total = total.clamp(min=1e-30)
+    return ((prox / total[:, None, None]).numpy(), (prox_res / total).numpy(),
+            None if prox_ffn is None else (prox_ffn / total).numpy(), peak)
 
 
 # ---------------------------------------------------------------------- weights, norms, rollout, flow
@@ -466,18 +473,32 @@ def last_attention(subject: Subject, desc: dict) -> str:
 
 
 @torch.no_grad()
-def norm_based(module, weights: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_based(module, weights: torch.Tensor, v: torch.Tensor, post: residual.FrozenNorm | None = None,
+               q0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Kobayashi et al.: per head ||alpha_hij v_{kv(h)j} W^O_h|| = alpha_hij ||u_hj||, [H, Tq, Tk], and per
-    layer ||sum_h alpha_hij u_hj||, [Tq, Tk]. weights [H, Tq, Tk], v [H_kv, Tk, hs]."""
-    u = head_values(module, v)  # (H, Tk, D)
-    per_head = weights.float() * u.norm(dim=-1)[:, None, :]
+    layer ||sum_h alpha_hij u_hj||, [Tq, Tk]. weights [H, Tq, Tk] (query rows q0..q0+Tq-1), v [H_kv, Tk, hs].
+    `post`: the norm after attention (Gemma 2/3, OLMo 2), frozen: each term is measured as it enters the
+    residual stream (`attention_terms`), through that norm's scale at its query row and its gain."""
+    u = term_values(module, v, post)  # (H, Tk, D)
     Tq, Tk = weights.shape[1:]
+    gain = torch.ones(u.shape[-1]) if post is None else post.gain.float()
+    scale = torch.ones(Tq) if post is None else post.scale[q0:q0 + Tq, 0].float()
+    per_head = weights.float() * (u * gain).norm(dim=-1)[:, None, :] * scale[None, :, None]
     per_layer = torch.empty(Tq, Tk)
     rows = max(1, CHUNK_BYTES // (4 * Tk * u.shape[-1]))
     for a in range(0, Tq, rows):
         b = min(Tq, a + rows)
-        per_layer[a:b] = torch.einsum("hqk,hkd->qkd", weights[:, a:b].float(), u).norm(dim=-1)
+        per_layer[a:b] = torch.einsum("hqk,hkd->qkd", weights[:, a:b].float(), u * gain).norm(dim=-1) * scale[a:b, None]
     return per_head, per_layer
+
+
+def post_norm(subject: Subject, trace, module: str) -> residual.FrozenNorm | None:
+    """The norm between attention `module` and the residual stream (sandwich, post), frozen at this run; None."""
+    for subs in sublayers(described(trace.meta)).values():
+        for u in subs:
+            if u.attn == module and u.post_attn:
+                return residual.frozen(dict(subject.module.named_modules())[u.post_attn], trace, torch.float32)
+    return None
 
 
 def rollout(attentions: Sequence[np.ndarray], residual: float = 0.5) -> np.ndarray:
@@ -711,7 +732,8 @@ def source_importance(subject: Subject, trace, routes_: Routes | None = None,
     module = dict(subject.module.named_modules())[mod]
     W = trace[f"{mod}.weights"][0]  # (H, Tq, Tk)
     v = trace[f"{mod}.v"][0]
-    _, per_layer = norm_based(module, W[:, subject.position:subject.position + 1], v)
+    _, per_layer = norm_based(module, W[:, subject.position:subject.position + 1], v, post_norm(subject, trace, mod),
+                              subject.position)
     out = {"raw": W[:, subject.position].double().mean(0).numpy()[src],
            "norm": per_layer[0].double().numpy()[src],
            "rollout": rollout_importance(subject, trace)[side_stack][src]}
@@ -802,6 +824,13 @@ class AgreementTable:
                       "n": int(len(ok))}
         return out
 
+    def lead(self):
+        """Whether one method clearly leads on this set: model.analysis.claims.lead over the per-prompt rhos
+        (paired exact sign test against every other method, Bonferroni; else no method clearly leads)."""
+        from model.analysis.claims import lead
+
+        return lead({m: self.rhos(m) for m in self.methods})
+
 
 def agreement_table(lm, prompts: Sequence[Prompt], k: int = 3,
                     progress: Callable[[int, int], None] | None = None) -> AgreementTable:
@@ -821,17 +850,17 @@ def agreement_table(lm, prompts: Sequence[Prompt], k: int = 3,
 @torch.no_grad()
 def block_tokens(subject: Subject, trace, stack: str, row: int, position: int, k: int = 5):
     """What the update into node (stack, row, position) promoted and suppressed in vocabulary space:
-    the update (an attention or FFN output) through the final norm's weight and the unembedding
-    (the norm's scale is left out: it rescales every token alike). None where the stack has no
+    the update (an attention or FFN output, after any norm after it) through the final norm's gain and the
+    unembedding (the norm's scale is left out: it rescales every token alike). None where the stack has no
     unembedding (MiniLM, the translator's encoder) or for the embedding row."""
     if row == 0 or subject.kind == "encoder" or stack != "decoder":
         return None
     m = subject.module
     sub = sublayers(described(trace.meta))[stack][row - 1]
-    upd = trace[sub.out][0, position].float()
+    upd = sum(trace[n][0, position].float() for n in sub.outs)  # both sublayers' outputs in a parallel block
     norm = getattr(getattr(m, "decoder", None), "norm", None)
-    if norm is not None:
-        upd = upd * norm.weight.float()
+    if norm is not None:  # the final norm's gain (1 + w for Gemma's norm), frozen as in residual.FrozenNorm
+        upd = upd * residual.FrozenNorm(norm, upd[None]).gain.float()
     logits = m.generator.weight.float() @ upd  # (V,)
     top, bot = logits.topk(k), (-logits).topk(k)
     piece = subject.piece
@@ -891,7 +920,7 @@ def sink_head(lm, text, min_weight: float = 0.5) -> SinkHead:
     for name, info in desc["attention"].items():
         W = trace[f"{name}.weights"][0][:, s.position]  # (H, T)
         per_head, _ = norm_based(modules[name], trace[f"{name}.weights"][0][:, s.position:s.position + 1],
-                                 trace[f"{name}.v"][0])
+                                 trace[f"{name}.v"][0], post_norm(s, trace, name), s.position)
         norms = per_head[:, 0]  # (H, T)
         for h in range(W.shape[0]):
             cand = SinkHead(info["layer"], h, name, W[h].double().numpy(), norms[h].double().numpy(),

@@ -7,11 +7,13 @@ is the logit difference LD = logit(IO) - logit(S) at the last position.
 - `ioi_prompts`: a dozen templates, each with its own pair of names (single tokens in the model's
   tokenizer, with their leading space), alternating the ABBA / BABA orders; each has a corrupted twin
   with the names swapped at the second mention (S2 := IO), the same length, for activation patching.
-- `direct_logit_attribution`: each head's output at the last position, through its W^O slice, the
-  final norm's scale and the unembedding, onto u_IO - u_S. The final norm's scale (1/rms, or 1/std
-  after centring for LayerNorm) is FROZEN at its value on the clean run: the standard DLA
-  approximation that makes the logit a linear sum of the residual stream's pieces. With it frozen the
-  pieces (embeddings, every head, W^O's bias, every FFN, the norm's bias) add up exactly to LD.
+- `direct_logit_attribution`: each head's output at the last position, through its W^O slice, any norm
+  after the sublayer, the final norm, the final soft-cap and the unembedding, onto u_IO - u_S. Every norm's
+  scale (1/rms, or 1/std after centring for LayerNorm) and the soft-cap's factor are FROZEN at their values
+  on the clean run: the standard DLA approximation that makes the logit a linear sum of the residual
+  stream's pieces (model/core/residual.py, the one decomposition every analysis reads). With them frozen
+  the pieces (embeddings, every head, W^O's bias, every FFN or expert, the norms' biases) add up exactly to
+  LD, on every block wiring (pre-norm, sandwich, post-norm, parallel).
 - `ablate_heads_ld`: knock out the top heads (and, as a control, as many random heads) and watch LD fall.
 """
 
@@ -24,6 +26,7 @@ import torch
 
 from model.analysis.patching import logit_diff
 from model.analysis.phenomena import as_decoder, as_ids, attention_names, random_heads
+from model.core import residual
 
 # {A} and {B} are introduced in this order, {S} is the repeated one (the subject).
 TEMPLATES = (
@@ -82,13 +85,15 @@ def ioi_prompts(lm, n: int = 12, templates=TEMPLATES, names=None) -> list[IOIPro
 @dataclass
 class DLA:
     heads: np.ndarray  # [L, H]: each head's direct contribution to LD
-    attn_bias: np.ndarray  # [L]: W^O's bias (0 without one)
-    ffn: np.ndarray  # [L]: each FFN's output
+    attn_bias: np.ndarray  # [L]: W^O's bias (0 without one), and the bias of a norm after attention
+    ffn: np.ndarray  # [L]: each FFN's output (all its experts), and the bias of a norm after it
     embed: float  # the embeddings (token + learned positions)
     norm_bias: float  # the final LayerNorm's bias (0 for RMSNorm)
     logit_diff: float  # the model's own LD
-    approximation: str = ("the final norm's scale is frozen at its value on this run (standard DLA); "
-                          "with it frozen, the pieces add up to the logit difference")
+    experts: np.ndarray | None = None  # [L, E]: a mixture's routed experts and (last column) shared expert
+    approximation: str = ("every norm on the way (after a sublayer, and the final one) and the final soft-cap are "
+                          "frozen at their values on this run (standard DLA); with them frozen, the pieces add up to "
+                          "the logit difference")
 
     def total(self) -> float:
         return float(self.heads.sum() + self.attn_bias.sum() + self.ffn.sum() + self.embed + self.norm_bias)
@@ -96,39 +101,38 @@ class DLA:
 
 @torch.no_grad()
 def direct_logit_attribution(lm, text_or_ids, good: int, bad: int) -> DLA:
-    """Each piece of the final residual stream at the last position, projected through the final
-    norm (scale frozen from this run) and the unembedding onto u_good - u_bad."""
+    """Each part of the final residual stream at the last position (model/core/residual.py: every head, W^O's
+    bias, every FFN or expert, the embeddings, through any norm after a sublayer), projected through the
+    final norm and soft-cap (frozen at this run) and the unembedding onto logit(good) - logit(bad)."""
     m = as_decoder(lm)
     ids = as_ids(lm, text_or_ids)[:1]
-    L = m.cfg.n_layers
-    names = (["decoder.embed.out", "decoder.norm.in"] + [f"decoder.layers.{i}.self_attn.z" for i in range(L)]
-             + [f"decoder.layers.{i}.ffn.out" for i in range(L)])
-    logits, tr = m.run_with_trace(ids, names=names)
-    norm = m.decoder.norm
-    x = tr["decoder.norm.in"][0, -1].double()
-    direction = (m.generator.weight[good] - m.generator.weight[bad]).double()
-    weight = norm.weight.double()
-    if m.cfg.norm == "rmsnorm":
-        scale = torch.rsqrt(x.pow(2).mean() + norm.eps)  # frozen: 1 / rms of the final residual
-        project = lambda v: float((v.double() * scale * weight) @ direction)  # noqa: E731
-        norm_bias = 0.0
-    else:
-        scale = torch.rsqrt(x.var(unbiased=False) + norm.eps)
-        project = lambda v: float(((v.double() - v.double().mean()) * scale * weight) @ direction)  # noqa: E731
-        norm_bias = float(norm.bias.double() @ direction)
-    heads = np.zeros((L, m.cfg.n_heads))
-    attn_bias, ffn = np.zeros(L), np.zeros(L)
-    for i, layer in enumerate(m.decoder.layers):
-        attn = layer.self_attn
-        z = tr[f"decoder.layers.{i}.self_attn.z"][0, :, -1]  # [H, hs]
-        w_o = attn.w_o.weight.view(-1, attn.n_heads, attn.d_head)  # [D, H, hs]
-        for h in range(attn.n_heads):
-            heads[i, h] = project(w_o[:, h] @ z[h])
-        if attn.w_o.bias is not None:
-            attn_bias[i] = project(attn.w_o.bias)
-        ffn[i] = project(tr[f"decoder.layers.{i}.ffn.out"][0, -1])
-    return DLA(heads, attn_bias, ffn, project(tr["decoder.embed.out"][0, -1]), norm_bias,
-               float(logit_diff(logits, good, bad)[0]))
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    logits, tr = m.run_with_trace(ids, names=residual.lm_capture(m))
+    last = [ids.shape[1] - 1]
+    unembed = residual.Unembedding(m, tr, last)
+    piece = lambda vec: float(unembed.logit(vec, [good, bad]) @ torch.tensor([1.0, -1.0], dtype=torch.float64))  # noqa: E731
+    heads, attn_bias, ffn = np.zeros((L, H)), np.zeros(L), np.zeros(L)
+    embed, experts = 0.0, {}
+    for part in residual.lm_parts(m, tr, last):
+        v = piece(part.vector)
+        if part.kind in ("embed", "pos"):
+            embed += v
+        elif part.kind == "head":
+            heads[part.layer, part.head] = v
+        elif part.kind == "attn_bias" or (part.kind == "norm_bias" and "attention" in part.label):
+            attn_bias[part.layer] += v
+        else:  # the FFN, an expert, or the bias of the norm after the FFN
+            ffn[part.layer] += v
+            if part.kind == "expert":
+                experts.setdefault(part.layer, []).append(v)
+    n_exp = max((len(v) for v in experts.values()), default=0)
+    grid = None
+    if n_exp:
+        grid = np.full((L, n_exp), np.nan)
+        for layer, vals in experts.items():
+            grid[layer, :len(vals)] = vals
+    bias = float(unembed.bias_logit([good, bad])[0] @ torch.tensor([1.0, -1.0], dtype=torch.float64))
+    return DLA(heads, attn_bias, ffn, embed, bias, float(logit_diff(logits, good, bad)[0]), grid)
 
 
 # ---------------------------------------------------------------------- the experiment

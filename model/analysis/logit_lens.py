@@ -3,7 +3,8 @@
 Row "embed" reads the embeddings, row i the output of layer i. Each row goes through the model's own
 final norm, with that row's OWN statistics (the norm is simply applied to that residual: its rms, or
 mean and std, are recomputed per layer and position, not borrowed from the last layer), then through
-the unembedding. The last row is therefore exactly the model's logits. It shows at which depth the
+the unembedding and the model's final soft-cap (Gemma 2), `DecoderLM.unembed`: the model's own last steps.
+The last row is therefore exactly the model's logits. It shows at which depth the
 answer appears.
 """
 
@@ -50,7 +51,7 @@ def logit_lens(lm, text_or_ids, target: int | None = None, positions: Sequence[i
     pos = list(range(ids.shape[1])) if positions is None else list(positions)
     top_ids, top_p, tgt_p, tgt_r = [], [], [], []
     for x in resid:
-        logits = m.generator(m.decoder.norm(x[:, pos]))[0]  # the final norm's own statistics for THIS residual
+        logits = m.unembed(x[:, pos])[0]  # the final norm's own statistics for THIS residual, then soft-cap
         p = logits.float().softmax(-1)
         best = p.max(-1)
         top_ids.append(best.indices)

@@ -46,6 +46,11 @@ class Update:
     key_stack: str = ""  # attention: the stack whose tokens are the keys
 
     @property
+    def module(self) -> str:
+        """The module the update's edges name: its attention (also for a parallel block), or its FFN."""
+        return self.attn or self.ffn
+
+    @property
     def out(self) -> str:
         """The capture whose tensor is what this update adds (its last sublayer, after any post norm)."""
         if self.ffn is not None and self.attn is None:
@@ -98,6 +103,8 @@ def _lm_updates(blocks: dict, p: str, i: int, attn: str) -> list[Update]:
     position = blocks.get("norm_position", "pre")
     post = position != "pre"
     pa, pf = (f"{p}.norm_post_attn", f"{p}.norm_post_ffn") if post else (None, None)
+    if blocks.get("ffn") == "none":  # attention-only (the /learn models): one update per layer
+        return [Update("decoder", i, "attn", attn, None, pa, None, f"{p}.out", f"{p}.out", "decoder")]
     if blocks.get("parallel_residual"):
         return [Update("decoder", i, "parallel", attn, f"{p}.ffn", pa, pf, f"{p}.out", f"{p}.out", "decoder")]
     mid = None if position == "post" else f"{p}.norm2.in"  # OLMo 2's FFN reads x + a unnormalised: no capture
@@ -232,37 +239,49 @@ def lm_capture(model) -> list[str]:
     names += ["logits_uncapped"] if c.final_softcap is not None else []
     for layer in model.decoder.layers:
         names.append(f"{layer.self_attn.name}.z")
-        names += ffn_capture(layer.ffn)
+        names += ffn_capture(layer.ffn) if layer.ffn is not None else []
         names += [f"{n.name}.in" for n in (layer.norm_post_attn, layer.norm_post_ffn) if n is not None]
     return names
 
 
+def update_parts(model, trace, u: Update, positions) -> list[Part]:
+    """The parts one update of a decoder LM adds at `positions` ([n, D] float64 each): each head, W^O's bias,
+    the FFN (or its experts), the bias of a norm after a sublayer, all through that norm frozen. They sum to
+    the update (its `outs`' sum) at those positions."""
+    pos = torch.as_tensor(positions).reshape(-1)
+    modules = dict(model.named_modules())
+    i, parts = u.layer, []
+    if u.attn is not None:
+        attn = modules[u.attn]
+        pa = frozen(modules[u.post_attn], trace) if u.post_attn else None
+        post = (lambda a: a) if pa is None else (lambda a: pa.part(a, pa.rows(pos)))
+        heads = head_outputs(attn, trace[f"{u.attn}.z"][0][:, pos].double())  # (H, n, D)
+        parts += [Part(f"L{i} H{h}", "head", i, h, post(heads[h])) for h in range(attn.n_heads)]
+        if attn.w_o.bias is not None:
+            bias = attn.w_o.bias.double().expand(len(pos), -1)
+            parts.append(Part(f"L{i} attn bias", "attn_bias", i, None, post(bias)))
+        if pa is not None and pa.bias is not None:
+            parts.append(Part(f"L{i} post-attention norm bias", "norm_bias", i, None, pa.bias.expand(len(pos), -1)))
+    if u.ffn is not None:
+        pf = frozen(modules[u.post_ffn], trace) if u.post_ffn else None
+        post = (lambda a: a) if pf is None else (lambda a: pf.part(a, pf.rows(pos)))
+        for label, vec in ffn_parts(modules[u.ffn], trace):
+            parts.append(Part(f"L{i} {label}", "ffn" if label == "ffn" else "expert", i, None, post(vec[pos])))
+        if pf is not None and pf.bias is not None:
+            parts.append(Part(f"L{i} post-FFN norm bias", "norm_bias", i, None, pf.bias.expand(len(pos), -1)))
+    return parts
+
+
 def lm_parts(model, trace, positions) -> list[Part]:
     """Every part of a decoder LM's last residual stream (the final norm's input) at `positions`, in float64:
-    the embeddings, then per layer each head, W^O's bias, the FFN (or its experts), and the bias of any post
-    norm (all through that layer's post norms, frozen). They sum to trace["decoder.norm.in"][0, positions]."""
+    the embeddings, then every update's parts (`update_parts`). They sum to trace["decoder.norm.in"][0, positions]:
+    the stream is never normalised between layers in these wirings, only inside a sublayer's branch."""
     pos = torch.as_tensor(positions).reshape(-1)
     parts = [Part("embed", "embed", None, None, trace["decoder.embed.tok"][0, pos].double())]
     if "decoder.embed.pos" in trace.names():
         parts.append(Part("positions", "pos", None, None, trace["decoder.embed.pos"][pos].double()))
-    for i, layer in enumerate(model.decoder.layers):
-        attn = layer.self_attn
-        pa, pf = frozen(layer.norm_post_attn, trace), frozen(layer.norm_post_ffn, trace)
-        post_a = (lambda a: a) if pa is None else (lambda a, pa=pa: pa.part(a, pa.rows(pos)))
-        post_f = (lambda a: a) if pf is None else (lambda a, pf=pf: pf.part(a, pf.rows(pos)))
-        heads = head_outputs(attn, trace[f"{attn.name}.z"][0][:, pos].double())  # (H, n, D)
-        for h in range(attn.n_heads):
-            parts.append(Part(f"L{i} H{h}", "head", i, h, post_a(heads[h])))
-        if attn.w_o.bias is not None:
-            parts.append(Part(f"L{i} attn bias", "attn_bias", i, None,
-                              post_a(attn.w_o.bias.double().expand(len(pos), -1))))
-        if pa is not None and pa.bias is not None:
-            parts.append(Part(f"L{i} post-attention norm bias", "norm_bias", i, None, pa.bias.expand(len(pos), -1)))
-        for label, vec in ffn_parts(layer.ffn, trace):
-            kind = "ffn" if label == "ffn" else "expert"
-            parts.append(Part(f"L{i} {label}", kind, i, None, post_f(vec[pos])))
-        if pf is not None and pf.bias is not None:
-            parts.append(Part(f"L{i} post-FFN norm bias", "norm_bias", i, None, pf.bias.expand(len(pos), -1)))
+    for u in updates(model.describe())["decoder"]:
+        parts += update_parts(model, trace, u, pos)
     return parts
 
 

@@ -404,10 +404,18 @@ class DecoderLM(nn.Module):
             kind = c.layer_type(i)
             x = layer(x, masks[kind], angles[kind], None if cache is None else cache[i])
         x = record("decoder.out", self.decoder.norm(x))
-        logits = self.generator(x[:, -1:] if last_only else x)
-        if c.final_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
-            logits = softcap(record("logits_uncapped", logits), c.final_softcap)
-        return record("logits", logits)
+        return record("logits", self._unembed_normed(x[:, -1:] if last_only else x))
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """A residual stream (B, T, D) -> logits (B, T, V), as the model's last steps compute them: the final
+        norm, the unembedding and the final soft-cap (the logit lens reads every layer through this)."""
+        return self._unembed_normed(self.decoder.norm(x))
+
+    def _unembed_normed(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.generator(x)
+        if self.cfg.final_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
+            logits = softcap(record("logits_uncapped", logits), self.cfg.final_softcap)
+        return logits
 
     def _masks_and_angles(self, B: int, T: int, offset: int, device) -> tuple[dict, dict]:
         """What every layer reads besides x, by layer kind ("full" | "sliding"): the look-ahead mask
