@@ -31,7 +31,10 @@ from viz.ui import lm_models
 transformers = pytest.importorskip("transformers")
 
 PAGES = ["lessons", "architecture", "tokens", "tokenizers", "attention", "layer", "padding", "decoder", "pretrained",
-         "llm", "phenomena", "qk", "since2017", "experiments", "schedule", "training", "snapshots"]
+         "llm", "phenomena", "qk", "since2017", "experiments", "schedule", "training", "snapshots", "flow"]
+# The analyses' views beyond each page's default (issue 30 §2): each on every wiring, with no exception or error
+VIEWS = [("phenomena", {"phen": p}) for p in ("sinks", "patterns", "induction", "ioi", "needle")] + [
+    ("llm", {"view": "lens"}), ("flow", {"set": "induction"}), ("flow", {"set": "ioi"})]
 W = 4  # Gemma 3's sliding window here: the example prompt (~26 tokens) is several windows long
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -117,6 +120,35 @@ def test_every_page_opens(served, family, lang):
         at = run_page(label, page, lang)
         if lang == "zh" and page in ("since2017", "architecture", "layer", "attention"):
             assert not english_in_zh(at), (page, english_in_zh(at))
+
+
+@pytest.mark.parametrize("family", ["olmo2", "neox"])
+def test_every_page_opens_on_post_norm_and_parallel_blocks(served, family):
+    """OLMo 2 (norms after the sublayers only) and GPT-NeoX (parallel residual): /flow was a KeyError traceback
+    on OLMo 2 and drew wrong routes on both (issue 30)."""
+    label = served(family)
+    for page in PAGES:
+        run_page(label, page, "en")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2moe", "olmo2", "neox"])
+def test_every_analysis_view_opens(served, family):
+    label = served(family)
+    for page, query in VIEWS:
+        at = run_page(label, page, "en", **query)
+        if page == "flow":  # the routes graph and the methods are drawn, not refused
+            assert figures(at), (family, query)
+
+
+def test_flow_on_a_sandwich_model_draws_routes_through_heads(served):
+    """Gemma 3 (a norm after each sublayer): the page drew "0 through attention heads" when it took the heads'
+    terms before that norm; with the decomposition the heads carry their real share."""
+    at = run_page(served("gemma3"), "flow", "en", tau=0.01)
+    caption = next(str(c.value) for c in at.caption if "through attention heads" in str(c.value))
+    import re
+
+    n_heads = int(re.search(r"\((\d[\d,]*) through attention heads\)", caption).group(1).replace(",", ""))
+    assert n_heads > 0, caption
 
 
 # ---------------------------------------------------------------- Attention: pipeline and masks

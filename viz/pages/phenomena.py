@@ -50,6 +50,8 @@ st.caption(t("What the heads of a real language model do, found live by the reci
 sel = require("lm")
 rm = sel.ckpt
 lm = rm.obj
+# the ablations knock out k heads and as many random others as the control: k is at most half the heads
+MAX_K = max(1, min(10, lm.model.cfg.n_layers * lm.model.cfg.n_heads // 2))
 lang = current_lang()
 
 
@@ -374,11 +376,12 @@ def induction_view() -> None:
     c1, c2, c3, c4 = st.columns(4)
     seed_from_query("phen_ind_n", "ind_n", 50, int, int_in(10, 100))
     seed_from_query("phen_ind_seed", "ind_seed", 0, int, int_in(0, 10_000))
-    seed_from_query("phen_ind_k", "ind_k", 5, int, int_in(1, 10))
+    seed_from_query("phen_ind_k", "ind_k", min(5, MAX_K), int, int_in(1, MAX_K))
+    clamp_state("phen_ind_k", 1, MAX_K)  # a smaller model than the last one
     seed_from_query("phen_ind_mode", "ind_mode", "zero", valid=lambda v: v in MODES)
     n = int(c1.slider(t("Random tokens n"), 10, 100, key="phen_ind_n"))
     seed = int(c2.number_input(t("Seed"), 0, 10_000, key="phen_ind_seed"))
-    k = int(c3.slider(t("Heads to ablate"), 1, 10, key="phen_ind_k"))
+    k = int(c3.slider(t("Heads to ablate"), 1, MAX_K, key="phen_ind_k"))
     mode = c4.segmented_control(t("Ablation"), list(MODES), key="phen_ind_mode", required=True,
                                 format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "zero"
     write_query(ind_n=n, ind_seed=seed, ind_k=k, ind_mode=mode)
@@ -439,9 +442,10 @@ def ioi_view() -> None:
     head_links(top5, res.prompts[0].text)
     st.subheader(t("Knock them out"))
     c1, c2 = st.columns(2)
-    seed_from_query("phen_ioi_k", "ioi_k", 5, int, int_in(1, 10))
+    seed_from_query("phen_ioi_k", "ioi_k", min(5, MAX_K), int, int_in(1, MAX_K))
+    clamp_state("phen_ioi_k", 1, MAX_K)  # a smaller model than the last one
     seed_from_query("phen_ioi_mode", "ioi_mode", "mean", valid=lambda v: v in MODES)
-    k = int(c1.slider(t("Heads to ablate"), 1, 10, key="phen_ioi_k"))
+    k = int(c1.slider(t("Heads to ablate"), 1, MAX_K, key="phen_ioi_k"))
     mode = c2.segmented_control(t("Ablation"), list(MODES), key="phen_ioi_mode", required=True,
                                 format_func=option_labels(list(MODES), lambda m: t(MODES[m]))) or "mean"
     write_query(ioi_k=k, ioi_mode=mode)
@@ -573,8 +577,9 @@ def needle_view() -> None:
     head_links(r.heads or r.top(3), lm.tokenizer.decode(trial.prompt.ids[0].tolist()))
 
     st.subheader(t("Knock them out"))
-    seed_from_query("phen_needle_k", "needle_k", 5, int, int_in(1, 10))
-    k = int(st.slider(t("Heads to ablate"), 1, 10, key="phen_needle_k"))
+    seed_from_query("phen_needle_k", "needle_k", min(5, MAX_K), int, int_in(1, MAX_K))
+    clamp_state("phen_needle_k", 1, MAX_K)  # a smaller model than the last one
+    k = int(st.slider(t("Heads to ablate"), 1, MAX_K, key="phen_needle_k"))
     write_query(needle_k=k)
     with st.spinner(t("Running the ablations…")):
         ab = guarded(_needle_ablation, sel.name, lengths, depths, k)
