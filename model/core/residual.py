@@ -151,11 +151,11 @@ class FrozenNorm:
         self.center = not hasattr(module, "style")  # LayerNorm centres; RMSNorm does not
         if self.center:
             self.scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + module.eps)  # (.., T, 1)
-            self.gain = module.weight.to(dtype)
-            self.bias = None if module.bias is None else module.bias.to(dtype)
+            self.gain = module.weight.detach().to(dtype)
+            self.bias = None if module.bias is None else module.bias.detach().to(dtype)
         else:
             self.scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps)
-            w = module.weight.to(dtype)
+            w = module.weight.detach().to(dtype)
             self.gain = 1.0 + w if module.style == "gemma" else w
             self.bias = None
 
@@ -244,6 +244,7 @@ def lm_capture(model) -> list[str]:
     return names
 
 
+@torch.no_grad()
 def update_parts(model, trace, u: Update, positions) -> list[Part]:
     """The parts one update of a decoder LM adds at `positions` ([n, D] float64 each): each head, W^O's bias,
     the FFN (or its experts), the bias of a norm after a sublayer, all through that norm frozen. They sum to
@@ -272,6 +273,7 @@ def update_parts(model, trace, u: Update, positions) -> list[Part]:
     return parts
 
 
+@torch.no_grad()
 def lm_parts(model, trace, positions) -> list[Part]:
     """Every part of a decoder LM's last residual stream (the final norm's input) at `positions`, in float64:
     the embeddings, then every update's parts (`update_parts`). They sum to trace["decoder.norm.in"][0, positions]:
@@ -294,7 +296,7 @@ class Unembedding:
     def __init__(self, model, trace, positions):
         pos = torch.as_tensor(positions).reshape(-1)
         self.norm = FrozenNorm(model.decoder.norm, trace["decoder.norm.in"][0, pos])
-        self.W = model.generator.weight
+        self.W = model.generator.weight.detach()
         logits = trace["logits"][0, pos].double()
         if "logits_uncapped" in trace.names():
             raw = trace["logits_uncapped"][0, pos].double()
