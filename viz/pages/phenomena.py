@@ -433,9 +433,11 @@ def ioi_view() -> None:
     labels = [f"{i}. {p.text} → {p.io}" for i, p in enumerate(res.prompts)]
     show_figure(FPH.logit_diff_bars(labels, res.logit_diffs), key="phen_ioi_ld")
     st.subheader(t("Direct logit attribution"))
-    st.caption(t("Each head's output at the last position, through the final norm's scale (frozen at its value on "
-                 "the run) and the unembedding, onto u(IO) − u(S): how much that head alone writes the answer. "
-                 "Mean over the prompts; outlined: the top {k}.", k=5))
+    st.caption(t("Each head's output at the last position, through every norm on its way to the output (each frozen "
+                 "at its value on the run: the norm after the attention in Gemma and OLMo 2, the final norm, the final "
+                 "soft-cap) and the unembedding, onto u(IO) − u(S): how much that head alone writes the answer. With "
+                 "them frozen, the heads, the FFNs and the embeddings add up to the logit difference exactly. Mean "
+                 "over the prompts; outlined: the top {k}.", k=5))
     top5 = res.top_heads[:5]
     show_figure(FPH.head_map(res.dla, t("DLA (logits)"), found_pairs(top5), diverging=True,
                                     title=t("Direct logit attribution to IO − S per head")), key="phen_ioi_dla")
