@@ -56,6 +56,8 @@ def _model_facts() -> None:
                      q=card.quantization, fmt=card.file_format, dtype=card.compute_dtype))
     else:
         st.caption(t("Model: {name} ({dtype}).", name=card.name, dtype=card.compute_dtype))
+    if licence := lm_models.licence_note(card):
+        st.caption(licence)
     return card
 
 
@@ -214,8 +216,7 @@ def tokens_line(toks: list[str], start: int = 0) -> str:
     return " ".join(f"`{i}:{tok.replace('`', 'ˋ')}`" for i, tok in enumerate(toks, start))
 
 
-with st.expander(t("{n} tokens (byte-level BPE pieces; ␣ is a space, ↵ a newline)", n=len(tokens)),
-                 expanded=chat):
+with st.expander(lm_models.tokens_title(rm.obj, len(tokens)), expanded=chat):
     if chat:
         n_user = len(rm.obj.encode(prompt)[0])
         st.caption(t("The chat template adds {n} tokens around your {m}: the conversation's markers "
@@ -224,11 +225,10 @@ with st.expander(t("{n} tokens (byte-level BPE pieces; ␣ is a space, ↵ a new
         st.code(rm.obj.render_chat(prompt), language=None, wrap_lines=True)
     shown = tokens[:400]
     st.markdown(tokens_line(shown) + (t(" … and {n} more", n=len(tokens) - len(shown)) if len(tokens) > 400 else ""))
+    if (bos := lm_models.bos_note(rm.obj, chat)) and repeat is None:
+        st.caption(bos)
     if any("\\x" in tok for tok in tokens):  # lm_models.readable spells a lone byte \xNN
-        st.caption(t("{example}: bytes of one character split across pieces. In UTF-8 a Chinese character is 3 bytes "
-                     "(an accented Latin letter 2); byte-level BPE reads bytes, and where its vocabulary has no "
-                     "piece for the whole character it splits it: the next piece holds the rest.",
-                     example="`\\xe5\\xb7`"))
+        st.caption(lm_models.split_bytes_note(rm.obj))
 
 # ---------------------------------------------------------------- layer, head, view
 
@@ -338,7 +338,7 @@ GEN_KEY = "_al_llm_generation"  # st.session_state: (inputs, steps) of this sess
 
 
 def _readable(piece: str) -> str:
-    return lm_models.readable(piece)
+    return rm.readable([piece])[0]
 
 
 def _bars(step) -> list[tuple[str, float]]:

@@ -42,7 +42,7 @@ def _build(ckpt, batch: str, text: str | None = None, target: str | None = None,
     """`text` (and a toy model's `target`): the sidebar's input, for batch "prompt"."""
     if isinstance(ckpt, lm_models.RealModel):
         if ckpt.family == "decoder_lm":
-            readable = lm_models.readable if lm_models._byte_level(ckpt.obj) else None
+            readable = lm_models.model_readable(ckpt.obj)
             if batch == "prompt" and name is not None and QB.is_long(ckpt.obj, text):
                 # the sidebar's trace, shared with the other pages: q and k kept, a head's weights when drawn
                 return QB.trace_batch(ckpt.obj, get_trace(name, text), text, readable)

