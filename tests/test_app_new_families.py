@@ -45,6 +45,9 @@ FAMILIES = {
                                                                        "rope_theta": 1e6},
                                                     "sliding_attention": {"rope_type": "default",
                                                                           "rope_theta": 1e4}})),
+    # Gemma 3's attention ignores attn_logit_softcapping (transformers' does, and so does the lab: issue 30 §6);
+    # Gemma 2 applies it, so the soft-cap's views are checked on a tiny Gemma 2
+    "gemma2": ("gemma2", dict(head_dim=16, sliding_window=W, query_pre_attn_scalar=24, attn_logit_softcapping=3.0)),
     "qwen2moe": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                    shared_expert_intermediate_size=48)),
     "olmo2": ("olmo2", dict()),
@@ -129,6 +132,10 @@ def test_every_page_opens_on_post_norm_and_parallel_blocks(served, family):
     label = served(family)
     for page in PAGES:
         run_page(label, page, "en")
+    said = {"olmo2": ("a norm follows each sublayer", "每个子层的输出在加入残差流之前先经过一个归一化"),
+            "neox": ("join the stream in one sum", "在同一次求和中加入残差流")}[family]
+    assert said[0] in texts(run_page(label, "flow", "en"))  # the page says which wiring the terms come from
+    assert said[1] in texts(run_page(label, "flow", "zh"))
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen2moe", "olmo2", "neox"])
@@ -158,7 +165,7 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
     label = served("gemma3")
     trace = trace_of(label)
     info = trace.meta["model"]["attention"]["decoder.layers.0.self_attn"]
-    assert info["window"] == W and info["softcap"] == 3.0 and info["qk_norm"]
+    assert info["window"] == W and info["softcap"] is None and info["qk_norm"]  # Gemma 3: its config's cap unused
     assert info["scale"] == pytest.approx(24 ** -0.5)
     at = run_page(label, "attention", view="pipeline", layer=0, head=1)
     assert "scales by 0.2041, not 1/√d_k" in texts(at) and "sliding window" in texts(at)
@@ -169,10 +176,7 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
     scores = trace[f"{name}.scores"][0, 1].double().numpy()
     np.testing.assert_allclose(plotly_array(heat[0]["z"]), scores / info["scale"], rtol=1e-5, atol=1e-5)  # q·kᵀ
     np.testing.assert_allclose(plotly_array(heat[1]["z"]), scores, rtol=1e-5, atol=1e-6)  # × the real scale
-    capped = plotly_array(heat[2]["z"])
-    np.testing.assert_allclose(capped, 3.0 * np.tanh(scores / 3.0), atol=1e-5)  # the soft-cap
-    np.testing.assert_allclose(capped, trace[f"{name}.scores_capped"][0, 1].numpy(), atol=1e-6)
-    masked = plotly_array(heat[3]["z"])
+    masked = plotly_array(heat[2]["z"])
     T = scores.shape[0]
     i, j = np.indices((T, T))
     assert np.isnan(masked[(j > i) | (i - j >= W)]).all() and not np.isnan(masked[(j <= i) & (i - j < W)]).any()
@@ -186,6 +190,16 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
     np.testing.assert_array_equal(masks[2], trace[f"{name}.mask"][0, 0].numpy().astype(np.float32))
     at = run_page(label, "attention", view="masks", layer=1)  # the global layer: the 2017 mask view
     assert not [f for f in figures(at) if "masks.sliding" in titles(f)]
+    # the soft-cap step, on Gemma 2 (which applies it)
+    label = served("gemma2")
+    trace = trace_of(label)
+    assert trace.meta["model"]["attention"][f"{name}"]["softcap"] == 3.0
+    at = run_page(label, "attention", view="pipeline", layer=0, head=1)
+    heat = [d for d in figure_with(at, "× scale 0.2041")["data"] if d["type"] == "heatmap"]
+    scores = trace[f"{name}.scores"][0, 1].double().numpy()
+    capped = plotly_array(heat[2]["z"])
+    np.testing.assert_allclose(capped, 3.0 * np.tanh(scores / 3.0), atol=1e-5)  # the soft-cap
+    np.testing.assert_allclose(capped, trace[f"{name}.scores_capped"][0, 1].numpy(), atol=1e-6)
 
 
 # ---------------------------------------------------------------- Architecture map
@@ -196,8 +210,10 @@ def test_architecture_map_is_drawn_from_the_description(served):
     fig = figure_with(at, "sandwich norms")
     labels = titles(fig).replace("<br>", " ")
     for part in ("q/k RMSNorm", "RMSNorm after attention", "RMSNorm after the FFN", f"sliding window W = {W}",
-                 "soft-cap ±3", "query scale 0.2041", "sliding (W = 4) × 1, full × 1", "Token embedding × √d"):
+                 "query scale 0.2041", "sliding (W = 4) × 1, full × 1", "Token embedding × √d"):
         assert part in labels, part
+    assert "soft-cap" not in labels  # Gemma 3 does not cap its scores; Gemma 2 does:
+    assert "soft-cap ±3" in titles(figure_with(run_page(served("gemma2"), "architecture", layer=0), "sandwich norms"))
     ids = [c[0] for c in next(d for d in fig["data"] if d.get("customdata"))["customdata"]]
     assert {"lm_qknorm", "lm_post1", "lm_post2"} <= set(ids) <= set(FA.LM_BY_ID)
     at = run_page(served("qwen2moe"), "architecture")
@@ -236,8 +252,8 @@ def test_since2017_draws_gemmas_mechanisms(served):
     fig = figure_with(at, "‖q‖ per token")
     q_in = trace["decoder.layers.0.self_attn.q_norm.in"][0, 0].double().numpy()
     np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), np.linalg.norm(q_in, axis=-1), rtol=1e-5)
-    # Soft-capping: the live scores on the curve 3·tanh(s/3).
-    fig = figure_with(at, "soft-cap c = 3")
+    # Soft-capping: the live scores on the curve 3·tanh(s/3), on Gemma 2 (Gemma 3 does not cap its scores).
+    fig = figure_with(run_page(served("gemma2"), "since2017", layer=0, head=0), "soft-cap c = 3")
     pts = fig["data"][2]
     np.testing.assert_allclose(plotly_array(pts["y"]), 3 * np.tanh(plotly_array(pts["x"]) / 3), atol=1e-5)
     # RoPE scaling: the global layer's linear ×4, and its live angles are position × the scaled frequencies.
