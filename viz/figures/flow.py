@@ -7,12 +7,15 @@ builders, what model/analysis/flow.py returns in, plotly out.
 - `methods_figure(comparison)`: each method's source-token importance beside the causal effect, each with
   its Spearman rho in its title;
 - `agreement_figure(summaries)`: mean rho ± std of each method over prompt sets;
+- `lead_sentence(lead, mean_s)`: what the agreement table supports, in words (no figure: shared by the page
+  and its tests);
 - `alignment_figure(alignment, tokens)`: the translator's cross-attention rows vs the routes through the encoder;
 - `sink_head_figure(weights, norms, tokens)`: lesson 16, one head's weights beside its norm-based shares.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -27,6 +30,11 @@ METHOD_COLORS = {"raw": "#9467bd", "norm": "#2ca02c", "rollout": "#8c564b", "rou
                  "flow": "#e377c2", "effect": "#d62728"}
 WIDTH_BINS = (0.02, 0.05, 0.1, 0.2, 0.4, 1.01)  # contribution bins -> line widths 1..6
 GAP = 1.5  # columns between the encoder's and the decoder's tokens
+
+
+def rho_text(r: float) -> str:
+    """A Spearman rho as every place prints it (figure, table, sentence): formatted once, the same string."""
+    return num(r, 2)
 
 
 def method_names() -> dict[str, str]:
@@ -55,11 +63,50 @@ def row_label(routes, stack: str, row: int) -> str:
         lab = t("embedding")
     else:
         sub = routes.steps[stack][row - 1].sub
-        kinds = {"attn": t("attention"), "cross": t("cross-attention"), "ffn": t("FFN")}
+        kinds = {"attn": t("attention"), "cross": t("cross-attention"), "ffn": t("FFN"),
+                 "parallel": t("attention + FFN")}  # a parallel block (GPT-NeoX): one update with both
         lab = t("L{l} {k}", l=sub.layer, k=kinds[sub.kind])
     if "encoder" in routes.steps and "decoder" in routes.steps:
         return f"{ {'encoder': t('encoder'), 'decoder': t('decoder')}[stack]} {lab}"
     return lab
+
+
+ROUTES_MARGIN = {"l": 110, "r": 20, "t": 96, "b": 90}
+DOT_GAP_PX = 6  # the least distance between two edges' dots (at the figure's usual size): each can be hovered
+DOT_STEPS = (0.5, 0.4, 0.6, 0.3, 0.7, 0.45, 0.55, 0.35, 0.65, 0.25, 0.75, 0.2, 0.8, 0.15, 0.85)  # along the line
+
+
+def dot_positions(routes, edges: Sequence[dict], width_px: float = 1000.0, row_px: float = 14.0):
+    """(xs, ys): where each edge's dot sits. At the middle of its line unless that spot is taken (several heads
+    of one layer joining the same two tokens share one line; two crossing lines share a middle): then the
+    nearest free spot along its own line, strongest edges first, so every edge has a dot of its own to hover
+    and click. Distances are judged in approximate pixels (width_px over the token columns, row_px a row)."""
+    cols = max(1.0, max((_x(routes, s_, len(routes.tokens[routes.desc["stacks"][s_]["tokens"]]) - 1)
+                         for s_ in routes.steps), default=0.0) + 1)
+    sx, sy = width_px / cols, row_px
+    taken: dict[tuple[int, int], list[tuple[float, float]]] = {}
+
+    def clearance(px: float, py: float) -> float:
+        cx, cy = int(px // DOT_GAP_PX), int(py // DOT_GAP_PX)
+        near = [q for a in (-1, 0, 1) for b in (-1, 0, 1) for q in taken.get((cx + a, cy + b), ())]
+        return min((math.hypot(px - qx, py - qy) for qx, qy in near), default=math.inf)
+
+    xs, ys = [0.0] * len(edges), [0.0] * len(edges)
+    for i in sorted(range(len(edges)), key=lambda k: -edges[k]["weight"]):
+        (s0, r0, p0), (s1, r1, p1) = edges[i]["src"], edges[i]["dst"]
+        x0, x1, y0, y1 = _x(routes, s0, p0), _x(routes, s1, p1), _y(routes, s0, r0), _y(routes, s1, r1)
+        best, best_c = 0.5, -1.0
+        for f in DOT_STEPS:
+            c = clearance((x0 + f * (x1 - x0)) * sx, (y0 + f * (y1 - y0)) * sy)
+            if c >= DOT_GAP_PX:
+                best = f
+                break
+            if c > best_c:
+                best, best_c = f, c
+        xs[i], ys[i] = x0 + best * (x1 - x0), y0 + best * (y1 - y0)
+        px, py = xs[i] * sx, ys[i] * sy
+        taken.setdefault((int(px // DOT_GAP_PX), int(py // DOT_GAP_PX)), []).append((px, py))
+    return xs, ys
 
 
 def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[str]], title: str | None = None,
@@ -83,12 +130,14 @@ def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[s
                 fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=b == 2,
                                          legendgroup=kind, name=names[kind],
                                          line={"color": KIND_COLORS[kind], "width": 1 + b}, opacity=0.75))
-    # a dot at the middle of every edge: hover says what it is, a click opens it
-    mx, my, text, custom, colors = [], [], [], [], []
+    # a dot on every edge (dot_positions: each its own spot): hover says what it is, a click opens it
+    rows = sorted({(s, r) for s in routes.steps for r in range(routes.n_rows(s))}, key=lambda sr: _y(routes, *sr))
+    height = height or max(420, 14 * len(rows) + 160)
+    span = max(1.0, max(_y(routes, *sr) for sr in rows) - min(_y(routes, *sr) for sr in rows))
+    mx, my = dot_positions(routes, edges, row_px=(height - ROUTES_MARGIN["t"] - ROUTES_MARGIN["b"]) / span)
+    text, custom, colors = [], [], []
     for i, e in enumerate(edges):
         (s0, r0, p0), (s1, r1, p1) = e["src"], e["dst"]
-        mx.append((_x(routes, s0, p0) + _x(routes, s1, p1)) / 2)
-        my.append((_y(routes, s0, r0) + _y(routes, s1, r1)) / 2)
         src_tok, dst_tok = tokens[side[s0]][p0], tokens[side[s1]][p1]
         if e["kind"] == "head":
             what = t("layer {l} · head {h}", l=e["layer"], h=e["head"])
@@ -121,12 +170,12 @@ def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[s
         for p, tok in enumerate(tokens[side[s]]):
             ticks_x.append(_x(routes, s, p))
             labels_x.append(tok)
-    rows = sorted({(s, r) for s in routes.steps for r in range(routes.n_rows(s))}, key=lambda sr: _y(routes, *sr))
     every = max(1, len(rows) // 40)
     fig.update_layout(
-        title={"text": title or t("Information-flow routes")},
-        height=height or max(420, 14 * len(rows) + 160),
-        margin={"l": 110, "r": 20, "t": 60, "b": 90},
+        # the title at the top of the figure, the legend under it (above the plot): never on each other
+        title={"text": title or t("Information-flow routes"), "y": 1, "yref": "container", "yanchor": "top",
+               "pad": {"t": 12}},
+        height=height, margin=ROUTES_MARGIN,
         xaxis={"tickmode": "array", "tickvals": ticks_x, "ticktext": labels_x, "tickangle": -60, "showgrid": False,
                "zeroline": False},
         yaxis={"tickmode": "array", "tickvals": [_y(routes, s, r) for s, r in rows[::every]],
@@ -136,15 +185,17 @@ def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[s
     return fig
 
 
-def methods_figure(comparison, methods: Sequence[str] | None = None, title: str | None = None) -> go.Figure:
+def methods_figure(comparison, methods: Sequence[str] | None = None, title: str | None = None,
+                   tokens: Sequence[str] | None = None) -> go.Figure:
     """One bar panel per method (importance over the source tokens) and one for the causal effect; each
-    method's panel title carries its Spearman rho with the effect."""
+    method's panel title carries its Spearman rho with the effect (rho_text: the string the page prints).
+    tokens: the source tokens as the page shows them (the app's readable pieces); default the raw ones."""
     names = method_names()
     methods = [m for m in (methods or comparison.methods) if m in comparison.methods]
-    titles = [t("{m}: ρ = {r}", m=names[m], r=num(comparison.rho[m], 2)) for m in methods] + [names["effect"]]
+    titles = [t("{m}<br>ρ = {r}", m=names[m], r=rho_text(comparison.rho[m])) for m in methods] + [names["effect"]]
     fig = make_subplots(rows=1, cols=len(methods) + 1, shared_yaxes=True, subplot_titles=titles,
                         horizontal_spacing=0.02)
-    toks = [f"{i}: {tok}" for i, tok in enumerate(comparison.tokens)]
+    toks = [f"{i}: {tok}" for i, tok in enumerate(tokens if tokens is not None else comparison.tokens)]
     for c, m in enumerate([*methods, "effect"], start=1):
         v = comparison.effect if m == "effect" else comparison.methods[m]
         v = np.asarray(v, dtype=np.float64)
@@ -154,9 +205,10 @@ def methods_figure(comparison, methods: Sequence[str] | None = None, title: str 
                       row=1, col=c)
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(showticklabels=False)
-    fig.update_annotations(font={"size": 11})
-    fig.update_layout(title={"text": title or t("Which tokens did it come from? Four answers and the causal one")},
-                      height=max(300, 22 * len(toks) + 140), margin={"l": 120, "r": 10, "t": 90, "b": 20},
+    fig.update_annotations(font={"size": 15})  # each method's name and rho, two lines: readable at 1080p
+    n = len(methods)
+    fig.update_layout(title={"text": title or t("Which tokens did it come from? {n} answers and the causal one", n=n)},
+                      height=max(300, 22 * len(toks) + 160), margin={"l": 120, "r": 10, "t": 110, "b": 20},
                       bargap=0.15)
     return fig
 
@@ -169,7 +221,10 @@ def agreement_figure(summaries: Mapping[str, Mapping[str, Mapping[str, float]]],
         ms = list(summ)
         fig.add_trace(go.Bar(x=[names[m] for m in ms], y=[summ[m]["mean"] for m in ms], name=label,
                              error_y={"type": "data", "array": [summ[m]["std"] for m in ms]},
-                             hovertemplate="%{x}: ρ = %{y:.2f}<extra>" + label + "</extra>"))
+                             text=[rho_text(summ[m]["mean"]) for m in ms], textposition="outside",
+                             customdata=[[rho_text(summ[m]["mean"]), num(summ[m]["std"], 2)] for m in ms],
+                             hovertemplate="%{x}: ρ = %{customdata[0]} ± %{customdata[1]}<extra>" + label
+                             + "</extra>"))
     fig.update_layout(title={"text": title or t("Agreement with the causal effect (Spearman ρ, mean ± std)")},
                       yaxis={"title": {"text": "ρ"}, "range": [-1, 1]}, barmode="group", height=380,
                       margin={"l": 60, "r": 20, "t": 60, "b": 60})
@@ -206,3 +261,24 @@ def sink_head_figure(weights: Sequence[float], norms: Sequence[float], tokens: S
                       yaxis={"title": {"text": t("share")}, "range": [0, 1]}, height=360,
                       margin={"l": 60, "r": 20, "t": 60, "b": 90})
     return fig
+
+
+def lead_sentence(lead, mean_s: Mapping[str, str]) -> str:
+    """What an agreement table supports (lead: model.analysis.claims.Lead; mean_s: each method's mean rho as the
+    table prints it): a lead only when the claims test passes on the set, else that no method clearly leads."""
+    names = method_names()
+    w = lead.weakest
+    if lead.top is None or w is None:
+        return t("No method has a ρ on this set (the causal effect was the same for every token of every prompt).")
+    k = len(lead.rivals)
+    if lead.clear:
+        return t("Over this set, **{m}** leads (mean ρ = {r}): it is ahead of each of the other {k} methods on most "
+                 "prompts, at the weakest {w} of {n} against {m2} (two-sided sign test p = {p}, under {thr}).",
+                 m=names[lead.top], r=mean_s[lead.top], k=k, w=w.wins, n=w.wins + w.losses, m2=names[w.method],
+                 p=num(w.p, 2), thr=num(lead.threshold, 2))
+    return t("Over this set, no method clearly leads. **{m}** has the highest mean ρ ({r}), but against {m2} ({r2}) "
+             "it is ahead on {w} of {n} prompts (two-sided sign test p = {p}; a lead needs p under {thr} against "
+             "each of the other {k} methods). The paired difference's 95% interval is {lo} to {hi}.",
+             m=names[lead.top], r=mean_s[lead.top], m2=names[w.method], r2=mean_s[w.method], w=w.wins,
+             n=w.wins + w.losses, p=num(w.p, 2), thr=num(lead.threshold, 2), k=k, lo=num(w.low, 2),
+             hi=num(w.high, 2))

@@ -10,6 +10,7 @@ State in the URL: ?pos= (position), ?tau= (pruning threshold), ?set= (prompt set
 from __future__ import annotations
 
 import math
+import time
 
 import streamlit as st
 
@@ -19,6 +20,7 @@ from viz.figures.attention import num
 from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import lm_models
 from viz.ui.models import load_ckpt, session_models
+from viz.ui.progress import ProgressBar, estimate_text
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import selection
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
@@ -42,9 +44,10 @@ SETS = {"ioi": N_("12 IOI prompts (logit difference IO − S)"),
 st.title(t("Why this token?"))
 st.caption(t("Attention weights are the picture every tool draws, but a head can look hard at a token whose value "
              "vector is nearly zero, and the residual stream carries a token past every layer. Here one prediction "
-             "is explained four ways — the last layer's weights, norm-based attention, attention rollout and "
-             "information-flow routes — and each is checked against the causal answer: what happens to the "
-             "prediction when a token's value vectors are zeroed in every layer."))
+             "is explained by up to five methods — the last layer's weights, norm-based attention, attention "
+             "rollout, attention flow (short texts only) and information-flow routes — and each is checked against "
+             "the causal answer: what happens to the prediction when a token's value vectors are zeroed in every "
+             "layer."))
 sel = selection()
 if sel is None:
     st.stop()
@@ -98,6 +101,24 @@ def analysis(name: str, text: str, target: str | None, position: int | None):
     return _shared_analysis(name, text, target, position)
 
 
+PACE_FRESH_S = 600  # a table's measured pace counts as "this server at this moment" for 10 minutes
+
+
+@st.cache_resource(show_spinner=False)
+def _pace() -> dict:
+    """model -> (seconds per prompt of its last agreement table on this server, when it was measured)."""
+    return {}
+
+
+def table_estimate(name: str, n: int) -> float | None:
+    """n prompts at the pace this server measured on its last table for this model, if recent; else None (the
+    bar then says the time is not measured yet, and tells the run's own pace as it goes)."""
+    got = _pace().get(name)
+    if got is None or time.time() - got[1] > PACE_FRESH_S:
+        return None
+    return got[0] * n
+
+
 @st.cache_resource(ttl=3600, show_spinner=False)
 def _tables() -> dict:
     """(model, prompt set) -> the agreement summary, shared (read-only) by every session."""
@@ -105,18 +126,21 @@ def _tables() -> dict:
 
 
 def table(name: str, which: str):
+    """(summary, lead) of the agreement table on a prompt set: the mean and spread of each method's rho, and
+    whether one method clearly leads (model.analysis.claims: a paired sign test over the prompts)."""
     store = _tables()
     if (name, which) not in store:
         lm = _model(name)
-        bar = st.progress(0.0, text=t("Running the prompts…"))
         prompts = {"ioi": lambda: FL.ioi_set(lm, 12), "induction": lambda: FL.induction_set(lm, 10),
                    "animal": lambda: [FL.Prompt(FL.ANIMAL)]}[which]()
-        res = FL.agreement_table(lm, prompts, progress=lambda i, n: bar.progress(
-            i / n, text=t("{i} of {n} prompts", i=i, n=n)))
-        bar.empty()
+        bar = ProgressBar(t("Running the prompts"), table_estimate(name, len(prompts)))
+        t0 = time.perf_counter()
+        res = FL.agreement_table(lm, prompts, progress=bar)
+        bar.close()
+        _pace()[name] = ((time.perf_counter() - t0) / len(prompts), time.time())
         if len(store) >= 8:
             store.pop(next(iter(store)))
-        store[(name, which)] = res.summary()
+        store[(name, which)] = (res.summary(), res.lead())
     return store[(name, which)]
 
 
@@ -183,6 +207,15 @@ st.caption(t("Ferrando & Voita (2024): every residual sum gives each of its term
              "contributions into a node sum to 1. Edges under τ are pruned; what remains reachable from the "
              "prediction (red) is drawn. Click an attention edge (a blue dot) to open that head, a node to see "
              "what its block wrote."))
+_blocks = s.module.describe().get("blocks", {})
+if _blocks.get("parallel_residual"):  # the wiring the terms come from (model/core/residual.py), said once
+    st.caption(t("In this model attention and the FFN read the same input and join the stream in one sum, so each "
+                 "layer is one row of nodes whose terms are the residual, every head's share from each token and "
+                 "the FFN."))
+elif _blocks.get("norm_position") in ("sandwich", "post"):
+    st.caption(t("In this model a norm follows each sublayer before its output joins the stream: each term is taken "
+                 "as it enters the stream, through that norm with its scale frozen at its value on this run (the "
+                 "terms then add up to the update exactly)."))
 seed_from_query("flow_tau", "tau", 0.04, float, lambda v: v in TAUS)
 tau = st.select_slider(t("Threshold τ"), TAUS, key="flow_tau")
 write_query(tau=tau)
@@ -254,24 +287,29 @@ if strongest:
 
 # ---------------------------------------------------------------- four methods vs the causal effect
 
-st.subheader(t("Four answers, one causal check"))
+shown = [m for m in (*FL.METHODS, "flow") if m in cmp.methods]
+rho_s = {m: FF.rho_text(cmp.rho[m]) for m in cmp.methods}  # each rho formatted once: figure, table, sentence
+st.subheader(t("{n} answers, one causal check", n=len(shown)))
 st.caption(t("Each method's importance of every source token, beside the causal effect: the change of the measured "
              "output when that token's value vectors are zeroed in every attention layer that reads it. ρ is "
              "Spearman's rank correlation with the effect (1 = the same order)."))
-show_figure(FF.methods_figure(cmp, [m for m in (*FL.METHODS, "flow") if m in cmp.methods]), key="flow_methods",
-            filename=f"{sel.name}-methods")
+show_figure(FF.methods_figure(cmp, shown, tokens=[tokens[s.source_side][i] for i in s.sources]),
+            key="flow_methods", filename=f"{sel.name}-methods")
 names = FF.method_names()
 best, r1, second, r2 = cmp.best()
-if best:
+if best:  # one prompt: which rho is highest, said as a fact about this prompt, never as a lead over methods
     if second is None or r2 is None or math.isnan(r2):
-        st.markdown(t("Here **{m}** agrees best with the causal effect (ρ = {r}).", m=names[best], r=num(r1, 2)))
+        st.markdown(t("On this prompt **{m}** has the highest ρ with the causal effect ({r}).", m=names[best],
+                      r=rho_s[best]))
     else:
-        st.markdown(t("Here **{m}** agrees best with the causal effect (ρ = {r}), ahead of {m2} (ρ = {r2}) by {d}; "
-                      "the last layer's raw weights reach ρ = {raw}.", m=names[best], r=num(r1, 2), m2=names[second],
-                      r2=num(r2, 2), d=num(r1 - r2, 2), raw=num(cmp.rho.get("raw", float("nan")), 2)))
+        tail = "" if "raw" in (best, second) or "raw" not in rho_s else t(
+            "; the last layer's raw weights reach {raw}", raw=rho_s["raw"])
+        st.markdown(t("On this prompt **{m}** has the highest ρ with the causal effect ({r}), then {m2} ({r2}){tail}. "
+                      "One prompt is an anecdote: the prompt set below says whether an order holds.",
+                      m=names[best], r=rho_s[best], m2=names[second], r2=rho_s[second], tail=tail))
 else:
     st.markdown(t("The causal effect is the same for every token here, so no ranking can agree with it."))
-rows = [{t("method"): names[m], "ρ": num(cmp.rho[m], 3), t("top-{k} overlap", k=cmp.k): num(cmp.top_k[m], 2)}
+rows = [{t("method"): names[m], "ρ": rho_s[m], t("top-{k} overlap", k=cmp.k): num(cmp.top_k[m], 2)}
         for m in cmp.methods]
 st.dataframe(rows, hide_index=True)
 if "flow" in cmp.notes:
@@ -299,24 +337,35 @@ if kind == "seq2seq":
 if kind == "lm":
     st.subheader(t("Over a set of prompts"))
     st.caption(t("One prompt is an anecdote. The same comparison over a prompt set gives each method's mean ρ and "
-                 "its spread (the table bench/flow.py prints)."))
+                 "its spread (the table bench/flow.py prints). A method is said to lead only when it is ahead of "
+                 "every other method prompt by prompt under a two-sided sign test (p below 0.05 divided by the "
+                 "number of comparisons)."))
     seed_from_query("flow_set", "set", "ioi", valid=lambda v: v in SETS)
     which = st.segmented_control(t("Prompt set"), list(SETS), key="flow_set", required=True,
                                  format_func=option_labels(list(SETS), lambda v: t(SETS[v]))) or "ioi"
     write_query(set=which)
-    if st.toggle(t("Run the agreement table (about a minute)"), key="flow_table_on"):
+    set_metric = {"ioi": "contrast", "induction": "logprob", "animal": "logprob"}[which]
+    if set_metric != metric_id:
+        st.caption(t("This set measures the {set}, the prompt above the {here}: an IOI prompt is defined by its two "
+                     "names, so the set scores the right name against the wrong one; a prompt typed above has no "
+                     "second name to contrast, so it scores the log-probability of the predicted token. The ρ "
+                     "values of the two are not the same quantity.", set=t(METRICS[set_metric]),
+                     here=t(METRICS[metric_id])))
+    n_set = {"ioi": 12, "induction": 10, "animal": 1}[which]
+    on = st.toggle(t("Run the agreement table"), key="flow_table_on")
+    if not on and (sel.name, which) not in _tables():  # the label stays fixed (a toggle's label is its identity)
+        st.caption(t("{n} prompts, one causal check each: {estimate}.", n=n_set,
+                     estimate=estimate_text(table_estimate(sel.name, n_set))))
+    if on:
         try:
-            summ = table(sel.name, which)
+            summ, lead = table(sel.name, which)
         except ValueError as e:
             show_error(e)
             st.stop()
         show_figure(FF.agreement_figure({t(SETS[which]): summ}), key="flow_agreement",
                     filename=f"{sel.name}-agreement")
-        st.dataframe([{t("method"): names[m], t("mean ρ"): num(v["mean"], 3), t("std"): num(v["std"], 3),
+        mean_s = {m: FF.rho_text(v["mean"]) for m, v in summ.items()}  # formatted once: figure, table, sentence
+        st.dataframe([{t("method"): names[m], t("mean ρ"): mean_s[m], t("std"): num(v["std"], 2),
                        t("top-3 overlap"): num(v["top_k"], 2), t("prompts"): v["n"]} for m, v in summ.items()],
                      hide_index=True)
-        ok = {m: v["mean"] for m, v in summ.items() if not math.isnan(v["mean"])}
-        if ok:
-            b = max(ok, key=ok.get)
-            st.markdown(t("Over this set, **{m}** agrees best on average (mean ρ = {r}); raw weights: {raw}.",
-                          m=names[b], r=num(ok[b], 2), raw=num(ok.get("raw", float("nan")), 2)))
+        st.markdown(FF.lead_sentence(lead, mean_s))
