@@ -7,9 +7,11 @@ CELLS_UP_TO = 32 tokens (to 8 × 8 blocks), per-token figures show a window of 1
 
 - a tiny Llama (RoPE, GQA, RMSNorm, SwiGLU, pre-LN): the RoPE angles and the SwiGLU rows are the window's,
   the pre-LN norms every layer's;
-- a tiny Gemma 3 (sliding window, q/k norm, soft-cap, RoPE scaling): the sliding mask pooled to the share of
+- a tiny Gemma 3 (sliding window, q/k norm, RoPE scaling): the sliding mask pooled to the share of
   open cells per block, the reach pooled from the live masks walked layer by layer, the q/k lengths of every
-  token, the soft-cap's points (the chosen token's row) and its numbers over every visible cell;
+  token;
+- a tiny Gemma 2 (soft-cap: Gemma 3's attention ignores its config's cap, as transformers' does): the soft-cap's
+  points (the chosen token's row) and its numbers over every visible cell;
 - a tiny Qwen2-MoE: the router map is the window's rows, the loads every token's picks.
 
 en + zh; no heatmap axis spans the whole prompt. Models: tests/test_app_new_families.py's builders.
@@ -147,7 +149,7 @@ def test_llama_long_prompt_draws_windows_of_the_traces_numbers(built, monkeypatc
 
 
 @pytest.mark.parametrize("lang, lazy", [("en", True), ("zh", True), ("en", False)])
-def test_gemma3_long_prompt_pools_the_window_and_tiles_the_soft_cap(built, monkeypatch, lang, lazy):
+def test_gemma3_long_prompt_pools_the_window(built, monkeypatch, lang, lazy):
     label = built("gemma3")
     trace = long_trace(monkeypatch, label, lazy)
     T, head, pos = LG.n_tokens(trace), 1, 60
@@ -174,6 +176,17 @@ def test_gemma3_long_prompt_pools_the_window_and_tiles_the_soft_cap(built, monke
     q_in = trace["decoder.layers.0.self_attn.q_norm.in"][0, head].double().numpy()
     np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), np.linalg.norm(q_in, axis=-1), rtol=1e-5)
     assert len(fig["data"][0]["x"]) == T
+
+
+@pytest.mark.parametrize("lang, lazy", [("en", True), ("en", False)])
+def test_gemma2_long_prompt_tiles_the_soft_cap(built, monkeypatch, lang, lazy):
+    label = built("gemma2")
+    trace = long_trace(monkeypatch, label, lazy)
+    T, head, pos = LG.n_tokens(trace), 1, 60
+    at = run_page(label, lang, layer=0, head=head, pos=pos)
+    every_section(at, lang)
+    bounded(at, T)
+    mask = trace["decoder.layers.0.self_attn.mask"][0, 0].numpy()
     # Soft-cap: the chosen token's visible scores drawn; the numbers over every visible cell of the head.
     fig = figure_with(at, "c = 3")
     scores = trace["decoder.layers.0.self_attn.scores"][0, head].double().numpy()
