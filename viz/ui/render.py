@@ -7,6 +7,7 @@ import re
 import streamlit as st
 
 from viz.i18n import current_lang
+from viz.ui.long_limits import show_limit
 from viz.ui.text import error_text
 
 
@@ -14,8 +15,6 @@ def show_error(err: BaseException | str, hint: str | None = None) -> None:
     """A bad input or file as a message on the page, never a traceback. `hint` (what to do) is left out when
     the message already says it. A prompt over a length limit is said with the longest length that works and a
     keep-the-end button (viz/ui/long_limits.py)."""
-    from viz.ui.long_limits import show_limit  # late: long_limits -> long_views -> render
-
     if not isinstance(err, str) and show_limit(err):
         return
     msg, advised = error_text(err)
@@ -24,10 +23,14 @@ def show_error(err: BaseException | str, hint: str | None = None) -> None:
 
 def plotly_config(filename: str = "attention-lab") -> dict:
     """Toolbar config: the camera button saves PNG or SVG (sidebar choice), at 2x for PNG."""
+    from viz.i18n import current_lang
+    from viz.ui.plotly_locale import locale_config
+
     fmt = st.session_state.get("export_format", "png")
     return {
         "displaylogo": False,
         "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": 2 if fmt == "png" else 1},
+        **locale_config(current_lang()),  # the toolbar's tooltips in the UI's language (issue 31 §4)
     }
 
 
