@@ -15,6 +15,13 @@ if "ATTENTION_LAB_TEXTS" not in os.environ:
 
     os.environ["ATTENTION_LAB_TEXTS"] = tempfile.mkdtemp(prefix="al-texts-")
 
+# ---------------------------------------------------------------- the thread count is the run's
+# torch caps OMP_NUM_THREADS at the cores it sees (OMP_NUM_THREADS=4 on 2 cores gives 2 threads), so a run
+# at a thread count (.ci/run's second run: OMP_NUM_THREADS=4) would silently test another one: set it here.
+# The tests' float32 tolerances must hold at any thread count (tests/tolerance.py); CI runs two.
+if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # ---------------------------------------------------------------- skips are failures in CI
 # A skipped test proves nothing. In CI (CI=1, set by .ci/run) a skip fails the run unless the test
 # is marked `@pytest.mark.may_skip(reason=...)`; locally a skip stays a skip, listed by -rs.
