@@ -18,6 +18,10 @@ import streamlit as st
 
 from model.core import recorder
 from viz.i18n import t
+from viz.ui.state import write_query
+
+# Imports only downward (recorder, i18n, state): long_views and render import this module, never the reverse
+# at import time, so viz/ui has no import circle (tests/test_import_cycles.py).
 
 LIMIT_ERRORS = (recorder.CaptureBudgetError, recorder.ContextLengthError)
 
@@ -53,6 +57,14 @@ def keep_length(err: BaseException) -> int:
     return min(n, err.context_length) if err.context_length else n
 
 
+def keep_button(n: int, key: str) -> None:
+    """The "Keep the last N tokens" button: `?keep=N` cuts the sidebar's prompt to its end on every page."""
+    if st.button(t("Keep the last {n} tokens", n=f"{n:,}"), key=f"{key}_keep_{n}",
+                 help=t("The end of the text is kept: it is where the model predicts the next token.")):
+        write_query(keep=n)
+        st.rerun()
+
+
 def show_limit(err: BaseException) -> bool:
     """Show `err` as a limit (sentence + keep-the-end button) if it is one; whether it was."""
     msg = limit_text(err)
@@ -61,10 +73,8 @@ def show_limit(err: BaseException) -> bool:
     st.error(msg, icon="📏")
     n = keep_length(err)
     if n > 0:
-        from viz.ui.long_views import _keep_button  # late: long_views imports render, which imports this
-
         try:
-            _keep_button(n, "limit")
+            keep_button(n, "limit")
         except st.errors.StreamlitAPIException:  # the same limit said twice in one run: one button is enough
             pass
     return True

@@ -22,6 +22,7 @@ from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
 from viz.ui.lm_models import EXACT_UP_TO, LONG_RUNS
+from viz.ui.long_limits import keep_button
 from viz.ui.models import BoundedTraces, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
@@ -61,11 +62,7 @@ def _make_long_trace(name: str, text: str, chat: bool, keep: int | None):
 _LONG_TRACES = BoundedTraces(LONG_TRACES, LONG_TRACES_BYTES, make=_make_long_trace)
 
 
-def _keep_button(n: int, key: str) -> None:
-    if st.button(t("Keep the last {n} tokens", n=f"{n:,}"), key=f"{key}_keep_{n}",
-                 help=t("The end of the text is kept: it is where the model predicts the next token.")):
-        write_query(keep=n)
-        st.rerun()
+_keep_button = keep_button  # the button lives in long_limits (render -> long_limits, never back here)
 
 
 def long_trace(sel, key: str = "attn", chat: bool = False, text: str | None = None):
