@@ -402,6 +402,38 @@ def load(name: str) -> RealModel:
             precision = dict(_PRECISION.get(name, {}))
         obj = load_model(where, **precision)
     except (ImportError, OSError, ValueError) as e:
-        raise ValueError(f"{name}: {e}") from None
+        raise ValueError(load_error_text(name, where, e)) from None
     family = obj.model.describe().get("family", "decoder_lm")
     return RealModel(name, obj, family)
+
+
+def load_error_text(name: str, where: str, err: BaseException) -> str:
+    """A model that failed to load, for the page: the file named once, by its label (a server path is never
+    shown: the browser knows the model by its label), then what to do next (`next_step`)."""
+    msg = str(err).strip() or type(err).__name__
+    if where and where != name:
+        msg = msg.replace(where, name)
+    if not (msg.startswith(name) or name in msg.split(": ")[0]):
+        msg = f"{name}: {msg}"
+    step = next_step(err, msg)
+    return msg if step is None else f"{msg.rstrip('.')}. {step}"
+
+
+def next_step(err: BaseException, msg: str) -> str | None:
+    """What to do about a model file this lab cannot open: which families and formats open, how to convert one.
+    None where the message already says it (an install command, a conversion command) or it is not the file's
+    fault (a missing package: its command is in the message)."""
+    from model.loaders.errors import GGUFError
+    from model.loaders.hf import ModelLoadError
+
+    if not isinstance(err, GGUFError | ModelLoadError) or "pip install" in msg or "save_pretrained" in msg:
+        return None
+    from model.loaders.gguf import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES
+    from model.loaders.hf import ENCODER_TYPES, LM_TYPES
+
+    return t("This lab opens GGUF files of the architectures {archs} (weights {types}) and Hugging Face directories "
+             "(config.json + *.safetensors + tokenizer.json) of the model types {hf}. Another model can be converted: "
+             "llama.cpp's convert_hf_to_gguf.py writes a GGUF, and transformers' "
+             "`save_pretrained(dir, safe_serialization=True)` writes safetensors; then restart the app with "
+             "`--model` and the new file or directory.", archs=", ".join(SUPPORTED_ARCHITECTURES),
+             types=", ".join(SUPPORTED_TYPES), hf=", ".join(LM_TYPES + ENCODER_TYPES))
