@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from tolerance import f32_tol
 
 from model.core.layers import apply_rotary, rotary_angles
 from model.core.recorder import CaptureError
@@ -71,7 +72,8 @@ def test_masked_cells_are_exactly_zero_and_rows_sum_to_one(lm):
         mask = trace[f"decoder.layers.{i}.self_attn.mask"].expand_as(w)
         assert (w[mask] == 0).all()  # exactly 0
         assert (w[~mask] > 0).all()
-        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+        # a float32 softmax row of T weights <= 1 sums to 1 up to a few ulps x sqrt(T)
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=f32_tol(1, n=w.shape[-1]), rtol=0)
         assert torch.isfinite(trace[f"decoder.layers.{i}.self_attn.scores"]).all()
 
 
@@ -81,7 +83,9 @@ def test_future_tokens_cannot_change_the_past(lm):
     y = x.clone()
     y[:, 6:] = (y[:, 6:] + 7) % 61  # change only positions 6..9
     a, b = lm(x), lm(y)
-    torch.testing.assert_close(a[:, :6], b[:, :6], atol=1e-6, rtol=0)
+    # equal in real arithmetic; 10 tokens either way, but other values in the rows the past does not see can
+    # change how a kernel splits its sums: a few ulps of the largest logit x sqrt(d_model) (tests/tolerance.py)
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=f32_tol(a, b, n=lm.cfg.d_model), rtol=0)
     assert not torch.allclose(a[:, 6:], b[:, 6:])
 
 
@@ -293,7 +297,9 @@ def test_ablate_head_and_a_shared_kv_head_on_a_language_model():
     z = kv[f"{module}.z"]
     assert (z[:, 3:] == 0).all() and (z[:, :3] != 0).any()  # all three query heads silenced, the others not
     heads = iv.combine(*(iv.ablate_head(module, h) for h in (3, 4, 5)))
-    torch.testing.assert_close(kv["logits"], lm.run_with_hooks(x, hooks=heads), atol=1e-6, rtol=0)
+    # the same zeros by two hook paths: equal up to a few ulps of the largest logit x sqrt(d_model)
+    torch.testing.assert_close(kv["logits"], lm.run_with_hooks(x, hooks=heads),
+                               atol=f32_tol(kv["logits"], n=lm.cfg.d_model), rtol=0)
     one = lm.run_with_hooks(x, hooks=iv.ablate_head(module, 4))
     assert not torch.allclose(one, kv["logits"])  # one query head is not the whole group
     with pytest.raises(ValueError, match="K/V head 2 does not exist at .* it has 2 K/V heads"):
