@@ -300,9 +300,9 @@ def live_bert(data, param=None) -> Live:
                 args={"layer": int(layer), "head": int(head)})
 
 
-# ---------------------------------------------------------------- 11–15: a real language model (SmolLM2)
+# ---------------------------------------------------------------- 11–16: a real language model (SmolLM2)
 
-LM_NAME = "smollm2"  # the model lessons 11–15 open (the page says how to install it when it is missing)
+LM_NAME = "smollm2"  # the model lessons 11–16 open (the page says how to install it when it is missing)
 IOI_TEXT = "When Mary and John went to the store, John gave a drink to"
 LENS_TEXT = "The capital of France is"
 LENS_COLUMNS = 12  # the lens lesson draws the last this-many positions
@@ -635,7 +635,9 @@ LESSONS: list[Lesson] = [
            "zero: the weight is large, the vector it carries is small. Norm-based attention (Kobayashi et al., "
            "2020) measures ‖α_j v_j W^O‖ instead; the “Why this token?” page goes further and checks every method "
            "against the causal effect of removing a token."),
-        N_("Open the “Why this token?” page and compare the raw weights' ρ with the routes' ρ on this prompt."),
+        N_("Open the “Why this token?” page and compare the raw weights' ρ with the routes' ρ on this prompt, then "
+           "run the agreement table over the 12 IOI prompts below it. On SmolLM2 no method clearly leads over the "
+           "set (a sign test over the prompts): the order on one prompt is an anecdote, not a finding."),
         N_("Layer {layer}, head {head} puts {w} of the last position's attention on token 0 (“{tok}”). What share "
            "of what the head moves (its norm-based output ‖α_j v_j W^O‖) comes from token 0?"),
         "viz/pages/flow.py", source="lm", checkpoint=LM_NAME, text=IOI_TEXT, live=live_not_explanation),

@@ -6,8 +6,9 @@ from viz.i18n import t
 from viz.ui.attention_views import render_attention
 from viz.ui.long_views import long_trace, render_long_attention
 from viz.ui.models import capabilities, is_real_model
-from viz.ui.render import model_tokens
+from viz.ui.render import model_tokens, show_error
 from viz.ui.sidebar import require_trace, selection
+from viz.ui.text import text_problems
 
 st.title(t("Attention"))
 st.caption(t("Scaled dot-product attention, Attention(Q, K, V) = softmax(QKᵀ/√d_k + M)·V, computed by every "
@@ -17,6 +18,9 @@ sel = selection()
 if sel is None:
     st.stop()
 if is_real_model(sel) and "lm" in capabilities(sel.name):  # a long prompt: the lazy views (viz/ui/long_views.py)
+    if problem := text_problems(sel.text):  # an empty prompt: said in the UI's language, before any encoding
+        show_error(problem)
+        st.stop()
     long = long_trace(sel, key="attn")
     if long is not None:
         render_long_attention(long, long.meta["tgt_tokens"], key="attn")

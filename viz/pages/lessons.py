@@ -1,5 +1,5 @@
 """Lessons: sixteen short lessons a teacher can run in class, each with one live view of the model (1–10: the
-paper's Transformer; 11–15: a real language model, SmolLM2).
+paper's Transformer; 11–16: a real language model, SmolLM2).
 
 URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
 sidebar, big fonts, figure first, ← / → change the lesson). Content and answer checkers live in
@@ -57,6 +57,9 @@ PRESENT_CSS = """<style>
 .st-key-lesson_n input, .st-key-lesson_n [role="group"], [role="listbox"] [role="option"],
 [role="listbox"] [role="option"] * {font-size: 1.45rem !important; line-height: 1.5;}
 .st-key-lesson_prev button p, .st-key-lesson_next button p {font-size: 1.3rem;}
+[class*="st-key-lesson_text_"] input, [class*="st-key-lesson_param_"] input {font-size: 1.45rem !important;}
+[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p {font-size: 1.2rem !important;
+ line-height: 1.45;}
 </style>"""
 
 # Arrow keys (and PageUp/PageDown: presentation clickers send them) press Previous / Next; Escape
@@ -295,12 +298,16 @@ def param_control(lesson: LS.Lesson, trace):
     return value
 
 
-def question(lesson: LS.Lesson, live: LS.Live) -> None:
+def question(lesson: LS.Lesson, live: LS.Live, text: str = "", value=None) -> None:
+    """The question and its answer buttons. The buttons' key carries the options and the inputs the answer was
+    computed from (the sentence, the control's value): another prompt is a new question, never the old choice
+    judged against the new answer (issue 31 §4)."""
     st.markdown(t("**Question:** {question}", question=t(lesson.question, **live.args)))
     if not live.correct:
         st.info(live.note, icon="ℹ️")
         return
-    digest = hashlib.md5("\x1f".join(live.options).encode()).hexdigest()[:8]  # new options -> new widget
+    asked = "\x1f".join([*live.options, "\x1e", text or "", str(value)])
+    digest = hashlib.md5(asked.encode()).hexdigest()[:8]  # new options or new inputs -> a new, unanswered widget
     choice = st.radio(t("Your answer"), live.options, index=None, format_func=live.labels.get,
                       key=f"lesson_q_{lesson.slug}_{digest}", label_visibility="collapsed")
     if choice is None:
@@ -341,7 +348,7 @@ def show_lesson(n: int, present: bool) -> None:
     with view:
         show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
     st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
-    question(lesson, live)
+    question(lesson, live, text, value)
     query = page_query(lesson, text, value)
     if st.button(t("Open the full page: {page}", page=t(PAGE_TITLES[lesson.page])), key="lesson_open",
                  on_click=open_full_page, args=(lesson, text, query), icon=":material/open_in_new:"):
@@ -361,9 +368,12 @@ def main() -> None:
         st.html(PRESENT_CSS)
     else:
         st.title(t("Lessons"))
-        st.caption(t("Ten short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
-                     "of a trained model, a task to try and a question checked against the model's own numbers.")
-                   + " " + t("Lessons 11–15 open a real language model, SmolLM2, and find what its heads do.")
+        lm = [i for i, x in enumerate(LS.LESSONS, 1) if x.source == "lm"]  # counted, never written by hand
+        st.caption(t("{n} short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
+                     "of a trained model, a task to try and a question checked against the model's own numbers.",
+                     n=N)
+                   + " " + t("Lessons {a}–{b} open a real language model, SmolLM2, and find what its heads do.",
+                             a=lm[0], b=lm[-1])
                    + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)
