@@ -28,7 +28,7 @@ import torch
 
 from model.core import recorder
 from model.core.trace import LazyTrace
-from viz.i18n import t
+from viz.i18n import N_, t
 
 BUILTIN = ("smollm2", "gemma3", "minilm")
 LAZY_BUDGET_BYTES = 512 * 2**20  # a long prompt's lazy trace (q, k, v + each layer's output): SmolLM2 at
@@ -271,13 +271,17 @@ def bos_note(lm, chat: bool = False) -> str | None:
              "post-processor) adds none.")
 
 
+LICENCE_NAMES = (N_("Gemma Terms of Use"),)  # model.loaders.card.LICENCES' names, translated where shown
+
+
 def licence_note(card) -> str | None:
     """The model card's licence line (a GGUF's general.license; Gemma's named, with its address)."""
     if not card.licence:
         return None
     if card.licence_url:
+        name = t(card.licence) if card.licence in LICENCE_NAMES else card.licence
         return t("Licence: [{licence}]({url}) (the file's general.license): the weights are under these terms, not "
-                 "this lab's licence.", licence=card.licence, url=card.licence_url)
+                 "this lab's licence.", licence=name, url=card.licence_url)
     return t("Licence: {licence} (the file's general.license).", licence=card.licence)
 
 
