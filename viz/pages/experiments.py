@@ -565,7 +565,7 @@ def _lm_args(ident: str, modules: list[str], n_heads: int, n_kv: int) -> dict:
 def _piece(lm, i: int) -> str:
     from viz.ui import lm_models
 
-    return lm_models.readable(lm.tokens([int(i)])[0])
+    return lm_models.readable(lm.tokens([int(i)])[0], lm_models._byte_level(lm))
 
 
 def _top_md(lm, top) -> str:

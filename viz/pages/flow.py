@@ -146,7 +146,7 @@ def table(name: str, which: str):
 
 def readable(tokens, obj) -> list[str]:
     if isinstance(load_ckpt(sel.name), lm_models.RealModel) and _kind(obj) == "lm":
-        return [lm_models.readable(x) for x in tokens]
+        return [lm_models.readable(x, lm_models._byte_level(obj)) for x in tokens]
     return list(tokens)
 
 
@@ -187,7 +187,7 @@ except ValueError as e:
     show_error(e, t("Shorten or change the text in the sidebar."))
     st.stop()
 tokens = {side: readable(toks, obj) for side, toks in s.tokens.items()}
-target = lm_models.readable(s.target_token) if kind == "lm" else s.target_token
+target = lm_models.readable(s.target_token, lm_models._byte_level(obj)) if kind == "lm" else s.target_token
 metric_id = "encoder" if kind == "encoder" else ("contrast" if s.contrast is not None else "logprob")
 if kind == "lm":
     st.markdown(t("Explaining the prediction **“{tok}”** after “{prev}” (position {p}); measured: {metric}.",
@@ -268,7 +268,7 @@ elif picked and picked[0] == "node":
                   "without an unembedding).", row=label))
     else:
         up, down = wrote
-        piece = lm_models.readable if kind == "lm" else str
+        piece = lm_models.model_readable(obj) if kind == "lm" else str
         shown = [", ".join(f"“{piece(a)}” ({num(v, 2)})" for a, v in side_) for side_ in (up, down)]
         st.markdown(t("**{row}, position {p}** — its update, read through the unembedding, promotes {up} and "
                       "suppresses {down}.", row=label, p=pos, up=shown[0], down=shown[1]))

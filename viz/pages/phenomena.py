@@ -125,7 +125,7 @@ def piece(i: int) -> str:
     """A token id as readable text (␣ for a space)."""
     from viz.ui import lm_models
 
-    return lm_models.readable(lm.tokens([int(i)])[0])
+    return lm_models.readable(lm.tokens([int(i)])[0], lm_models._byte_level(lm))
 
 
 def head_list(heads, limit: int = MAX_LINKS, tl=None) -> str:
@@ -499,7 +499,7 @@ def pt_positions(p) -> list[int]:
 def _readable(piece_: str) -> str:
     from viz.ui import lm_models
 
-    return lm_models.readable(piece_)
+    return lm_models.readable(piece_, lm_models._byte_level(lm))
 
 
 # ---------------------------------------------------------------- a needle in a haystack (issue 24 §4)
