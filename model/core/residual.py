@@ -103,6 +103,8 @@ def _lm_updates(blocks: dict, p: str, i: int, attn: str) -> list[Update]:
     position = blocks.get("norm_position", "pre")
     post = position != "pre"
     pa, pf = (f"{p}.norm_post_attn", f"{p}.norm_post_ffn") if post else (None, None)
+    if blocks.get("residual_multiplier") is not None:  # Granite: each sublayer output × m, a frozen "norm" of scale 1
+        pa, pf = f"{p}.scale_attn", f"{p}.scale_ffn"
     if blocks.get("ffn") == "none":  # attention-only (the /learn models): one update per layer
         return [Update("decoder", i, "attn", attn, None, pa, None, f"{p}.out", f"{p}.out", "decoder")]
     if blocks.get("parallel_residual"):
@@ -115,11 +117,12 @@ def _lm_updates(blocks: dict, p: str, i: int, attn: str) -> list[Update]:
 def capture_names(desc: dict) -> list[str]:
     """What `whole`/`after` of every update reads (with the sublayer outputs), as capture names."""
     names = set()
+    scaled = desc.get("blocks", {}).get("residual_multiplier") is not None  # Granite's post_* are × m: no .in
     for subs in updates(desc).values():
         for u in subs:
             names.update(u.outs)
             names.update(n for n in (u.whole, u.after) if n)
-            names.update(f"{n}.in" for n in (u.post_attn, u.post_ffn) if n)
+            names.update(f"{n}.in" for n in (u.post_attn, u.post_ffn) if n and not scaled)
     return sorted(names)
 
 
@@ -148,8 +151,12 @@ class FrozenNorm:
 
     def __init__(self, module, x_in: torch.Tensor, dtype=torch.float64):
         x = x_in.to(dtype)
-        self.center = not hasattr(module, "style")  # LayerNorm centres; RMSNorm does not
-        if self.center:
+        self.center = not hasattr(module, "style") and not hasattr(module, "multiplier")  # LayerNorm centres
+        if hasattr(module, "multiplier"):  # Granite's residual_multiplier (model/families/lm.py's Multiplier): × m
+            self.scale = torch.ones_like(x[..., :1])
+            self.gain = torch.full(x.shape[-1:], module.multiplier, dtype=dtype)
+            self.bias = None
+        elif self.center:
             self.scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + module.eps)  # (.., T, 1)
             self.gain = module.weight.detach().to(dtype)
             self.bias = None if module.bias is None else module.bias.detach().to(dtype)
@@ -174,6 +181,8 @@ def frozen(module_or_none, trace, dtype=torch.float64) -> FrozenNorm | None:
     """The post-sublayer norm `module` frozen at its recorded input (None stays None)."""
     if module_or_none is None:
         return None
+    if hasattr(module_or_none, "multiplier"):  # a constant factor: only the shape of its output is read
+        return FrozenNorm(module_or_none, trace[f"{module_or_none.name}.out"][0], dtype)
     return FrozenNorm(module_or_none, trace[f"{module_or_none.name}.in"][0], dtype)
 
 
@@ -241,6 +250,7 @@ def lm_capture(model) -> list[str]:
         names.append(f"{layer.self_attn.name}.z")
         names += ffn_capture(layer.ffn) if layer.ffn is not None else []
         names += [f"{n.name}.in" for n in (layer.norm_post_attn, layer.norm_post_ffn) if n is not None]
+        names += [f"{n.name}.out" for n in (layer.scale_attn, layer.scale_ffn) if n is not None]
     return names
 
 
@@ -297,6 +307,10 @@ class Unembedding:
         pos = torch.as_tensor(positions).reshape(-1)
         self.norm = FrozenNorm(model.decoder.norm, trace["decoder.norm.in"][0, pos])
         self.W = model.generator.weight.detach()
+        b = model.generator.bias  # Phi's unembedding bias: a part of its own (bias_logit)
+        self.b = None if b is None else b.detach().double()
+        c = model.cfg  # Cohere's logit_scale (×) and Granite's logits_scaling (÷): one constant factor
+        self.scale = (c.logit_scale or 1.0) / (c.logits_scaling or 1.0)
         logits = trace["logits"][0, pos].double()
         if "logits_uncapped" in trace.names():
             raw = trace["logits_uncapped"][0, pos].double()
@@ -308,16 +322,20 @@ class Unembedding:
     def logit(self, vector: torch.Tensor, tokens) -> torch.Tensor:
         """[n, D] part -> [n, len(tokens)] its contribution to those tokens' (capped) logits."""
         tokens = torch.as_tensor(tokens).reshape(-1)
-        out = self.norm.part(vector) @ self.W[tokens].double().T
+        out = self.norm.part(vector) @ self.W[tokens].double().T * self.scale
         return out if self.factor is None else out * self.factor[:, tokens]
 
     def bias_logit(self, tokens) -> torch.Tensor:
-        """The final norm's bias (LayerNorm) through the unembedding: [n, len(tokens)] (0 for RMSNorm)."""
+        """The final norm's bias (LayerNorm) through the unembedding, plus the unembedding's own bias (Phi):
+        [n, len(tokens)] (0 for RMSNorm without one)."""
         tokens = torch.as_tensor(tokens).reshape(-1)
         n = self.norm.scale.shape[0]
-        if self.norm.bias is None:
-            return torch.zeros(n, len(tokens), dtype=torch.float64)
-        out = (self.W[tokens].double() @ self.norm.bias).expand(n, -1)
+        out = torch.zeros(n, len(tokens), dtype=torch.float64)
+        if self.norm.bias is not None:
+            out = out + (self.W[tokens].double() @ self.norm.bias).expand(n, -1)
+        if self.b is not None:
+            out = out + self.b[tokens].expand(n, -1)
+        out = out * self.scale
         return out if self.factor is None else out * self.factor[:, tokens]
 
     def direction_gain(self) -> torch.Tensor:

@@ -29,6 +29,13 @@ switch per mechanism (all off by default):
                                      "post": only after each sublayer (OLMo 2)
     parallel_residual                x + Attn(Norm1(x)) + FFN(Norm2(x)) (GPT-NeoX / Pythia)
     n_experts, moe_top_k, ...        mixture-of-experts FFN with a router (Mixtral, Qwen2-MoE, OLMoE)
+    shared_norm                      parallel block, one norm: x + Attn(N(x)) + FFN(N(x)) (Phi, Cohere)
+    norm_bias, generator_bias        LayerNorm without a bias (Cohere); a bias on the unembedding (Phi)
+    logit_scale, logits_scaling      logits × logit_scale (Cohere), logits ÷ logits_scaling (Granite)
+    embed_multiplier                 token embedding × a constant (Granite)
+    residual_multiplier              x + m·Attn(.), x + m·FFN(.) (Granite; modules scale_attn, scale_ffn)
+    rope_interleaved                 the checkpoint rotates pairs (2i, 2i+1) (Cohere, GLM-4; reordered at load)
+    nope_layers                      layers without RoPE (SmolLM3)
 
 Extra modules and their capture names: `<layer>.norm_post_attn`, `<layer>.norm_post_ffn` (in/out);
 `<attn>.q_norm`, `<attn>.k_norm` (in/out); `<attn>.scores_capped`; `decoder.rope.angles_local` (the
@@ -117,9 +124,20 @@ class LMConfig(DictConfig):
     moe_shared_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE)
     moe_layers: tuple[int, ...] | None = None  # layers with the MoE FFN; None = all (others: dense d_ff)
     rope_float32: bool = False  # rotate bfloat16 q/k with float32 cos/sin (OLMo 2; same numbers in float32)
+    # ---- issue 32: more families (Phi, StarCoder2, Cohere, Granite, GLM-4, SmolLM3); the defaults change nothing
+    shared_norm: bool = False  # parallel block whose attention and FFN both read norm1 (Phi, Cohere): no norm2
+    norm_bias: bool = True  # False: LayerNorm without a bias (Cohere)
+    generator_bias: bool = False  # the output projection has a bias (Phi's lm_head)
+    logit_scale: float | None = None  # logits × logit_scale (Cohere)
+    logits_scaling: float | None = None  # logits ÷ logits_scaling (Granite)
+    embed_multiplier: float | None = None  # token embedding × embed_multiplier (Granite)
+    residual_multiplier: float | None = None  # each sublayer's output × this before it joins the stream (Granite)
+    rope_interleaved: bool = False  # the checkpoint turns pairs (2i, 2i+1) (Cohere, GLM-4): the loader reorders
+    #                                 each head's q/k rows to (i, i + r/2), the same rotation, same scores
+    nope_layers: tuple[int, ...] | None = None  # layers whose attention has no RoPE at all (SmolLM3)
 
     def __post_init__(self) -> None:
-        for f in ("layer_types", "moe_layers"):  # JSON gives lists; a frozen config must stay hashable
+        for f in ("layer_types", "moe_layers", "nope_layers"):  # JSON gives lists; a frozen config must stay hashable
             if isinstance(getattr(self, f), list):
                 object.__setattr__(self, f, tuple(getattr(self, f)))
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -196,12 +214,34 @@ class LMConfig(DictConfig):
                 raise ValueError("the experts are gated FFNs: a mixture of experts needs ffn='gated'")
             if self.moe_layers is not None and any(not 0 <= i < self.n_layers for i in self.moe_layers):
                 raise ValueError(f"moe_layers must be layer indices below {self.n_layers}, got {self.moe_layers!r}")
+        self._check_more_mechanisms()
+
+    def _check_more_mechanisms(self) -> None:
+        """The issue-32 switches (Phi, Cohere, Granite, SmolLM3...)."""
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError("shared_norm (attention and FFN read one norm) needs parallel_residual=True (Phi, Cohere)")
+        for f in ("logit_scale", "logits_scaling", "embed_multiplier", "residual_multiplier"):
+            v = getattr(self, f)
+            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"{f} must be a positive number or None, got {v!r}")
+        if self.residual_multiplier is not None and self.norm_position != "pre":
+            raise ValueError("residual_multiplier is for pre-norm blocks (Granite), not with norms after the sublayers")
+        if self.rope_interleaved and self.qk_norm is not None:
+            raise ValueError("rope_interleaved with qk_norm: the loader reorders q/k rows, not a norm's weights")
+        if self.nope_layers is not None:
+            if self.positional != "rotary" or any(not 0 <= i < self.n_layers for i in self.nope_layers):
+                raise ValueError(f"nope_layers must be layer indices below {self.n_layers} of a rotary model, "
+                                 f"got {self.nope_layers!r}")
 
     def layer_type(self, i: int) -> str:
         """"full" or "sliding" (its attention sees only the last sliding_window positions)."""
         if self.layer_types is not None:
             return self.layer_types[i]
         return "sliding" if self.sliding_window is not None else "full"
+
+    def uses_rope(self, i: int) -> bool:
+        """Whether layer i rotates q and k (False for learned positions, and for SmolLM3's no-RoPE layers)."""
+        return self.positional == "rotary" and i not in (self.nope_layers or ())
 
     def is_moe(self, i: int) -> bool:
         return self.n_experts > 0 and (self.moe_layers is None or i in self.moe_layers)
@@ -248,11 +288,12 @@ class LMConfig(DictConfig):
             ffn = 0
         moe = (self.n_experts * (3 * D * self.moe_d_ff + D) + 3 * D * self.moe_shared_d_ff
                + (D if self.moe_shared_gate and self.moe_shared_d_ff else 0))
-        norm = D * (2 if self.norm == "layernorm" else 1)
+        norm = D * (2 if self.norm == "layernorm" and self.norm_bias else 1)
         n_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_position] // (2 if self.ffn == "none" else 1)
+        n_norms = 1 if self.shared_norm else n_norms
         total = sum(attn + (moe if self.is_moe(i) else ffn) + n_norms * norm for i in range(self.n_layers))
         embed = V * D + (self.max_len * D if self.positional == "learned" else 0)
-        return total + embed + norm + (0 if self.tie_embeddings else V * D)
+        return total + embed + norm + (0 if self.tie_embeddings else V * D) + (V if self.generator_bias else 0)
 
 
 
@@ -262,7 +303,7 @@ def _rms_style(cfg: LMConfig) -> str:
 
 def _norm(cfg: LMConfig) -> nn.Module:
     if cfg.norm == "layernorm":
-        return LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        return LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
     return RMSNorm(cfg.d_model, cfg.norm_eps, _rms_style(cfg))
 
 
@@ -275,11 +316,14 @@ class LMEmbeddings(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positional == "learned" else None
         self.scale = cfg.d_model ** 0.5 if cfg.embed_scale else None
+        self.multiplier = cfg.embed_multiplier  # Granite: × embedding_multiplier (a Python float, as Hugging Face)
 
     def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.tok(ids)  # (B, T, D)
         if self.scale is not None:  # Gemma: × √d_model, rounded to the weights' dtype as Hugging Face
             x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
+        if self.multiplier is not None:
+            x = x * self.multiplier
         x = record("decoder.embed.tok", x)
         if self.pos is not None:
             x = x + record("decoder.embed.pos", self.pos.weight[offset:offset + ids.shape[1]])  # (T, D)
@@ -291,12 +335,32 @@ class LMEmbeddings(nn.Module):
         return {"decoder.embed.tok": (B, T, D)} | pos | {"decoder.embed.out": (B, T, D)}
 
 
+class Multiplier(nn.Module):
+    """x × a constant: Granite's residual_multiplier on a sublayer's output before it joins the residual stream.
+    Records `<path>.out` (what the stream gets); model/core/residual.py freezes it as a norm of scale 1."""
+
+    name = "scale"  # set to the module path by the model
+
+    def __init__(self, d_model: int, value: float):
+        super().__init__()
+        self.d_model, self.multiplier = d_model, float(value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return record(f"{self.name}.out", x * self.multiplier)
+
+    def capture_points(self, B: int, L: int) -> dict[str, tuple[int, ...]]:
+        return {f"{self.name}.out": (B, L, self.d_model)}
+
+
 class LMBlock(nn.Module):
     """A decoder layer without cross-attention. Pre-LN (GPT-2, Llama): x + Attn(Norm1(x)), then
     + FFN(Norm2(x)). The switches of LMConfig give the other arrangements:
     - norm_position="sandwich" (Gemma 2/3): x + NormPostAttn(Attn(Norm1(x))), then + NormPostFFN(FFN(Norm2(x)));
     - norm_position="post" (OLMo 2): x + NormPostAttn(Attn(x)), then + NormPostFFN(FFN(x)) (no norm before);
-    - parallel_residual (GPT-NeoX): x + Attn(Norm1(x)) + FFN(Norm2(x)), both read the same x."""
+    - parallel_residual (GPT-NeoX): x + Attn(Norm1(x)) + FFN(Norm2(x)), both read the same x;
+      with shared_norm (Phi, Cohere): Attn(Norm1(x)) + FFN(Norm1(x)) + x, one norm, no norm2;
+    - residual_multiplier m (Granite): x + m·Attn(Norm1(x)), then + m·FFN(Norm2(x)) (modules scale_attn, scale_ffn);
+    - a layer in nope_layers (SmolLM3) attends without RoPE."""
 
     def __init__(self, cfg: LMConfig, i: int = 0):
         super().__init__()
@@ -307,7 +371,7 @@ class LMBlock(nn.Module):
             out_bias=cfg.out_bias, scale=cfg.query_scale, softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm,
             norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg), rope_float32=cfg.rope_float32)
         self.norm_post_attn = _norm(cfg) if post else None
-        self.norm2 = _norm(cfg) if pre and cfg.ffn != "none" else None
+        self.norm2 = _norm(cfg) if pre and cfg.ffn != "none" and not cfg.shared_norm else None
         if cfg.ffn == "none":  # attention-only (Elhage et al. 2021): the block is x + Attn(Norm1(x))
             self.ffn = None
         elif cfg.is_moe(i):
@@ -316,7 +380,10 @@ class LMBlock(nn.Module):
         else:
             self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, 0.0, cfg.ffn_bias, gated=cfg.ffn == "gated")
         self.norm_post_ffn = _norm(cfg) if post and cfg.ffn != "none" else None
-        self.rotary = cfg.positional == "rotary"
+        m = cfg.residual_multiplier
+        self.scale_attn = Multiplier(cfg.d_model, m) if m is not None else None
+        self.scale_ffn = Multiplier(cfg.d_model, m) if m is not None and cfg.ffn != "none" else None
+        self.rotary = cfg.uses_rope(i)
         self.parallel = cfg.parallel_residual
         self.d_model = cfg.d_model
         self.name = "decoder.layers.?"
@@ -327,14 +394,18 @@ class LMBlock(nn.Module):
 
     def forward(self, x, mask, angles=None, cache: dict | None = None) -> torch.Tensor:
         h = self._maybe(self.norm1, x)
-        a = self._maybe(self.norm_post_attn, self.self_attn(h, h, mask, cache, angles=angles))
+        a = self._maybe(self.norm_post_attn, self.self_attn(h, h, mask, cache, angles=angles if self.rotary else None))
+        a = self._maybe(self.scale_attn, a)
         if self.ffn is None:  # attention-only
             x = x + a
+        elif self.parallel and self.norm2 is None:  # Phi, Cohere: both sublayers read the one norm's output
+            x = a + self.ffn(h) + x  # Phi's order of the sum
         elif self.parallel:  # GPT-NeoX: the FFN reads the layer's input, not x + attention
             x = self.ffn(self.norm2(x)) + a + x  # Hugging Face's order of the sum
         else:
             x = x + a
-            x = x + self._maybe(self.norm_post_ffn, self.ffn(self._maybe(self.norm2, x)))
+            f = self._maybe(self.norm_post_ffn, self.ffn(self._maybe(self.norm2, x)))
+            x = x + self._maybe(self.scale_ffn, f)
         return record(f"{self.name}.out", x)
 
     def capture_points(self, B: int, T: int) -> dict[str, tuple[int, ...]]:
@@ -342,8 +413,8 @@ class LMBlock(nn.Module):
             return {} if norm is None else norm.capture_points(B, T)
 
         return (pts(self.norm1) | self.self_attn.capture_points(B, T, T, self.rotary) | pts(self.norm_post_attn)
-                | pts(self.norm2) | ({} if self.ffn is None else self.ffn.capture_points(B, T))
-                | pts(self.norm_post_ffn)
+                | pts(self.scale_attn) | pts(self.norm2) | ({} if self.ffn is None else self.ffn.capture_points(B, T))
+                | pts(self.norm_post_ffn) | pts(self.scale_ffn)
                 | {f"{self.name}.out": (B, T, self.d_model)})
 
 
@@ -363,7 +434,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.decoder = LMDecoder(cfg)
-        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.generator_bias)
         if not self.decoder.embed.tok.weight.is_meta:
             self._init_weights()
         self.tie()
@@ -373,7 +444,8 @@ class DecoderLM(nn.Module):
         self._plain_rope = cfg.rope_scaling == "default" and cfg.rotary_dim in (None, cfg.head_dim)
         self._local_rope = cfg.positional == "rotary" and cfg.rope_local_base is not None and self._sliding
         for path, module in self.named_modules():  # capture names = module path + role
-            if isinstance(module, MultiHeadAttention | FeedForward | MoEFeedForward | LMBlock | LayerNorm | RMSNorm):
+            if isinstance(module, MultiHeadAttention | FeedForward | MoEFeedForward | LMBlock | LayerNorm | RMSNorm
+                          | Multiplier):
                 module.name = path
 
     def _init_weights(self) -> None:  # GPT-2's init; real models overwrite it
@@ -413,6 +485,10 @@ class DecoderLM(nn.Module):
 
     def _unembed_normed(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.generator(x)
+        if self.cfg.logit_scale is not None:  # Cohere: logits × logit_scale
+            logits = logits * self.cfg.logit_scale
+        if self.cfg.logits_scaling is not None:  # Granite: logits ÷ logits_scaling
+            logits = logits / self.cfg.logits_scaling
         if self.cfg.final_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
             logits = softcap(record("logits_uncapped", logits), self.cfg.final_softcap)
         return logits
@@ -588,7 +664,7 @@ class DecoderLM(nn.Module):
                 "decoder_self", "decoder", i, c.n_heads, c.head_dim, c.kv_heads,
                 scale=c.query_scale if c.query_scale is not None else c.head_dim ** -0.5,
                 softcap=c.attn_softcap, window=c.sliding_window if sliding else None,
-                rope=c.rope_of(i) if c.positional == "rotary" else None, qk_norm=c.qk_norm is not None,
+                rope=c.rope_of(i) if c.uses_rope(i) else None, qk_norm=c.qk_norm is not None,
                 qk_norm_over=c.qk_norm, layer_type=c.layer_type(i))
         blocks = {"positional": c.positional, "norm": c.norm, "norm_first": c.norm_position != "post",
                   "ffn": c.ffn, "activation": c.activation, "tied_embeddings": c.tie_embeddings, "d_model": c.d_model,
@@ -598,6 +674,13 @@ class DecoderLM(nn.Module):
                   "sliding_window": c.sliding_window, "moe": None}
         if c.positional == "rotary":
             blocks["rope_base"] = c.rope_base
+        # issue 32's mechanisms, said only where the model has them (the 13 earlier families' descriptions unchanged)
+        more = {"shared_norm": c.shared_norm or None, "norm_bias": None if c.norm_bias else False,
+                "generator_bias": c.generator_bias or None, "logit_scale": c.logit_scale,
+                "logits_scaling": c.logits_scaling, "embed_multiplier": c.embed_multiplier,
+                "residual_multiplier": c.residual_multiplier, "rope_interleaved": c.rope_interleaved or None,
+                "nope_layers": list(c.nope_layers) if c.nope_layers else None}
+        blocks |= {k: v for k, v in more.items() if v is not None}
         if c.n_experts:
             blocks["moe"] = {"n_experts": c.n_experts, "top_k": c.moe_top_k, "d_ff": c.moe_d_ff,
                              "norm_topk": c.moe_norm_topk, "shared": c.moe_shared_d_ff > 0,

@@ -23,7 +23,8 @@ from model.families.lm import DecoderLM, LMConfig
 
 # Decoder-only model types, each tested against transformers (tests/test_families.py, test_hf_fidelity.py).
 LM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox",
-            "qwen2_moe", "olmoe", "mixtral", "gpt2")
+            "qwen2_moe", "olmoe", "mixtral", "gpt2", "phi", "starcoder2", "qwen3_moe", "cohere",
+            "granite", "glm4", "smollm3")
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # -> model.loaders.minilm.PretrainedEncoder
 SUPPORTED = LM_TYPES + ENCODER_TYPES
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
@@ -110,12 +111,12 @@ def _layer_types(kind: str, hf: Mapping, n_layers: int, window: int | None) -> t
     if kind == "gemma3_text":
         k = _int(hf, "sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
         return tuple("sliding" if (i + 1) % k else "full" for i in range(n_layers))
-    if kind in ("qwen2", "qwen3", "qwen2_moe"):
+    if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         if not hf.get("use_sliding_window"):
             return None
         first = hf.get("max_window_layers", 0)
         return tuple("sliding" if i >= first else "full" for i in range(n_layers))
-    return ("sliding",) * n_layers  # mistral, phi3, mixtral: every layer
+    return ("sliding",) * n_layers  # mistral, phi3, mixtral, starcoder2: every layer
 
 
 def config_from_hf(hf: Mapping, dtype=None) -> LMConfig:
@@ -179,7 +180,9 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     partial = rope.pop("partial")
     rotary_dim = int(hs * partial) if partial < 1 else None
     window = hf.get("sliding_window") if kind in ("mistral", "phi3", "mixtral", "qwen2", "qwen3", "qwen2_moe",
-                                                  "gemma2", "gemma3_text") else None
+                                                  "gemma2", "gemma3_text", "starcoder2", "qwen3_moe") else None
+    if kind == "smollm3":  # its layer_types name the sliding layers, used only with use_sliding_window
+        window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
         raise ModelLoadError(f"config.json: sliding_window must be a positive integer or null, got {window!r}")
     layer_types = _layer_types(kind, hf, n_layers, window or None)
@@ -189,7 +192,7 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     bias = bool(hf.get("attention_bias", kind == "gpt_neox"))
     qkv_bias, out_bias = {"qwen2": (True, False), "qwen2_moe": (bool(hf.get("qkv_bias", True)), False)}.get(
         kind, (bias, bias))
-    tie_default = gemma
+    tie_default = gemma or kind in ("starcoder2", "cohere", "smollm3")
     switches = dict(n_kv_heads=heads if kind == "gpt_neox" else _int(hf, "num_key_value_heads", heads),
                     d_head=d_head, positional="rotary", **rope, rotary_dim=rotary_dim,
                     norm="rmsnorm_gemma" if gemma else "rmsnorm_olmo" if kind == "olmo2" else "rmsnorm",
@@ -220,11 +223,13 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     if kind == "gpt_neox":
         switches |= dict(norm="layernorm", norm_eps=float(hf.get("layer_norm_eps", 1e-5)), ffn="plain",
                          ffn_bias=True, parallel_residual=bool(hf.get("use_parallel_residual", True)))
-    if kind in ("qwen2_moe", "olmoe", "mixtral"):
-        n_exp = _int(hf, "num_local_experts" if kind == "mixtral" else "num_experts")
+    switches |= _more_families(kind, hf, n_layers)
+    if kind in ("qwen2_moe", "olmoe", "mixtral", "qwen3_moe"):
+        n_exp = _int(hf, "num_local_experts" if kind == "mixtral" or (kind == "qwen3_moe" and "num_local_experts" in hf)
+                     else "num_experts")  # Qwen3-MoE: transformers 5 saves num_local_experts, the Hub's num_experts
         switches |= dict(n_experts=n_exp, moe_top_k=_int(hf, "num_experts_per_tok"),
                          moe_norm_topk=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)))
-        if kind == "qwen2_moe":
+        if kind in ("qwen2_moe", "qwen3_moe"):
             step, dense = hf.get("decoder_sparse_step", 1), hf.get("mlp_only_layers") or []
             if not isinstance(step, int) or step < 1 or not isinstance(dense, list):
                 raise ModelLoadError("config.json: decoder_sparse_step / mlp_only_layers are malformed")
@@ -236,6 +241,59 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
         else:
             switches["moe_d_ff"] = sizes["d_ff"]
     return sizes, switches, act
+
+
+def _more_families(kind: str, hf: Mapping, n_layers: int) -> dict:
+    """The switches of issue 32's families, from transformers 5.24's modeling files (modeling_<kind>.py)."""
+    def positive(key: str) -> float:
+        v = hf.get(key, 1.0)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
+            raise ModelLoadError(f"config.json: {key} must be a positive number, got {v!r}")
+        return float(v)
+
+    if kind == "phi":  # parallel block, one LayerNorm; dense + biases everywhere, the unembedding's too
+        if hf.get("qk_layernorm"):
+            raise ModelLoadError("config.json: Phi's qk_layernorm (a LayerNorm on q and k) is not supported")
+        return dict(norm="layernorm", norm_eps=float(hf.get("layer_norm_eps", 1e-5)), ffn="plain", qkv_bias=True,
+                    out_bias=True, ffn_bias=True, parallel_residual=True, shared_norm=True, generator_bias=True)
+    if kind == "starcoder2":  # LayerNorm with a bias, biases (use_bias), a plain GELU MLP
+        bias = bool(hf.get("use_bias", True))
+        return dict(norm="layernorm", norm_eps=float(hf.get("norm_epsilon", 1e-5)), ffn="plain", qkv_bias=bias,
+                    out_bias=bias, ffn_bias=bias)
+    if kind == "qwen3_moe":
+        return dict(qk_norm="head")
+    if kind == "cohere":  # parallel block, one LayerNorm without a bias, logits × logit_scale, interleaved RoPE pairs
+        if hf.get("use_qk_norm"):
+            raise ModelLoadError("config.json: Cohere's use_qk_norm (a LayerNorm per head on q and k) is not supported")
+        scale = hf.get("logit_scale")
+        return dict(norm="layernorm", norm_bias=False, norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
+                    parallel_residual=True, shared_norm=True, rope_interleaved=True,
+                    logit_scale=None if scale is None else positive("logit_scale"))
+    if kind == "granite":  # four constants: embedding ×, query scale, sublayer output ×, logits ÷
+        return dict(embed_multiplier=positive("embedding_multiplier"), query_scale=positive("attention_multiplier"),
+                    residual_multiplier=positive("residual_multiplier"), logits_scaling=positive("logits_scaling"))
+    if kind == "glm4":  # a norm after each sublayer too (sandwich), partial rotary on interleaved pairs, fused gate_up
+        return dict(norm_position="sandwich", rope_interleaved=True, qkv_bias=bool(hf.get("attention_bias", True)),
+                    out_bias=False)
+    if kind == "smollm3":  # no_rope_layers: 1 = the layer uses RoPE, 0 = it does not (NoPE)
+        flags = hf.get("no_rope_layers")
+        if flags is None:
+            k = _int(hf, "no_rope_layer_interval", 4)
+            flags = [int((i + 1) % k != 0) for i in range(n_layers)]
+        if not isinstance(flags, list) or len(flags) != n_layers or any(f not in (0, 1) for f in flags):
+            raise ModelLoadError(f"config.json: no_rope_layers must give 0 or 1 for each of the {n_layers} layers, "
+                                 f"got {flags!r}")
+        nope = tuple(i for i, f in enumerate(flags) if not f)
+        return dict(nope_layers=nope or None)
+    return {}
+
+
+def _deinterleave(t: torch.Tensor, heads: int, hs: int, r: int) -> torch.Tensor:
+    """q/k rows whose RoPE turns interleaved pairs (2i, 2i+1) (Cohere, GLM-4) -> the rotate-half order the lab's
+    RoPE turns, pairs (i, i + r/2), per head; dims beyond r (partial rotary) stay. The same permutation of q and k
+    leaves every score q·k, so every weight, unchanged; `.q`/`.k` hold the dims in this order."""
+    perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, hs)])
+    return t.reshape(heads, hs, *t.shape[1:])[:, perm].reshape(t.shape)
 
 
 def available_bytes() -> int:
@@ -288,8 +346,10 @@ def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
                  "mlp.dense_4h_to_h": "ffn.linear2"}
         prefix = "layers"
     else:
-        m |= {"embed_tokens.weight": "decoder.embed.tok.weight", "norm.weight": "decoder.norm.weight"}
-        after_attn = "norm2" if cfg.norm_position == "pre" else "norm_post_attn"
+        m |= {"embed_tokens.weight": "decoder.embed.tok.weight", "norm.weight": "decoder.norm.weight",
+              "norm.bias": "decoder.norm.bias", "final_layernorm.weight": "decoder.norm.weight",  # StarCoder2; Phi
+              "final_layernorm.bias": "decoder.norm.bias", "lm_head.bias": "generator.bias"}
+        after_attn = "norm2" if cfg.norm_position == "pre" or kind == "glm4" else "norm_post_attn"
         parts = {"input_layernorm": "norm1", "post_attention_layernorm": after_attn,
                  "pre_feedforward_layernorm": "norm2", "post_feedforward_layernorm": "norm_post_ffn",
                  "self_attn.q_proj": "self_attn.w_q", "self_attn.k_proj": "self_attn.w_k",
@@ -297,7 +357,10 @@ def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
                  "self_attn.qkv_proj": "self_attn.w_qkv",  # Phi-3: [q | k | v]
                  "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
                  "mlp.gate_proj": "ffn.gate", "mlp.up_proj": "ffn.linear1", "mlp.down_proj": "ffn.linear2",
-                 "mlp.gate_up_proj": "ffn.gate_up"}  # Phi-3: [gate | up]
+                 "mlp.gate_up_proj": "ffn.gate_up",  # Phi-3: [gate | up]
+                 "self_attn.dense": "self_attn.w_o", "mlp.fc1": "ffn.linear1", "mlp.fc2": "ffn.linear2",  # Phi
+                 "mlp.c_fc": "ffn.linear1", "mlp.c_proj": "ffn.linear2",  # StarCoder2
+                 "post_self_attn_layernorm": "norm_post_attn", "post_mlp_layernorm": "norm_post_ffn"}  # GLM-4
         if cfg.n_experts:
             for moe in ("mlp", "block_sparse_moe"):  # Mixtral's older name
                 parts |= {f"{moe}.gate": "ffn.router", f"{moe}.shared_expert_gate": "ffn.shared_gate",
@@ -392,6 +455,9 @@ def lm_from_hf(config: Mapping, tensors: Mapping[str, torch.Tensor] | Iterable[t
             t = t.t()  # GPT-2's Conv1D (c_attn, c_proj, c_fc) stores (in, out); nn.Linear wants (out, in)
         parts = _split(ours, t, cfg) if ours.rsplit(".", 1)[0].endswith(SPLITS) else [(ours, t)]
         for name, part in parts:
+            if cfg.rope_interleaved and (".self_attn.w_q." in name or ".self_attn.w_k." in name):
+                heads = cfg.n_heads if ".w_q." in name else cfg.kv_heads
+                part = _deinterleave(part, heads, cfg.head_dim, cfg.rotary_dim or cfg.head_dim)
             state[name] = part.contiguous()
     if unknown:
         raise ModelLoadError(f"the checkpoint has tensors this {kind} loader does not map: {unknown[:6]}"

@@ -1,0 +1,296 @@
+"""Issue 32 §1: more families the lab computes itself, each loaded from a tiny random model that transformers 5.24
+saved (AutoConfig.for_model + save_pretrained, no download) and equal to transformers (eager attention, float32):
+logits and every head's attention weights within 1e-5 (relative to the largest value), 4 greedy tokens equal.
+Each adds named LMConfig switches (model/families/lm.py), off by default:
+
+    phi          parallel block with ONE LayerNorm (shared_norm), partial rotary, dense + biases, unembedding bias
+    starcoder2   LayerNorm with a bias, biases, sliding window, plain GELU MLP (c_fc / c_proj)
+    qwen3_moe    q/k norm + routed experts (existing switches)
+    cohere       parallel block, one LayerNorm without a bias (norm_bias), logits × logit_scale, interleaved RoPE
+    granite      embedding_multiplier, attention_multiplier (query scale), residual_multiplier, logits_scaling
+    glm4         sandwich norms (post_self_attn / post_mlp), partial rotary on interleaved pairs, fused gate_up
+    smollm3      no_rope_layers: layers that attend without RoPE (nope_layers)
+
+Also: the capture names are what a forward records, hooks act on the new points, a lazy trace gives every name
+bit for bit, describe() says each mechanism, bfloat16 on two families, and an unknown type is refused."""
+
+import json
+
+import pytest
+import torch
+from test_families import COMMON, _randomize, ids, rel
+
+from model.loaders.hf import LM_TYPES, ModelLoadError, load_hf_dir
+
+transformers = pytest.importorskip("transformers")
+
+V, T, W = COMMON["vocab_size"], 24, 8
+MORE = {
+    "phi": ("phi", dict(partial_rotary_factor=0.5)),
+    "starcoder2": ("starcoder2", dict(sliding_window=W, head_dim=16)),
+    "qwen3_moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True)),
+    "cohere": ("cohere", dict(logit_scale=0.5)),
+    "granite": ("granite", dict(embedding_multiplier=6.0, attention_multiplier=0.1, residual_multiplier=0.3,
+                                logits_scaling=4.0)),
+    "glm4": ("glm4", dict(head_dim=16)),
+    "smollm3": ("smollm3", dict(num_hidden_layers=3, no_rope_layers=[1, 0, 1])),
+}
+
+
+def build(family: str, dtype=torch.float32):
+    model_type, extra = MORE[family]
+    cfg = transformers.AutoConfig.for_model(model_type, **(COMMON | extra))
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    _randomize(model, seed=sum(map(ord, family)))
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> (transformers model, its save_pretrained directory), built once."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            ref = build(family)
+            d = tmp_path_factory.mktemp(family)
+            ref.save_pretrained(d)
+            cache[family] = ref, d
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def loaded(saved):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = load_hf_dir(saved(family)[1])
+        return cache[family]
+
+    return get
+
+
+def test_every_family_here_is_one_the_loader_opens():
+    assert {t for t, _ in MORE.values()} <= set(LM_TYPES)
+
+
+@pytest.mark.parametrize("family", list(MORE))
+@torch.no_grad()
+def test_logits_weights_and_greedy_tokens_match_transformers(family, saved, record_property):
+    ref, d = saved(family)
+    lm = load_hf_dir(d)
+    assert lm.model.num_parameters() == lm.model.cfg.num_parameters() == sum(p.numel() for p in ref.parameters())
+    x = ids()
+    out = ref(x, output_attentions=True)
+    logits, trace = lm.run_with_trace(x, names=["*.weights", "logits"])
+    errs = {"logits": rel(logits, out.logits)}
+    assert len(out.attentions) == lm.model.cfg.n_layers
+    for i, w in enumerate(out.attentions):  # [1, H, T, T] per layer, every query head
+        errs[f"L{i} weights"] = rel(trace[f"decoder.layers.{i}.self_attn.weights"], w)
+    record_property("max_rel", errs)
+    assert max(errs.values()) <= 1e-5, (family, errs)
+    want = ref.generate(x, max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)[0, T:].tolist()
+    assert lm.generate(x, max_new_tokens=4, record=False).ids == want
+
+
+NEW_POINTS = {  # family -> names its trace must have, and names it must not
+    "phi": (["decoder.layers.0.norm1.out", "decoder.layers.0.self_attn.q_unrot", "decoder.layers.1.ffn.hidden"],
+            ["decoder.layers.0.norm2.in"]),
+    "starcoder2": (["masks.sliding", "decoder.layers.0.norm2.out", "decoder.layers.0.ffn.hidden"],
+                   ["decoder.layers.0.ffn.gate"]),
+    "qwen3_moe": (["decoder.layers.0.self_attn.q_norm.out", "decoder.layers.0.ffn.router.topk_ids",
+                   "decoder.layers.2.ffn.experts.3.out", "decoder.layers.1.ffn.gate"],
+                  ["decoder.layers.0.ffn.shared_expert.out", "decoder.layers.1.ffn.router.probs"]),
+    "cohere": (["decoder.layers.0.norm1.out", "decoder.layers.0.ffn.gate", "decoder.layers.1.self_attn.q_unrot"],
+               ["decoder.layers.0.norm2.in", "logits_uncapped"]),
+    "granite": (["decoder.layers.0.scale_attn.out", "decoder.layers.1.scale_ffn.out"], ["logits_uncapped"]),
+    "glm4": (["decoder.layers.0.norm_post_attn.out", "decoder.layers.0.norm2.in", "decoder.layers.1.norm_post_ffn.out",
+              "decoder.layers.0.ffn.gate"], []),
+    "smollm3": (["decoder.layers.0.self_attn.q_unrot", "decoder.layers.2.self_attn.k_unrot"],
+                ["decoder.layers.1.self_attn.q_unrot", "decoder.layers.1.self_attn.k_unrot"]),
+}
+
+
+@pytest.mark.parametrize("family", list(MORE))
+@torch.no_grad()
+def test_capture_names_are_what_a_forward_records_and_capture_changes_nothing(family, loaded):
+    lm = loaded(family)
+    x = ids(seed=1)
+    logits, trace = lm.run_with_trace(x)
+    shapes = lm.model.capture_names(*x.shape)
+    assert trace.names() == list(shapes)  # derived from the module tree, in computation order
+    assert all(tuple(trace[n].shape) == s for n, s in shapes.items())
+    has, lacks = NEW_POINTS[family]
+    assert set(has) <= set(shapes) and not set(lacks) & set(shapes), family
+    assert torch.equal(logits, lm.model(x))  # bit-identical with and without capture
+
+
+@pytest.mark.parametrize("family", list(MORE))
+@torch.no_grad()
+def test_a_lazy_trace_gives_every_name_bit_for_bit(family, loaded):
+    model = loaded(family).model
+    x = ids(seed=2, n=20)
+    _, full = model.run_with_trace(x)
+    _, lazy = model.run_with_trace(x, lazy=True, layers=True)
+    names = [n for n in full.names() if not n.startswith("logits")]
+    assert list(lazy.names()) == names
+    for n in names:
+        assert torch.equal(lazy[n], full[n]), (family, n)
+
+
+@pytest.mark.parametrize("family", list(MORE))
+@torch.no_grad()
+def test_weights_recompute_from_q_k_and_the_description(family, loaded):
+    from model.core.attention import attention_weights, causal_mask
+
+    lm = loaded(family)
+    _, trace = lm.run_with_trace(ids(seed=3), names=["*.self_attn.q", "*.self_attn.k", "*.self_attn.weights"])
+    for name, a in trace.meta["model"]["attention"].items():
+        q, k = trace[f"{name}.q"], trace[f"{name}.k"]
+        k = k.repeat_interleave(a["n_heads"] // a["n_kv_heads"], dim=1)
+        s = (q @ k.transpose(-2, -1)) * a["scale"]
+        mask = causal_mask(T, window=a["window"])[None, None]
+        torch.testing.assert_close(attention_weights(s, mask), trace[f"{name}.weights"], atol=1e-6, rtol=0)
+
+
+@torch.no_grad()
+def test_a_hook_on_the_shared_norm_reaches_both_sublayers_of_phi(loaded):
+    """Phi's attention and FFN read the one norm: zeroing its output leaves x + W^O's bias + the FFN of 0."""
+    lm = loaded("phi")
+    x = ids(seed=4)
+    _, tr = lm.run_with_trace(x, names=["decoder.layers.0.*"],
+                              hooks={"decoder.layers.0.norm1.out": lambda t, n: torch.zeros_like(t)})
+    m = lm.model.decoder.layers[0]
+    ffn0 = m.ffn.linear2(m.ffn.act(m.ffn.linear1.bias))  # the FFN of a zero input
+    a = m.self_attn  # a zero input's values are v's bias at every key: z = that bias (per K/V head)
+    v0 = a.w_v.bias.view(a.n_kv_heads, -1).repeat_interleave(a.n_heads // a.n_kv_heads, 0).reshape(1, -1)
+    attn0 = m.self_attn.w_o(v0)
+    torch.testing.assert_close(tr["decoder.layers.0.out"][0] - tr["decoder.layers.0.norm1.in"][0],
+                               (attn0 + ffn0).expand(T, -1), atol=1e-5, rtol=0)
+
+
+def test_the_description_says_each_layers_mechanisms(loaded):
+    phi = loaded("phi").model.describe()
+    assert phi["blocks"].items() >= {"parallel_residual": True, "shared_norm": True, "generator_bias": True,
+                                     "norm": "layernorm"}.items()
+    assert phi["attention"]["decoder.layers.0.self_attn"]["rope"]["rotary_dim"] == 8  # half of d_head 16
+    sc = loaded("starcoder2").model.describe()
+    assert sc["blocks"].items() >= {"norm": "layernorm", "ffn": "plain", "activation": "gelu_tanh",
+                                    "sliding_window": W}.items()
+    assert [a["window"] for a in sc["attention"].values()] == [W, W]
+    assert "shared_norm" not in sc["blocks"]  # a switch that is off is not said
+    moe = loaded("qwen3_moe").model.describe()
+    assert moe["blocks"]["moe"] == {"n_experts": 4, "top_k": 2, "d_ff": 32, "norm_topk": True, "shared": False,
+                                    "shared_d_ff": 0, "shared_gate": False, "layers": [0, 2]}
+    assert moe["attention"]["decoder.layers.0.self_attn"]["qk_norm_over"] == "head"
+    co = loaded("cohere").model.describe()
+    assert co["blocks"].items() >= {"parallel_residual": True, "shared_norm": True, "norm_bias": False,
+                                    "logit_scale": 0.5, "rope_interleaved": True}.items()
+    gr = loaded("granite").model.describe()
+    assert gr["blocks"].items() >= {"embed_multiplier": 6.0, "residual_multiplier": 0.3, "logits_scaling": 4.0}.items()
+    assert {a["scale"] for a in gr["attention"].values()} == {0.1}  # attention_multiplier is the query scale
+    glm = loaded("glm4").model.describe()
+    assert glm["blocks"].items() >= {"norm_position": "sandwich", "post_norms": True, "rope_interleaved": True}.items()
+    assert glm["attention"]["decoder.layers.0.self_attn"]["rope"]["rotary_dim"] == 8  # partial_rotary_factor 0.5
+    sm = loaded("smollm3").model.describe()
+    assert sm["blocks"]["nope_layers"] == [1]
+    assert [a["rope"] is None for a in sm["attention"].values()] == [False, True, False]
+    for fam in MORE:
+        d = loaded(fam).model.describe()
+        assert json.loads(json.dumps(d)) == d
+
+
+@pytest.mark.parametrize("family", ["starcoder2", "qwen3_moe"])
+@torch.no_grad()
+def test_bfloat16_on_the_cpu_matches_transformers_bfloat16(family, saved):
+    ref, d = saved(family)
+    ref16 = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager")
+    lm = load_hf_dir(d, dtype="bfloat16")
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    x = ids(seed=5)
+    logits, trace = lm.run_with_trace(x, names=["*.weights", "logits"])
+    out = ref16(x, output_attentions=True)
+    assert logits.dtype == torch.bfloat16
+    assert rel(logits, out.logits) <= 2 ** -7, rel(logits, out.logits)
+    for i, w in enumerate(out.attentions):
+        assert rel(trace[f"decoder.layers.{i}.self_attn.weights"], w) <= 2 ** -7
+    assert rel(logits, ref(x).logits) <= 0.1
+
+
+def test_an_unknown_type_is_still_refused_in_one_sentence(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(ModelLoadError) as e:
+        load_hf_dir(tmp_path)
+    msg = str(e.value)
+    assert "'mamba' is not supported" in msg and "\n" not in msg and all(t in msg for t in LM_TYPES)
+
+
+# ---------------------------------------------------------------- the new mechanisms, each checked on its own
+
+
+@torch.no_grad()
+def test_granites_four_constants(loaded):
+    """embedding × 6, query scale 0.1, each sublayer's output × 0.3 before it is added, logits ÷ 4."""
+    lm = loaded("granite")
+    m = lm.model
+    x = ids(seed=6)
+    logits, tr = lm.run_with_trace(x)
+    assert torch.equal(tr["decoder.embed.tok"], m.decoder.embed.tok.weight[x] * 6.0)
+    for i in range(m.cfg.n_layers):
+        p = f"decoder.layers.{i}"
+        assert torch.equal(tr[f"{p}.scale_attn.out"], tr[f"{p}.self_attn.out"] * 0.3)
+        assert torch.equal(tr[f"{p}.scale_ffn.out"], tr[f"{p}.ffn.out"] * 0.3)
+        assert torch.equal(tr[f"{p}.norm2.in"], tr[f"{p}.norm1.in"] + tr[f"{p}.scale_attn.out"])
+    assert torch.equal(logits, m.generator(tr["decoder.norm.out"]) / 4.0)
+    assert torch.equal(m.unembed(tr["decoder.norm.in"]), logits)  # the logit lens divides too
+    # a hook on the scaled update is what the stream gets: doubling it is the same as residual_multiplier 0.6
+    doubled = lm.run_with_hooks(x, hooks={"decoder.layers.1.scale_ffn.out": lambda t, n: t * 2})
+    want = m.unembed(tr["decoder.layers.1.out"] + tr["decoder.layers.1.scale_ffn.out"])
+    torch.testing.assert_close(doubled, want, atol=1e-6, rtol=0)
+
+
+@torch.no_grad()
+def test_cohere_multiplies_its_logits_and_phi_adds_its_unembedding_bias(loaded):
+    for family in ("cohere", "phi"):
+        m = loaded(family).model
+        x = ids(seed=7)
+        logits, tr = m.run_with_trace(x, names=["decoder.norm.*", "logits"])
+        raw = tr["decoder.norm.out"] @ m.generator.weight.T
+        want = raw * 0.5 if family == "cohere" else raw + m.generator.bias
+        torch.testing.assert_close(logits, want, atol=1e-5, rtol=0)
+        assert torch.equal(m.unembed(tr["decoder.norm.in"]), logits)
+    assert loaded("cohere").model.decoder.norm.bias is None  # LayerNorm without a bias
+
+
+@torch.no_grad()
+def test_smollm3s_nope_layer_attends_without_rotation(loaded):
+    """Layer 1 (no_rope_layers[1] = 0): q and k are the projections themselves, no RoPE; layers 0 and 2 turn them."""
+    lm = loaded("smollm3")
+    m = lm.model
+    x = ids(seed=8)
+    _, tr = lm.run_with_trace(x)
+    a = m.decoder.layers[1].self_attn
+    h = tr["decoder.layers.1.norm1.out"]
+    torch.testing.assert_close(tr["decoder.layers.1.self_attn.q"], a.split_heads(a.w_q(h)), atol=0, rtol=0)
+    torch.testing.assert_close(tr["decoder.layers.1.self_attn.k"], a.split_heads(a.w_k(h)), atol=0, rtol=0)
+    assert not torch.equal(tr["decoder.layers.0.self_attn.q"], tr["decoder.layers.0.self_attn.q_unrot"])
+
+
+@torch.no_grad()
+def test_interleaved_rope_checkpoints_are_reordered_once(saved):
+    """Cohere and GLM-4 turn pairs (2i, 2i+1); the loader reorders each head's q/k rows to (i, i + r/2): our q_unrot
+    is transformers' q projection with its first r dims of each head in that order (the rest as they were)."""
+    for family, r in (("cohere", 16), ("glm4", 8)):
+        ref, d = saved(family)
+        m = load_hf_dir(d).model
+        x = ids(seed=9)
+        _, tr = m.run_with_trace(x, names=["decoder.layers.0.norm1.out", "decoder.layers.0.self_attn.q_unrot"])
+        q_ref = ref.model.layers[0].self_attn.q_proj(tr["decoder.layers.0.norm1.out"])  # (1, T, H*hs)
+        q_ref = q_ref.view(1, T, -1, 16).transpose(1, 2)
+        perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, 16)])
+        torch.testing.assert_close(tr["decoder.layers.0.self_attn.q_unrot"], q_ref[..., perm], atol=1e-6, rtol=0)
