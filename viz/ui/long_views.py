@@ -144,11 +144,35 @@ def _win(raw: str | None, T: int) -> tuple[int, int, int] | None:
     return None
 
 
+def follow_end(key: str, T: int) -> None:
+    """The text changed length (a question appended to the prompt): a document position that sat on the old last
+    token moves to the new last one, and a zoom window that held the old last row moves by as many tokens, so the
+    view follows the end of the text as a fresh page would (issue 31 §3). A position or window the reader moved
+    elsewhere stays where it was. The page's widgets keep their values by key; this sets them before they are drawn."""
+    seen = f"{key}_long_T"
+    old, st.session_state[seen] = st.session_state.get(seen), T
+    if old is None or old == T:
+        return
+    pos = f"{key}_long_pos"
+    if st.session_state.get(pos) == old - 1:
+        st.session_state[pos] = T - 1
+        write_query(pos=T - 1)
+    q0k, k0k = f"{key}_long_q0", f"{key}_long_k0"
+    size = st.session_state.get(f"{key}_long_size", 32)
+    q0, k0 = st.session_state.get(q0k), st.session_state.get(k0k)
+    if isinstance(q0, int) and isinstance(k0, int) and q0 <= old - 1 < q0 + size:
+        shift = T - old
+        st.session_state[q0k] = min(max(0, q0 + shift), T - 1)
+        st.session_state[k0k] = min(max(0, k0 + shift), T - 1)
+        write_query(win=f"{st.session_state[q0k]},{st.session_state[k0k]},{size}")
+
+
 def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: int | None = None,
                           head: int | None = None) -> None:
     """Layer/head choice (unless the page chose them), the pooled overview with its zoom window, and the
     document view of `trace` (a LazyTrace of a decoder LM); `tokens` are the readable pieces."""
     T = LG.n_tokens(trace)
+    follow_end(key, T)
     mods = trace.modules()
     n_layers, n_heads = len(mods), trace.n_heads(0)
     if layer is None or head is None:
