@@ -251,7 +251,16 @@ def residual_figure(steps: Sequence[Step], tokens: Sequence[str], token: int) ->
     """Top: ‖·‖ per token for every step of the residual stream. Bottom: the chosen token's vectors
     (one row per step, D columns), on one colour range."""
     labels = F.token_labels(tokens, steps[0].value.shape[0])
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.16, subplot_titles=[
+    # The top chart's token axis: at most NORM_TICKS labels (every k-th, the chosen token's always), each cut to
+    # NORM_TICK_CHARS characters; the gap under it is sized for those labels (tilted -60°) plus the bottom
+    # chart's title, so neither is drawn over them at 2,404 tokens (issue 31 §3).
+    every = max(1, -(-len(labels) // NORM_TICKS))
+    ticks = sorted(set(range(0, len(labels), every)) | {token})
+    short = [_cut(labels[i], NORM_TICK_CHARS) for i in ticks]
+    height, top = 720, 130
+    label_px = 7 * max(len(x) for x in short) * 0.87 + 12  # ~7 px a character at 12 px, sin 60°
+    spacing = min(0.4, (label_px + 48) / (height - top - 10))
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=spacing, subplot_titles=[
         t("‖vector‖ per token at each step"), t("the vectors of token {tok}", tok=labels[token])])
     for c, s in enumerate(steps):
         fig.add_trace(go.Scatter(x=labels, y=token_norms(s.value).astype(np.float32), mode="lines+markers",
@@ -261,13 +270,22 @@ def residual_figure(steps: Sequence[Step], tokens: Sequence[str], token: int) ->
     fig.add_trace(F.heatmap_trace(strip, "values", list(range(strip.shape[1])), [s.label for s in steps],
                                   t("value"), hover_x="dim", hover_y="step"), 2, 1)
     fig.add_vline(x=token, line={"color": "#ff4b4b", "dash": "dot"}, row=1, col=1)
-    fig.update_xaxes(type="category", tickangle=-60, row=1, col=1)
+    fig.update_xaxes(type="category", tickangle=-60, tickmode="array", tickvals=[labels[i] for i in ticks],
+                     ticktext=short, row=1, col=1)
     fig.update_yaxes(title="‖·‖₂", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(autorange="reversed", type="category", row=2, col=1)
     fig.update_xaxes(title=t("dimension"), row=2, col=1)
-    F._layout(fig, t("residual stream around the sublayer"), 680,
+    F._layout(fig, t("residual stream around the sublayer"), height,
               legend={"orientation": "h", "y": 1.04, "yanchor": "bottom", "x": 0})
-    return fig.update_layout(margin={"t": 130})
+    return fig.update_layout(margin={"t": top})
+
+
+NORM_TICKS = 48  # token labels on the per-token norm chart's axis, at most
+NORM_TICK_CHARS = 16  # characters of one such label, at most
+
+
+def _cut(label: str, n: int) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
 
 
 # ---------------------------------------------------------------- LayerNorm
