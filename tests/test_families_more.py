@@ -294,3 +294,32 @@ def test_interleaved_rope_checkpoints_are_reordered_once(saved):
         q_ref = q_ref.view(1, T, -1, 16).transpose(1, 2)
         perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, 16)])
         torch.testing.assert_close(tr["decoder.layers.0.self_attn.q_unrot"], q_ref[..., perm], atol=1e-6, rtol=0)
+
+
+MAP_SAYS = {"phi": ["x + Attn(N(x)) + FFN(N(x))", "logits + b"], "starcoder2": ["sliding (W = 8) × 2"],
+            "qwen3_moe": ["experts: top 2 of 4", "q/k norm"],
+            "cohere": ["x + Attn(N(x)) + FFN(N(x))", "LayerNorm: β = 0", "RoPE (2i, 2i+1)", "logits × 0.5"],
+            "granite": ["embedding_multiplier = 6", "x + 0.3·f(x)", "logits ÷ 4", "query scale 0.1"],
+            "glm4": ["sandwich norms", "RoPE (2i, 2i+1)"], "smollm3": ["NoPE: L1"]}
+
+
+@pytest.mark.parametrize("family", list(MORE))
+def test_the_architecture_map_draws_each_mechanism(family, loaded):
+    """viz/figures/arch.py: every layer's map draws; its title says the family's mechanisms (in notation, the same
+    in every language); a parallel block with one norm draws one norm box; a NoPE layer's side box says NoPE;
+    Granite's "+" boxes carry the residual multiplier; the shapes on the edges are the trace's."""
+    from viz.figures import arch
+
+    lm = loaded(family)
+    desc = lm.model.describe()
+    for layer in range(lm.model.cfg.n_layers):
+        fig = arch.lm_architecture_figure(desc, 1, T, layer=layer)
+        assert all(s in fig.layout.title.text for s in MAP_SAYS[family]), (family, fig.layout.title.text)
+        ids_ = {b.id: b.label for b in arch.lm_blocks(desc, layer)}
+        assert ("lm_norm2" in ids_) is (family not in ("phi", "cohere"))
+        if family == "smollm3":
+            assert (ids_["lm_rope"] == "NoPE") is (layer == 1)
+        if family == "granite":
+            assert ids_["lm_add1"] == ids_["lm_add2"] == "+ 0.3×" and ids_["lm_unembed"].endswith("÷ 4")
+    _, trace = lm.run_with_trace(ids(n=T), names=list(arch.lm_shapes(desc, 1, T)))
+    assert {n: tuple(trace[n].shape) for n in trace.names()} == arch.lm_shapes(desc, 1, T)

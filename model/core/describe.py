@@ -34,6 +34,18 @@ weights from its recorded q and k (`<attn>.q` is after q/k norm and RoPE, so the
 and in "blocks": "norm_position" ("pre" | "sandwich" | "post"), "post_norms", "parallel_residual",
 "embed_scale" (√d_model or None), "final_softcap", "sliding_window", "moe" (None or {"n_experts",
 "top_k", "d_ff", "norm_topk", "shared", "shared_d_ff", "shared_gate", "layers"}).
+
+Issue 32's mechanisms are in "blocks" only where the model has them (absent otherwise):
+    "shared_norm": True        a parallel block whose attention and FFN read one norm, norm1 (Phi, Cohere)
+    "norm_bias": False         LayerNorm without a bias (Cohere)
+    "generator_bias": True     the unembedding has a bias (Phi): logits = W·x + b
+    "logit_scale": s           logits × s (Cohere);  "logits_scaling": s   logits ÷ s (Granite)
+    "embed_multiplier": m      token embedding × m (Granite)
+    "residual_multiplier": m   each sublayer's output × m before it joins the stream (Granite; captured as
+                               `<layer>.scale_attn.out`, `<layer>.scale_ffn.out`)
+    "rope_interleaved": True   the checkpoint turns pairs (2i, 2i+1) (Cohere, GLM-4); the loader reordered each
+                               head's q/k dims to the lab's (i, i + r/2), so `.q`/`.k` hold them in that order
+    "nope_layers": [i, ...]    layers that attend without RoPE (SmolLM3): their entry's "rope" is None
 """
 
 from __future__ import annotations

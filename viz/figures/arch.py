@@ -237,7 +237,35 @@ def lm_facts(desc: Mapping) -> dict:
             "wiring": ("parallel" if blocks.get("parallel_residual") else
                        {"sandwich": "sandwich", "post": "post"}.get(blocks.get("norm_position"), "pre")),
             "qk_norm": bool(first.get("qk_norm")), "moe": blocks.get("moe") or None,
-            "rotary_dim": (first.get("rope") or {}).get("rotary_dim") or first["d_head"]}
+            "rotary_dim": (first.get("rope") or {}).get("rotary_dim") or first["d_head"],
+            "shared_norm": bool(blocks.get("shared_norm")), "mechanisms": lm_mechanisms(blocks)}
+
+
+def lm_mechanisms(blocks: Mapping) -> list[str]:
+    """Issue 32's mechanisms in notation (no prose: the same in every language), where the description has them:
+    one norm for both sublayers of a parallel block (Phi, Cohere), LayerNorm without a bias, the unembedding's bias,
+    logits × logit_scale (Cohere) or ÷ logits_scaling (Granite), Granite's embedding and residual multipliers,
+    interleaved RoPE pairs (Cohere, GLM-4), layers without RoPE (SmolLM3)."""
+    out = []
+    if blocks.get("shared_norm"):
+        out.append("x + Attn(N(x)) + FFN(N(x))")
+    if blocks.get("norm_bias") is False:
+        out.append("LayerNorm: β = 0")
+    if blocks.get("embed_multiplier") is not None:
+        out.append(f"embedding_multiplier = {blocks['embed_multiplier']:g}")
+    if blocks.get("residual_multiplier") is not None:
+        out.append(f"x + {blocks['residual_multiplier']:g}·f(x)")
+    if blocks.get("rope_interleaved"):
+        out.append("RoPE (2i, 2i+1)")
+    if blocks.get("nope_layers"):
+        out.append("NoPE: " + ", ".join(f"L{i}" for i in blocks["nope_layers"]))
+    if blocks.get("generator_bias"):
+        out.append("logits + b")
+    if blocks.get("logit_scale") is not None:
+        out.append(f"logits × {blocks['logit_scale']:g}")
+    if blocks.get("logits_scaling") is not None:
+        out.append(f"logits ÷ {blocks['logits_scaling']:g}")
+    return out
 
 
 def layer_facts(desc: Mapping, layer: int) -> dict:
@@ -327,6 +355,9 @@ def lm_layout(desc: Mapping) -> dict[str, tuple[float, float]]:
     else:
         pos = {b: (PAR_X.get(b, LM_X) if f["wiring"] == "parallel" else LM_X, y)
                for b, y in WIRING_YS[f["wiring"]].items()}
+    if f["wiring"] == "parallel" and f["shared_norm"]:  # Phi, Cohere: one norm under both sublayers
+        pos.pop("lm_norm2", None)
+        pos["lm_norm1"] = (LM_X, pos["lm_norm1"][1])
     attn_y, ffn_y = pos["lm_attn"][1], pos["lm_ffn"][1]
     pos["lm_rope" if f["rotary"] else "lm_pos"] = (SIDE_X, attn_y) if f["rotary"] else (SIDE_X, 0.08)
     if f["qk_norm"]:
@@ -374,6 +405,19 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
     if f["wiring"] == "parallel":
         del labels["lm_add1"]
         labels["lm_norm1"], labels["lm_norm2"] = f"{norm}₁", f"{norm}₂"
+    if f["wiring"] == "parallel" and f["shared_norm"]:  # Phi, Cohere: the attention and the FFN read one norm
+        labels["lm_norm1"] = norm
+        del labels["lm_norm2"]
+    b = desc.get("blocks", {})
+    if b.get("residual_multiplier") is not None:  # Granite: each sublayer's output × m before the "+"
+        for k in ("lm_add1", "lm_add2"):
+            if k in labels:
+                labels[k] = f"+ {b['residual_multiplier']:g}×"
+    if b.get("embed_multiplier") is not None:
+        labels["lm_embed"] += f" × {b['embed_multiplier']:g}"
+    for key, sign in (("logit_scale", "×"), ("logits_scaling", "÷")):  # Cohere, Granite
+        if b.get(key) is not None:
+            labels["lm_unembed"] += f" {sign} {b[key]:g}"
     if f["rotary"]:
         labels["lm_rope"] = (t("RoPE: rotates q and k by position") if f["rotary_dim"] >= f["dh"]
                              else t("RoPE on {r} of {d} dims", r=f["rotary_dim"], d=f["dh"]))  # partial rotary
@@ -382,6 +426,8 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
             labels["lm_rope"] += " · " + t("{kind} scaling ×{x}", kind=kind, x=f"{lf['factor']:g}")
     else:
         labels["lm_pos"] = t("+ learned position embedding")
+    if f["rotary"] and layer in (b.get("nope_layers") or []):  # SmolLM3: this layer's q and k are not turned
+        labels["lm_rope"] = "NoPE"
     if f["qk_norm"]:
         labels["lm_qknorm"] = t("q/k {norm}", norm=norm)
     if moe:
@@ -446,8 +492,10 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
     ids = _shape("B, T", (B, T))
     _arrow(fig, LM_X, -0.01, LM_X, by["lm_embed"].y - BOX_H / 2, ids + " " + t("token ids"), size=small)
     if par:  # both sublayers read the layer's input; one sum adds both to it
-        edges = [("lm_embed", "lm_norm1"), ("lm_embed", "lm_norm2"), ("lm_norm1", "lm_attn"), ("lm_norm2", "lm_ffn"),
-                 ("lm_attn", "lm_add2"), ("lm_ffn", "lm_add2"), ("lm_add2", "lm_norm"), ("lm_norm", "lm_unembed")]
+        n2 = "lm_norm2" if "lm_norm2" in by else "lm_norm1"  # Phi, Cohere: one norm feeds both
+        edges = [("lm_embed", "lm_norm1")] + ([("lm_embed", n2)] if n2 != "lm_norm1" else []) + [
+            ("lm_norm1", "lm_attn"), (n2, "lm_ffn"), ("lm_attn", "lm_add2"), ("lm_ffn", "lm_add2"),
+            ("lm_add2", "lm_norm"), ("lm_norm", "lm_unembed")]
     else:
         chain = [b for b in ("lm_embed", "lm_norm1", "lm_attn", "lm_post1", "lm_add1", "lm_norm2", "lm_ffn", "lm_post2",
                              "lm_add2", "lm_norm", "lm_unembed") if b in by]
@@ -537,7 +585,7 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
                                   t("soft-cap ±{c}", c=f"{lf['softcap']:g}") if lf["softcap"] else "",
                                   t("query scale {s}", s=f"{lf['scale']:.4g}") if lf["scale"] else "",
                                   t("experts: top {k} of {E}", k=f["moe"]["top_k"], E=f["moe"]["n_experts"])
-                                  if f["moe"] else "") if x)
+                                  if f["moe"] else "", *f["mechanisms"]) if x)
     title = t("the live model{name}: D = {D}, {L} layers, H = {H}, H_kv = {G}, d_head = {dh}, d_ff = {f}, {kinds}",
               name=f" {title_name}" if title_name else "", D=f["D"], L=f["L"], H=f["H"], G=f["G"], dh=f["dh"],
               f=f["d_ff"], kinds=kinds)
