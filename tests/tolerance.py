@@ -60,3 +60,16 @@ def f32_tol(*xs, n: int = 1, ulps: float = ULPS) -> float:
 def f64_tol(*xs, n: int = 1, ulps: float = ULPS) -> float:
     """tol(...) for float64 (numpy's and Python's floats): a computation done in float64 throughout."""
     return tol(*xs, n=n, dtype=torch.float64, ulps=ulps)
+
+
+def kl_tol(p_logits, q_logits, n: int, ulps: float = ULPS) -> float:
+    """A bound for the rounding difference of KL(p || q) = sum p (log p - log q) (computed in float64 from float32
+    logits, as model.analysis does) when both sets of logits carry float32 rounding up to d = f32_tol(logits, n=n)
+    (another batch size, another thread count). To first order, logits of q moved by delta change the KL by
+    -sum (p - q) delta, so by at most ||p - q||_1 x d; logits of p moved by delta change it by
+    sum p (delta - mean_p delta) (log p - log q), at most 2 max|log p - log q| x d. A KL of 1e-5 then has a bound
+    of a few 1e-8, not a fixed relative 1e-4 that a machine might not meet."""
+    p = torch.as_tensor(p_logits).double().log_softmax(-1)
+    q = torch.as_tensor(q_logits).double().log_softmax(-1)
+    d = f32_tol(p_logits, q_logits, n=n, ulps=ulps)
+    return float(((p.exp() - q.exp()).abs().sum(-1) + 2 * (p - q).abs().amax(-1)).max()) * d
