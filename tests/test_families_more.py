@@ -323,3 +323,20 @@ def test_the_architecture_map_draws_each_mechanism(family, loaded):
             assert ids_["lm_add1"] == ids_["lm_add2"] == "+ 0.3×" and ids_["lm_unembed"].endswith("÷ 4")
     _, trace = lm.run_with_trace(ids(n=T), names=list(arch.lm_shapes(desc, 1, T)))
     assert {n: tuple(trace[n].shape) for n in trace.names()} == arch.lm_shapes(desc, 1, T)
+
+
+@pytest.mark.parametrize("family, change, words", [
+    ("phi", {"qk_layernorm": True}, "Phi's qk_layernorm .* is not supported"),
+    ("cohere", {"use_qk_norm": True}, "Cohere's use_qk_norm .* is not supported"),
+    ("granite", {"residual_multiplier": 0}, "residual_multiplier must be a positive number"),
+    ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers must give 0 or 1 for each of the 3 layers"),
+    ("smollm3", {"no_rope_layers": [1, 0]}, "no_rope_layers must give 0 or 1 for each of the 3 layers"),
+])
+def test_what_these_families_do_not_compute_exactly_is_refused_in_a_sentence(family, change, words):
+    from model.loaders import hf
+
+    model_type, extra = MORE[family]
+    raw = transformers.AutoConfig.for_model(model_type, **(COMMON | extra)).to_dict() | change
+    with pytest.raises(ModelLoadError, match=words):
+        hf.config_from_hf(raw)
+    hf.config_from_hf({k: v for k, v in raw.items() if k not in change})  # the same config without it loads
