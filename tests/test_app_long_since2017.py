@@ -148,14 +148,21 @@ def test_llama_long_prompt_draws_windows_of_the_traces_numbers(built, monkeypatc
         assert f"tokens {w0} to {w1 - 1} of {T}, the {ROWS} around the chosen token" in captions
 
 
-@pytest.mark.parametrize("lang, lazy", [("en", True), ("zh", True), ("en", False)])
-def test_gemma3_long_prompt_pools_the_window(built, monkeypatch, lang, lazy):
-    label = built("gemma3")
+def opened(built, monkeypatch, family: str, lang: str, lazy: bool, head: int = 1, pos: int = 60):
+    """(trace, page, T): the page on `family`'s long TEXT at layer 0, every section drawn, every figure bounded."""
+    label = built(family)
     trace = long_trace(monkeypatch, label, lazy)
-    T, head, pos = LG.n_tokens(trace), 1, 60
+    T = LG.n_tokens(trace)
     at = run_page(label, lang, layer=0, head=head, pos=pos)
     every_section(at, lang)
     bounded(at, T)
+    return trace, at, T
+
+
+@pytest.mark.parametrize("lang, lazy", [("en", True), ("zh", True), ("en", False)])
+def test_gemma3_long_prompt_pools_the_window(built, monkeypatch, lang, lazy):
+    head = 1
+    trace, at, T = opened(built, monkeypatch, "gemma3", lang, lazy, head)
     edges = LG.block_edges(T, BLOCKS)
     # The sliding layer's mask, pooled: the share of open cells of each block, from the trace's own mask.
     fig = figure_with(at, "滑动窗口掩码" if lang == "zh" else f"sliding-window mask, W = {W}")
@@ -180,12 +187,8 @@ def test_gemma3_long_prompt_pools_the_window(built, monkeypatch, lang, lazy):
 
 @pytest.mark.parametrize("lang, lazy", [("en", True), ("en", False)])
 def test_gemma2_long_prompt_tiles_the_soft_cap(built, monkeypatch, lang, lazy):
-    label = built("gemma2")
-    trace = long_trace(monkeypatch, label, lazy)
-    T, head, pos = LG.n_tokens(trace), 1, 60
-    at = run_page(label, lang, layer=0, head=head, pos=pos)
-    every_section(at, lang)
-    bounded(at, T)
+    head, pos = 1, 60
+    trace, at, T = opened(built, monkeypatch, "gemma2", lang, lazy, head, pos)
     mask = trace["decoder.layers.0.self_attn.mask"][0, 0].numpy()
     # Soft-cap: the chosen token's visible scores drawn; the numbers over every visible cell of the head.
     fig = figure_with(at, "c = 3")

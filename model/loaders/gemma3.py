@@ -95,10 +95,9 @@ def expected_sha256() -> str:
 
 def cache_root() -> Path:
     """Where the assembled file lives: $ATTENTION_LAB_CACHE/models, else ~/.cache/attention-lab/models (XDG)."""
-    root = os.environ.get("ATTENTION_LAB_CACHE")
-    if root:
-        return Path(root) / "models"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-lab" / "models"
+    from model.loaders.gguf import lab_cache
+
+    return lab_cache("models")
 
 
 def _sha256(path: Path) -> str:

@@ -777,12 +777,17 @@ def special_ids(metadata: dict, vocab: int) -> dict[str, Any]:
     return ids
 
 
-def cache_dir() -> Path:
-    """Where dequantized copies live: $ATTENTION_LAB_CACHE, else the user's cache dir (XDG)."""
+def lab_cache(sub: str) -> Path:
+    """The lab's cache folder `sub`: $ATTENTION_LAB_CACHE/sub, else ~/.cache/attention-lab/sub (XDG)."""
     root = os.environ.get("ATTENTION_LAB_CACHE")
     if root:
-        return Path(root) / "gguf"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-lab" / "gguf"
+        return Path(root) / sub
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-lab" / sub
+
+
+def cache_dir() -> Path:
+    """Where dequantized copies live (lab_cache("gguf"))."""
+    return lab_cache("gguf")
 
 
 def cache_key(path: Path) -> str:
