@@ -66,10 +66,15 @@ def test_assembly_is_checked_and_atomic(tmp_path, monkeypatch):
         f.write(b"\xff")
     assert G3.gemma3_path(tmp_path) == p and G3._sha256(p) == G3.SHA256
     p.unlink()
-    monkeypatch.setattr(G3, "SHA256", "0" * 64)  # chunks that do not make the published file
-    with pytest.raises(G3.Gemma3ChecksumError, match="not the published"):
-        G3.gemma3_path(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(G3, "expected_sha256", lambda: "0" * 64)  # chunks that do not make the published file
+        with pytest.raises(G3.Gemma3ChecksumError, match="not the published"):
+            G3.gemma3_path(tmp_path)
     assert [f.name for f in tmp_path.iterdir() if f.suffix == ".gguf"] == []  # nothing half-written left
+    if G3._package_dir(G3.ASSEMBLER) is not None:  # the assembler's SHA256SUMS must agree with the lab's pin
+        monkeypatch.setattr(G3, "SHA256", "0" * 64)
+        with pytest.raises(G3.Gemma3ChecksumError, match="SHA256SUMS gives a5fd3b62"):
+            G3.expected_sha256()
 
 
 def test_a_missing_part_names_the_install_command(monkeypatch):
