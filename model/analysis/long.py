@@ -23,7 +23,7 @@ Pure torch/numpy; `lm` is a LanguageModel (text needs its tokenizer) or a Decode
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -422,15 +422,18 @@ RETRIEVAL_RECIPE = ("share of copied answer tokens for which the head's most-att
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. call a head a retrieval head at a score >= 0.1
 
 
-def needle_grid(lm, lengths: Sequence[int], depths: Sequence[float], key: str = "71432") -> NeedleGrid:
+def needle_grid(lm, lengths: Sequence[int], depths: Sequence[float], key: str = "71432",
+                progress: Callable[[int, int], None] | None = None) -> NeedleGrid:
     """Every (depth, length) trial; retrieval scores pooled over the trials (Wu et al. average the
-    score over many needles, lengths and depths)."""
+    score over many needles, lengths and depths). `progress(done, total)` after each trial (a page's bar)."""
     trials, prob, correct = [], [], []
     for d in depths:
         row_p, row_c = [], []
         for n in lengths:
             t = needle_trial(lm, needle_prompt(lm, n, d, key))
             trials.append(t)
+            if progress is not None:
+                progress(len(trials), len(depths) * len(lengths))
             row_p.append(t.prob)
             row_c.append(t.correct)
         prob.append(row_p)

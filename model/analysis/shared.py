@@ -96,26 +96,50 @@ def is_cached(analysis: str, lm, *args) -> bool:
 
 # ---------------------------------------------------------------- honest estimates
 
-# Tokens forwarded per second by the batched analyses on this server, as measured (calibrate() at warm-up,
-# then every patching map and per-head sink run): what a page's "about N s" is computed from.
-_rate = {"tokens": 0.0, "seconds": 0.0}
+# Tokens forwarded per second by the batched analyses on this server, as measured (calibrate(), then every
+# patching map, per-head sink run and needle grid): what a page's "about N s" is computed from. Only the
+# measurements of the last RATE_WINDOW_S count (issue 31 §2: an all-time average mixed the warm-up's busy
+# seconds with a quiet afternoon and said "about 6 minutes" for a 16 s run); with none that recent there is no
+# rate, and a page re-measures (`fresh_rate`) or shows no estimate.
+RATE_WINDOW_S = 120.0
+_rates: list[tuple[float, float, float]] = []  # (when, tokens, seconds), oldest first
 _rate_lock = threading.Lock()
 
 
 def note_throughput(tokens: float, seconds: float) -> None:
+    now = time.monotonic()
     with _rate_lock:
-        _rate["tokens"] += tokens
-        _rate["seconds"] += seconds
+        _rates.append((now, float(tokens), float(seconds)))
+        while _rates and now - _rates[0][0] > RATE_WINDOW_S:
+            _rates.pop(0)
 
 
 def tokens_per_second() -> float | None:
+    """The rate measured over the last RATE_WINDOW_S (None when nothing was measured that recently)."""
+    now = time.monotonic()
     with _rate_lock:
-        return _rate["tokens"] / _rate["seconds"] if _rate["seconds"] > 0 else None
+        recent = [(tk, sec) for when, tk, sec in _rates if now - when <= RATE_WINDOW_S]
+    seconds = sum(sec for _, sec in recent)
+    return sum(tk for tk, _ in recent) / seconds if seconds > 0 else None
 
 
-def estimate_seconds(tokens: float) -> float | None:
-    """How long forwarding `tokens` token-rows in batches takes here, from what was measured (None before)."""
+def fresh_rate(lm) -> float | None:
+    """This server's rate at this moment: the recent measurements', else one small calibration now (a 4 x 16
+    token forward, well under a second on a quiet machine). None if even that fails."""
     rate = tokens_per_second()
+    if rate is None:
+        try:
+            calibrate(lm, rows=4, T=16)
+        except Exception:
+            return None
+        rate = tokens_per_second()
+    return rate
+
+
+def estimate_seconds(tokens: float, lm=None) -> float | None:
+    """How long forwarding `tokens` token-rows in batches takes here, from what was measured in the last
+    RATE_WINDOW_S (None without; given `lm`, a small calibration now fills the gap: `fresh_rate`)."""
+    rate = tokens_per_second() if lm is None else fresh_rate(lm)
     return None if rate is None else tokens / rate
 
 
@@ -222,3 +246,61 @@ def logit_lens(lm, text: str):
     from model.analysis import logit_lens as LLN
 
     return cached("logit_lens", lm, (text,), lambda: LLN.logit_lens(lm, text))
+
+
+# ---------------------------------------------------------------- a needle in a haystack (/phenomena?phen=needle)
+
+NEEDLE_LENGTHS = (256, 512)  # small, so the section is quick (README has SmolLM2 at 512-8,187 tokens)
+NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+NEEDLE_KEY, NEEDLE_ABLATE_KEY = "71432", "58219"  # the ablation runs on new prompts: another key, other depths
+NEEDLE_ABLATE_DEPTHS = (0.25, 0.75)
+NEEDLE_ABLATE_K = 5  # the page's default "heads to ablate"
+_needle_pace: dict[str, float] = {}  # "seconds_per_token" of the last needle grid run here, and "when" (monotonic)
+
+
+def needle_lengths(lm) -> tuple[int, ...]:
+    """The grid's lengths that fit the model's context (with room for the answer's tokens)."""
+    from model.analysis.inputs import as_decoder
+
+    ctx = getattr(as_decoder(lm).cfg, "max_len", None) or max(NEEDLE_LENGTHS) + 16
+    return tuple(n for n in NEEDLE_LENGTHS if n + 16 <= ctx) or (ctx // 2,)
+
+
+def needle_grid(lm, lengths: tuple | None = None, depths: tuple = NEEDLE_DEPTHS, key: str = NEEDLE_KEY,
+                progress: Callable[[int, int], None] | None = None):
+    """The page's needle grid, once per server (the warm-up computes the default one at start). Its pace
+    (seconds per prompt token) is kept for `needle_estimate`."""
+    from model.analysis import long as LG
+
+    lengths = needle_lengths(lm) if lengths is None else tuple(lengths)
+
+    def run():
+        t0 = time.perf_counter()
+        out = LG.needle_grid(lm, lengths, depths, key, progress=progress)
+        _needle_pace.update(seconds_per_token=(time.perf_counter() - t0) / (sum(lengths) * len(depths)),
+                            when=time.monotonic())
+        return out
+
+    return cached("needle_grid", lm, (lengths, tuple(depths), key), run)
+
+
+def needle_estimate(lm, lengths: tuple, depths: tuple = NEEDLE_DEPTHS) -> float | None:
+    """Seconds a needle grid takes here, from the last one measured in the last RATE_WINDOW_S (None: not
+    measured at this moment; the bar then tells the run's own pace as it goes)."""
+    if not _needle_pace or time.monotonic() - _needle_pace["when"] > RATE_WINDOW_S:
+        return None
+    return _needle_pace["seconds_per_token"] * sum(lengths) * len(depths)
+
+
+def needle_ablation(lm, lengths: tuple | None = None, depths: tuple = NEEDLE_DEPTHS, k: int = NEEDLE_ABLATE_K):
+    """The top-k retrieval heads of the grid zeroed on new prompts, against k random heads (twice)."""
+    from model.analysis import long as LG
+
+    lengths = needle_lengths(lm) if lengths is None else tuple(lengths)
+    grid = needle_grid(lm, lengths, depths)
+
+    def run():
+        prompts = [LG.needle_prompt(lm, max(lengths), d, NEEDLE_ABLATE_KEY) for d in NEEDLE_ABLATE_DEPTHS]
+        return LG.ablate_retrieval(lm, prompts, grid.retrieval, k=int(k), n_controls=2)
+
+    return cached("needle_ablation", lm, (lengths, tuple(depths), NEEDLE_KEY, NEEDLE_ABLATE_KEY, int(k)), run)

@@ -67,8 +67,7 @@ def _sinks(name: str, text: str):
     return AN.sink_effect(_lm(name), text)  # shared with lesson 12 (model/analysis/shared.py)
 
 
-@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
-def _sinks_per_head(name: str, text: str, _progress=None):  # _progress: not hashed (Streamlit's rule)
+def _sinks_per_head(name: str, text: str, _progress=None):  # cached by AN (not st.cache_*: its bar draws)
     return AN.sinks_per_head(_lm(name), text, progress=_progress)
 
 
@@ -308,9 +307,9 @@ def sinks_view() -> None:
                      "{k} tokens.", n=L * H, k=f"{maps_fit_up_to():,}"))
     elif st.toggle(t("Measure every head alone ({n} runs)", n=L * H), key="phen_sink_all",
                    help=t("Token 0 blocked in one head at a time, batched: {estimate} on this server.",
-                          estimate=estimate_text(AN.estimate_seconds(L * H * n_tok)))):
+                          estimate=estimate_text(AN.estimate_seconds(L * H * n_tok, lm)))):
         bar = None if AN.is_cached("sinks_per_head", lm, text) else ProgressBar(
-            t("Blocking token 0 in each head in turn"), AN.estimate_seconds(L * H * n_tok))
+            t("Blocking token 0 in each head in turn"), AN.estimate_seconds(L * H * n_tok, lm))
         kl = _sinks_per_head(sel.name, text, bar)
         if bar is not None:
             bar.close()
@@ -473,7 +472,7 @@ def ioi_view() -> None:
     write_query(ioi_prompt=i)
     p = res.prompts[i]
     st.caption(t("Corrupted: {text}", text=p.corrupted))
-    estimate = AN.estimate_seconds(AN.patching_token_rows(lm, len(pt_positions(p))))
+    estimate = AN.estimate_seconds(AN.patching_token_rows(lm, len(pt_positions(p))), lm)
     if not st.toggle(t("Compute the patching map ({n} patched runs, {estimate})",
                        n=len(pt_positions(p)) * len(res.dla), estimate=estimate_text(estimate)),
                      key="phen_ioi_patch_on"):
@@ -504,10 +503,8 @@ def _readable(piece_: str) -> str:
 
 # ---------------------------------------------------------------- a needle in a haystack (issue 24 §4)
 
-NEEDLE_LENGTHS = (256, 512)  # small, so the section is quick (README has SmolLM2 at 512-2,048 tokens)
-NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
-NEEDLE_KEY, ABLATE_KEY = "71432", "58219"  # the ablation runs on new prompts: another key, other depths
-ABLATE_DEPTHS = (0.25, 0.75)
+NEEDLE_DEPTHS, NEEDLE_KEY = AN.NEEDLE_DEPTHS, AN.NEEDLE_KEY  # model/analysis/shared.py: the warm-up's too
+ABLATE_KEY, ABLATE_DEPTHS = AN.NEEDLE_ABLATE_KEY, AN.NEEDLE_ABLATE_DEPTHS
 RETRIEVAL_RECIPE = N_("for each answer token the model predicts right, a head scores a hit when its most-attended "
                       "key lies inside the needle and is that very token; its score is hits ÷ answer tokens copied, "
                       "over every prompt of the grid (Wu et al., “Retrieval Head Mechanistically Explains "
@@ -516,26 +513,16 @@ RETRIEVAL_RECIPE = N_("for each answer token the model predicts right, a head sc
 
 def needle_lengths() -> tuple[int, ...]:
     """The grid's lengths that fit the model's context (with room for the answer's tokens)."""
-    from model.analysis.inputs import as_decoder
-
-    ctx = getattr(as_decoder(lm).cfg, "max_len", None) or max(NEEDLE_LENGTHS) + 16
-    return tuple(n for n in NEEDLE_LENGTHS if n + 16 <= ctx) or (ctx // 2,)
+    return AN.needle_lengths(lm)
 
 
-@st.cache_resource(max_entries=4, ttl=3600, show_spinner=False)
-def _needle_grid(name: str, lengths: tuple, depths: tuple):
-    m = _lm(name)  # once per server (model/analysis/shared.py's cache), whichever page asks first
-    return AN.cached("needle_grid", m, (lengths, depths, NEEDLE_KEY),
-                     lambda: LG.needle_grid(m, lengths, depths, NEEDLE_KEY))
+def _needle_grid(name: str, lengths: tuple, depths: tuple, _progress=None):  # cached by AN (a bar can draw)
+    return AN.needle_grid(_lm(name), lengths, depths, NEEDLE_KEY, progress=_progress)  # once per server
 
 
 @st.cache_resource(max_entries=8, ttl=3600, show_spinner=False)
 def _needle_ablation(name: str, lengths: tuple, depths: tuple, k: int):
-    m = _lm(name)
-    grid = _needle_grid(name, lengths, depths)
-    prompts = [LG.needle_prompt(m, max(lengths), d, ABLATE_KEY) for d in ABLATE_DEPTHS]
-    return AN.cached("needle_ablation", m, (lengths, depths, NEEDLE_KEY, ABLATE_KEY, int(k)),
-                     lambda: LG.ablate_retrieval(m, prompts, grid.retrieval, k=int(k), n_controls=2))
+    return AN.needle_ablation(_lm(name), lengths, depths, int(k))
 
 
 def needle_view() -> None:
@@ -543,8 +530,12 @@ def needle_view() -> None:
                   "for at the end (the pass-key test of Mohtashami & Jaggi, 2023). To answer, the model must find "
                   "the needle among every earlier token and copy it: a test of what long context is for."))
     lengths, depths = needle_lengths(), NEEDLE_DEPTHS
-    with st.spinner(t("Running the {n} prompts…", n=len(lengths) * len(depths))):
-        grid = guarded(_needle_grid, sel.name, lengths, depths)
+    # computed at the server's start (viz/ui/warmup.py); else a bar with this server's measured pace
+    bar = None if AN.is_cached("needle_grid", lm, lengths, depths, NEEDLE_KEY) else ProgressBar(
+        t("Running the {n} prompts", n=len(lengths) * len(depths)), AN.needle_estimate(lm, lengths, depths))
+    grid = guarded(_needle_grid, sel.name, lengths, depths, bar)
+    if bar is not None:
+        bar.close()
     if grid is None:
         return
     n_ok, n_all = int(grid.correct.sum()), grid.correct.size

@@ -98,7 +98,7 @@ def warm_lm() -> None:
 
 
 def warm_analyses(lm) -> None:
-    """The SmolLM2 results that lessons 11–15 and /phenomena's sections show on their defaults, into the
+    """The SmolLM2 results that lessons 11–16 and /phenomena's sections show on their defaults, into the
     per-server shared cache (model/analysis/shared.py) the pages read: the first student finds them
     computed, the 30th too. Cheapest first; each one alone (a failure skips only that one). Never raises."""
     from model.analysis import shared
@@ -110,7 +110,9 @@ def warm_analyses(lm) -> None:
                      (shared.logit_lens, (LS.LENS_TEXT,)),  # lesson 15
                      (shared.induction, (50, 0)),  # lesson 13, /phenomena patterns and induction
                      (shared.induction_ablation, (50, 0, 5, "zero")),  # /phenomena induction: knock them out
-                     (shared.ioi, ())):  # lesson 14, /phenomena IOI
+                     (shared.ioi, ()),  # lesson 14, /phenomena IOI
+                     (shared.needle_grid, ()),  # /phenomena needle: 6 prompts of 256/512 tokens (35 s cold, quiet)
+                     (shared.needle_ablation, ())):  # and its "knock them out" at the default 5 heads
         try:
             fn(lm, *args)
         except Exception:
