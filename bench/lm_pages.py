@@ -1,6 +1,6 @@
 """A class that does not wait (issue 26 §3): the language-model pages' times against their targets.
 
-    .venv/bin/python bench/lm_pages.py [--parts server,new,generate,switch] [--omp-active]
+    .venv/bin/python bench/lm_pages.py [--parts server,new,generate,long,switch] [--omp-active]
 
 Prints one table, each row: what was done, seconds, target, ratio, verdict.
 - server: every lesson and every /phenomena section on its defaults, a new session's script run (AppTest,
@@ -11,6 +11,9 @@ Prints one table, each row: what was done, seconds, target, ratio, verdict.
   prompt. Targets <= 10 s (induction, ablation), <= 20 s (patching map).
 - generate: SmolLM2 streaming 24 tokens after a 34-token prompt (greedy), tokens/s between the first and
   the last token, and the first token's latency. Target >= 10 tokens/s.
+- long (issue 31 §2): /phenomena's needle section cold (the grid + its ablation; target <= 30 s quiet), and a
+  2,380-token document with a needle in the middle: the Attention page's first view, another head, zoom window
+  and document position (targets <= 1 s warm), Inside a layer's first view (target <= 5 s).
 - switch: a real browser (Playwright + /usr/bin/chromium) on `streamlit run app.py`: a plain page switch
   through the sidebar, click -> the new page's script finished and drawn, with the server CPU it took.
   Target <= 1.5 s (median).
@@ -137,6 +140,69 @@ def generate_part() -> None:
         f"{24 / cpu:.0f} tokens per CPU-second)", rate, cpu, TARGET_TOKENS_S, higher_is_better=True, unit="tokens/s")
 
 
+# ---------------------------------------------------------------- long documents (issue 31 §2)
+
+TARGET_NEEDLE_S = 30.0  # /phenomena?phen=needle cold (nothing warmed), quiet
+TARGET_HEAD_SWITCH_S = 1.0  # another head (or zoom window, document position) on a 2,380-token prompt, warm
+TARGET_LAYER_S = 5.0  # Inside a layer's first view of a 2,380-token prompt
+LONG_TOKENS = 2380  # the engineer's 1,800-word document with a needle in the middle (issue 31)
+
+
+def long_part() -> None:
+    """The needle section cold, and the pages on a 2,380-token document: the Attention page's first view, a head
+    switch, a zoom and a document position there; Inside a layer's first view."""
+    from streamlit.testing.v1 import AppTest
+
+    from model import load_model
+    from model.analysis import long as LG
+    from model.analysis import shared as AN
+
+    lm = load_model("smollm2")
+    lengths = AN.needle_lengths(lm)
+    grid, w, c = timed(LG.needle_grid, lm, lengths, AN.NEEDLE_DEPTHS, AN.NEEDLE_KEY)  # not the shared cache: cold
+    prompts = [LG.needle_prompt(lm, max(lengths), d, AN.NEEDLE_ABLATE_KEY) for d in AN.NEEDLE_ABLATE_DEPTHS]
+    _, w2, c2 = timed(LG.ablate_retrieval, lm, prompts, grid.retrieval, k=AN.NEEDLE_ABLATE_K, n_controls=2)
+    row(f"/phenomena needle cold: grid ({len(lengths) * len(AN.NEEDLE_DEPTHS)} prompts of "
+        f"{'/'.join(map(str, lengths))} tokens) + ablation of the top {AN.NEEDLE_ABLATE_K} vs 2 controls "
+        f"[grid {w:.1f} s]", w + w2, c + c2, TARGET_NEEDLE_S)
+    def document(length: int) -> str:
+        return lm.tokenizer.decode(LG.needle_prompt(lm, length, 0.5, AN.NEEDLE_KEY).ids[0].tolist())
+
+    doc = document(LONG_TOKENS)  # decoded and read again, the text has other tokens: one correction step
+    doc = document(round(LONG_TOKENS * LONG_TOKENS / lm.encode(doc).shape[1]))
+    n = lm.encode(doc).shape[1]
+
+    def page(file: str, **state):
+        at = AppTest.from_file(APP, default_timeout=900)
+        at.query_params.update({"checkpoint": "smollm2"})
+        at.session_state["source_text"] = doc
+        for k, v in state.items():
+            at.session_state[k] = v
+        at.switch_page(file)
+        return at
+
+    def run(at, what: str, target: float | None, **expect):
+        t0, c0 = time.perf_counter(), time.process_time()
+        at.run()
+        errors = [e.value for e in at.exception] + [e.value for e in at.error]
+        errors += [f"?{k}={at.query_params.get(k)} (wanted {v})" for k, v in expect.items()
+                   if str(at.query_params.get(k)) != str(v)]  # the page really drew what was asked
+        row(what + (f" ERRORS: {errors[:1]}" if errors else ""), time.perf_counter() - t0, time.process_time() - c0,
+            target)
+
+    at = page("viz/pages/attention.py")
+    run(at, f"Attention page, first view of a {n:,}-token document (lazy trace)", None)
+    at.session_state["attn_long_head"] = 3
+    run(at, f"Attention page, another head ({n:,} tokens, warm)", TARGET_HEAD_SWITCH_S, head=3)
+    at.session_state["attn_long_q0"] = n // 2
+    at.session_state["attn_long_k0"] = n // 2
+    run(at, f"Attention page, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
+    at.session_state["attn_long_pos"] = n // 2
+    run(at, f"Attention page, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=n // 2)
+    at = page("viz/pages/layer.py")
+    run(at, f"Inside a layer, first view of the {n:,}-token document", TARGET_LAYER_S)
+
+
 # ---------------------------------------------------------------- a page switch in the browser
 
 
@@ -185,7 +251,7 @@ def switch_part(switches: int = 3) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="server,new,generate,switch")
+    ap.add_argument("--parts", default="server,new,generate,long,switch")
     ap.add_argument("--omp-active", action="store_true", help="OpenMP's default spinning wait policy")
     args = ap.parse_args()
     if not args.omp_active:
@@ -194,10 +260,11 @@ def main() -> None:
     parts = args.parts.split(",")
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    for part in ("server", "new", "generate", "switch"):
+    for part in ("server", "new", "generate", "long", "switch"):
         if part in parts:
             print(f"[{part}]", flush=True)
-            {"server": server_part, "new": new_part, "generate": generate_part, "switch": switch_part}[part]()
+            {"server": server_part, "new": new_part, "generate": generate_part, "long": long_part,
+             "switch": switch_part}[part]()
     import torch
 
     print(f"\nissue 26 §3 on this machine ({os.cpu_count()} cores, load average {load0:.1f} at the start and "
