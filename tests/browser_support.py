@@ -85,6 +85,10 @@ def wait_drawn(page, need_chart: bool = True, timeout: int = PAGE_TIMEOUT_MS) ->
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout)
     if need_chart:
         page.wait_for_selector(".js-plotly-plot .main-svg", state="attached", timeout=timeout)
+    # A widget whose code the browser is still fetching is drawn as a skeleton (Streamlit loads each widget's
+    # JS chunk on first use): after a finished run, on a loaded machine, for up to ~10 s. Read then, a copied
+    # /padding link's text box looked empty (issue 31 §4): it is drawn only when no skeleton is left.
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=timeout)
     # Let plotly finish the last redraw before looking, and let a run that follows at once (a component's value)
     # start: the script must stay idle for SETTLE_MS in a row, counted from now. A fixed 500 ms sleep was a
     # quarter of the browser tests' time (90 calls in 184 s) and saw only one instant.
