@@ -35,3 +35,14 @@ def test_a_copied_padding_link_opened_by_four_at_once_shows_its_lines(server, br
         finally:
             for c in contexts:
                 c.close()
+
+
+def test_plotly_toolbar_tooltips_are_chinese_in_zh(server, page):
+    page.goto(server + "/?lang=zh&checkpoint=dates&text=3+november+2023")
+    wait_drawn(page)
+    page.locator(".js-plotly-plot").first.hover()  # the toolbar shows on hover
+    titles = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot .modebar-btn')]
+        .map(b => b.getAttribute('data-title'))""")
+    assert titles, "no plotly toolbar"
+    assert "放大" in titles and "重置坐标轴" in titles, titles
+    assert not {"Zoom in", "Zoom out", "Reset axes", "Pan"} & set(titles), titles
