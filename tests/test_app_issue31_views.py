@@ -64,3 +64,26 @@ def test_needle_caption_cites_what_the_readme_measured(tiny):
     numbers = re.findall(r"\b\d[\d,]*\d\b", cap)  # "135M" (the model) is no measurement
     assert numbers and all(n in para for n in numbers), (numbers, para[:200])
     assert "8,187" in cap
+
+
+def test_flow_prints_each_rho_once_as_one_string():
+    """dates: the table, the figure's titles and the sentence show each rho as the same string, and the sentence
+    claims no lead over methods on one prompt (issue 31 §1: 0.768 / 0.685 in the table, "by 0.082" before)."""
+    import json
+    import re
+
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.query_params.update({"checkpoint": "dates", "text": "3 november 2023", "pos": 2})
+    at.switch_page("viz/pages/flow.py")
+    at.run()
+    assert not at.exception and not at.error
+    table = {r["method"]: r["ρ"] for r in at.dataframe[0].value.to_dict("records")}
+    (sentence,) = [m.value for m in at.markdown if m.value.startswith("On this prompt")]
+    assert "agrees best" not in sentence and " by " not in sentence
+    for name, rho in re.findall(r"\*\*(.+?)\*\* has the highest ρ with the causal effect \((.+?)\)", sentence):
+        assert table[name] == rho
+    shown = re.findall(r"then (.+?) \((.+?)\)", sentence)
+    assert shown and all(table[n] == r for n, r in shown)
+    titles = [a["text"] for c in at.get("plotly_chart") for a in json.loads(c.proto.spec)["layout"].get(
+        "annotations", []) if "ρ = " in a.get("text", "")]
+    assert titles and all(any(f"ρ = {r}" in x for x in titles) for r in table.values() if r != "NaN")
