@@ -46,3 +46,27 @@ def test_plotly_toolbar_tooltips_are_chinese_in_zh(server, page):
     assert titles, "no plotly toolbar"
     assert "放大" in titles and "重置坐标轴" in titles, titles
     assert not {"Zoom in", "Zoom out", "Reset axes", "Pan"} & set(titles), titles
+
+
+def test_flow_titles_readable_and_the_legend_off_the_title(server, browser):
+    ctx = browser.new_context(viewport={"width": 1920, "height": 1080})
+    page = ctx.new_page()
+    try:
+        page.goto(server + "/flow?lang=en&checkpoint=dates&text=3+november+2023&pos=2&tau=0.02")
+        wait_drawn(page)
+        sizes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot .annotation-text')]
+            .filter(a => a.textContent.includes('ρ =')).map(a => parseFloat(getComputedStyle(a).fontSize))""")
+        assert sizes and min(sizes) >= 14, sizes  # each method's name and rho (11 px before: ~8 px when scaled)
+        boxes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(p => {
+            const title = p.querySelector('.gtitle'), legend = p.querySelector('.legend');
+            const r = (e) => { if (!e) return null; const b = e.getBoundingClientRect();
+                               return [b.left, b.top, b.right, b.bottom]; };
+            return {title: r(title), legend: r(legend), text: title ? title.textContent : ''};
+        })""")
+        routes = [b for b in boxes if b["text"].startswith("Routes to") and b["legend"]]
+        assert routes, boxes
+        t, lg = routes[0]["title"], routes[0]["legend"]
+        overlap = min(t[2], lg[2]) > max(t[0], lg[0]) and min(t[3], lg[3]) > max(t[1], lg[1])
+        assert not overlap, (t, lg)
+    finally:
+        ctx.close()
