@@ -52,6 +52,13 @@ FAMILIES = {
                                    shared_expert_intermediate_size=48)),
     "olmo2": ("olmo2", dict()),
     "neox": ("gpt_neox", dict(rotary_pct=0.5, num_key_value_heads=4)),
+    # issue 32's own families: one shared norm (Phi, Cohere), multipliers (Granite), NoPE layers (SmolLM3), GLM-4
+    "phi": ("phi", dict(partial_rotary_factor=0.5, num_key_value_heads=4)),
+    "cohere": ("cohere", dict(logit_scale=0.5)),
+    "granite": ("granite", dict(embedding_multiplier=6.0, attention_multiplier=0.1, residual_multiplier=0.3,
+                                logits_scaling=4.0)),
+    "glm4": ("glm4", dict(head_dim=16)),
+    "smollm3": ("smollm3", dict(num_hidden_layers=3, no_rope_layers=[1, 0, 1])),
 }
 
 
@@ -136,6 +143,21 @@ def test_every_page_opens_on_post_norm_and_parallel_blocks(served, family):
             "neox": ("join the stream in one sum", "在同一次求和中加入残差流")}[family]
     assert said[0] in texts(run_page(label, "flow", "en"))  # the page says which wiring the terms come from
     assert said[1] in texts(run_page(label, "flow", "zh"))
+
+
+@pytest.mark.parametrize("family", ["phi", "cohere", "granite", "glm4", "smollm3"])
+def test_every_page_opens_on_the_newer_families(served, family):
+    """Issue 32's families on every page; the views that crashed on them: Inside a layer's FFN on a shared norm
+    (Phi, Cohere asked for norm3), /since2017 on a layer without RoPE (SmolLM3) and its FFN on a shared norm."""
+    label = served(family)
+    for page in PAGES:
+        run_page(label, page, "en")
+    for layer in range(2):
+        run_page(label, "layer", "en", layer=layer, sub="ffn")
+        run_page(label, "since2017", "en", layer=layer)
+    if family == "smollm3":
+        assert "(NoPE)" in texts(run_page(label, "since2017", "en", layer=1))
+        assert "（NoPE）" in texts(run_page(label, "since2017", "zh", layer=1))
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen2moe", "olmo2", "neox"])

@@ -99,6 +99,8 @@ def sublayers(trace, layer: str) -> list[tuple[str, str]]:
              if n.startswith(layer + ".norm") and n.endswith(".in")}
     norms = sorted((n for n in found if n[4:].isdigit() or n == "norm"), key=lambda n: int(n[4:] or 0))
     subs = mods + ["ffn"]
+    if mods and described(trace.meta).get("blocks", {}).get("shared_norm") and norms == ["norm1"]:
+        return [(sub, "norm1") for sub in subs]  # Phi, Cohere: attention and FFN read one norm of the same x
     posts = [n for n in ("norm_post_attn", "norm_post_ffn") if n in found]  # OLMo 2: norms after the sublayers only
     if mods and not norms and len(posts) == len(subs):
         return list(zip(subs, posts, strict=True))
@@ -170,12 +172,13 @@ def modern_steps(trace, layer: str, sublayer: str, b: int = 0) -> list[Step]:
     """
     kind = wiring_kind(trace)
     ln = NORM_LABELS[norm_kind(trace)]
-    subs = [s for s, _ in sublayers(trace, layer)]
+    pairs = sublayers(trace, layer)
+    subs = [s for s, _ in pairs]
     j = subs.index(sublayer)
     val = lambda name: F.arr(trace[name])[b]  # noqa: E731
     out = sublayer_output(layer, sublayer)
     if kind == "parallel":
-        norm = f"{layer}.norm{j + 1}"
+        norm = f"{layer}.{pairs[j][1]}"  # norm1 / norm2, or the one shared norm (Phi, Cohere)
         other = subs[1 - j] if len(subs) == 2 else subs[0]
         return [Step("x", f"{norm}.in", val(f"{norm}.in")), Step(f"{ln}(x)", f"{norm}.out", val(f"{norm}.out")),
                 Step(f"{sublayer}({ln}(x))", out, val(out)),

@@ -119,6 +119,10 @@ st.markdown(t("2017 adds a fixed pattern to each token's embedding, $x_p = e + P
 if blocks.get("positional") != "rotary":
     st.info(t("{model} does not rotate: its positions are {kind}, added to the embeddings as in 2017.",
               model=lm_label, kind=blocks.get("positional")), icon="🧩")
+elif desc["attention"][f"{L}.self_attn"]["rope"] is None:  # SmolLM3: some layers use no positions at all
+    st.info(t("Layer {l} of {model} does not rotate q and k: it has no positional information at all (NoPE); the "
+              "layers around it use RoPE. Pick another layer in the sidebar to see its angles.",
+              l=layer, model=lm_label), icon="🧩")
 else:
     rope0 = desc["attention"][f"{L}.self_attn"]["rope"]  # this layer's RoPE, as the model describes it
     base = float(rope0["base"])
@@ -256,7 +260,9 @@ else:
     ffn = lm.decoder.layers[layer].ffn
     with torch.no_grad():
         # The FFN's input: the norm before it (pre-LN, sandwich), or the residual stream after attention (post norms).
+        # Phi and Cohere: one norm (norm1) feeds both sublayers of the parallel block.
         ffn_in = (trace[f"{L}.norm2.out"][0] if f"{L}.norm2.out" in trace else
+                  trace[f"{L}.norm1.out"][0] if blocks.get("shared_norm") else
                   trace[f"decoder.layers.{layer - 1}.out" if layer else "decoder.embed.out"][0]
                   + trace[f"{L}.norm_post_attn.out"][0])
         up = ffn.linear1(ffn_in[rows]).double().numpy()  # the drawn rows only (all of them on a short prompt)
@@ -284,7 +290,10 @@ wiring = {"sandwich": t("{model} is pre-LN with a second norm after each sublaye
           "post": t("{model} puts its norms after the sublayers, inside the residual branch: x + Norm(sublayer(x)). "
                     "The stream itself is still never normalised, unlike 2017's Norm(x + sublayer(x)).",
                     model=lm_label)}.get(blocks.get("norm_position"))
-if blocks.get("parallel_residual"):
+if blocks.get("parallel_residual") and blocks.get("shared_norm"):
+    wiring = t("{model} runs attention and the feed-forward network side by side on the same input, both reading "
+               "one norm of it: x + Attn(Norm(x)) + FFN(Norm(x)) (parallel residual).", model=lm_label)
+elif blocks.get("parallel_residual"):
     wiring = t("{model} runs attention and the feed-forward network side by side on the same input: "
                "x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (parallel residual).", model=lm_label)
 if wiring:
