@@ -496,7 +496,13 @@ def read_config(d: Path) -> dict:
         raise ModelLoadError(f"{path} is not a JSON object")
     if hf.get("model_type") not in SUPPORTED:
         arch = hf.get("model_type") or hf.get("architectures")
-        raise ModelLoadError(f"{d.name}: {_unsupported(arch)}")
+        if not isinstance(hf.get("model_type"), str):
+            raise ModelLoadError(f"{d.name}: {_unsupported(arch)}")
+        from model.loaders.adapter import refusal  # another causal LM: transformers' own modules (adapter.py)
+
+        why = refusal(hf)
+        if why:
+            raise ModelLoadError(f"{d.name}: {why}")
     return hf
 
 
@@ -628,25 +634,37 @@ def load_hf_dir(path: str | os.PathLike, dtype=None, device=None):
         if torch_dtype != torch.float32 or torch_device.type != "cpu":
             raise ModelLoadError("BERT encoders load in float32 on the CPU only")
         return _load_bert(d, hf, files)
+    if hf["model_type"] not in LM_TYPES:  # no family of ours: transformers' own modules (model/loaders/adapter.py)
+        from model.loaders.adapter import load_adapter_dir
+
+        stop = _ids(hf.get("eos_token_id")) + _ids(_json(d / "generation_config.json").get("eos_token_id"))
+        return load_adapter_dir(d, hf, files, torch_dtype, torch_device, tokenizer=_tokenizer(d), name=d.name,
+                                chat_template=chat_template_of(d), source=d, special_tokens=_special_tokens(d),
+                                stop_ids=list(dict.fromkeys(stop)))
     cfg = config_from_hf(hf, torch_dtype)  # sizes checked before any tensor is read
     model = lm_from_hf(hf, _read_tensors(files), torch_dtype)
     if torch_device.type != "cpu":
         model = model.to(torch_device)
     if torch_dtype != torch.float32:
         check_runs(model, torch_dtype, torch_device)
-    tokenizer = None
-    if (d / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        try:
-            tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
-        except Exception as e:  # tokenizers raises its own Exception type
-            raise ModelLoadError(f"cannot read {d / 'tokenizer.json'}: {e}") from None
+    tokenizer = _tokenizer(d)
     gen = _json(d / "generation_config.json")
     stop = _ids(hf.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
     return LanguageModel(model, tokenizer, name=d.name, chat_template=chat_template_of(d),
                          stop_ids=[i for i in dict.fromkeys(stop) if i < cfg.vocab_size], source=d,
                          special_tokens=_special_tokens(d))
+
+
+def _tokenizer(d: Path):
+    """d/tokenizer.json as a tokenizers.Tokenizer, None without one."""
+    if not (d / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(d / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises its own Exception type
+        raise ModelLoadError(f"cannot read {d / 'tokenizer.json'}: {e}") from None
 
 
 def _special_tokens(d: Path) -> dict[str, str]:
