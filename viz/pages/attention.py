@@ -25,7 +25,7 @@ if is_real_model(sel) and "lm" in capabilities(sel.name):  # a long prompt: the 
     if long is not None:
         render_long_attention(long, long.meta["tgt_tokens"], key="attn")
         st.stop()
-sel, trace = require_trace(sel)
+sel, trace = require_trace(sel, via_transformers=True)  # via transformers: the weights' views, a sentence for the rest
 out = trace.meta.get("target", "")
 if is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: its next token after the prompt
     line = t("**Next token (greedy):** {out}", out=trace.meta["next_tokens"][-1])

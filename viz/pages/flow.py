@@ -22,7 +22,7 @@ from viz.ui import lm_models
 from viz.ui.models import load_ckpt, session_models
 from viz.ui.progress import ProgressBar, estimate_text
 from viz.ui.render import show_error, show_figure
-from viz.ui.sidebar import selection
+from viz.ui.sidebar import require_own_family, selection
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
 from viz.ui.text import text_problems
 
@@ -48,7 +48,7 @@ st.caption(t("Attention weights are the picture every tool draws, but a head can
              "rollout, attention flow (short texts only) and information-flow routes — and each is checked against "
              "the causal answer: what happens to the prediction when a token's value vectors are zeroed in every "
              "layer."))
-sel = selection()
+sel = require_own_family(selection())  # norm-based flow reads v, z and the norms: not given via transformers
 if sel is None:
     st.stop()
 lang = current_lang()

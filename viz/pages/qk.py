@@ -22,7 +22,7 @@ from viz.ui import qk_batch as QB
 from viz.ui.attention_views import KIND_IDS, KINDS
 from viz.ui.models import get_trace, load_ckpt, session_models
 from viz.ui.render import show_error, show_figure
-from viz.ui.sidebar import selection
+from viz.ui.sidebar import require_own_family, selection
 from viz.ui.state import clamp_state, int_in, note_replaced, seed_from_query, write_query
 from viz.ui.text import md_escape, text_problems
 
@@ -94,7 +94,7 @@ st.caption(t("One head's queries and keys, from a whole batch of inputs, in one 
              "track attention: it shifts all keys by one vector (that adds the same constant to each of a query's "
              "scores) and scales q by a and k by 1/a (q·k unchanged), so every softmax row stays the same. Then a "
              "joint PCA draws both clouds in 2-D."))
-sel = selection()
+sel = require_own_family(selection())  # q and k: a model via transformers does not give them
 if sel is None:
     st.stop()
 ckpt = sel.ckpt

@@ -223,6 +223,11 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
         _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
     view = _choose_view(key)
+    if meta.get("model", {}).get("family") == "decoder_lm_adapter" and view not in WEIGHTS_ONLY:
+        from viz.ui.sidebar import adapter_note  # a model via transformers: weights only, no q/k/v or masks
+
+        st.info(adapter_note(meta.get("checkpoint", "")), icon="🧩")
+        return
     VIEW_BUILDERS[view](trace, key, names, layer, head, meta)
 
 
@@ -400,5 +405,6 @@ def _scaling_lesson(trace, key: str, names: list[str], layer: int, head: int, me
     show_figure(F.variance_demo(d_k), key=f"{key}_demo_fig", filename=f"sqrt-dk-demo-{d_k}")
 
 
+WEIGHTS_ONLY = ("heads", "model")  # the views drawn from the attention weights alone (a model via transformers)
 VIEW_BUILDERS = {"heads": _all_heads, "model": _model_view, "pipeline": _pipeline, "masks": _masks,
                  "qkvz": _qkvz, "sqrt": _scaling_lesson}

@@ -339,7 +339,7 @@ class RealModel:
             meta["tgt_tokens"] = readable_tokens(meta["tgt_pieces"], _byte_level(self.obj))
         if chat:
             meta["chat"] = True
-        if self.family == "decoder_lm":  # what each position predicts (rows read "position: input → predicted")
+        if self.family in ("decoder_lm", "decoder_lm_adapter"):  # what each position predicts ("input → predicted")
             best = logits[0].argmax(-1) if logits.shape[1] == trace_len(trace) else self._argmax(trace)
             meta["next_tokens"] = readable_tokens(self.obj.tokens(best.tolist()), _byte_level(self.obj))
         if isinstance(trace, LazyTrace):

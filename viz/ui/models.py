@@ -217,7 +217,9 @@ def get_trace(name: str, text: str, target: str | None = None, chat: bool = Fals
     return _cached_trace(name, text, target or None)[1]
 
 
-CAPABILITIES = ("toy", "encoder", "decoder", "cross_attention", "lm")  # see sidebar.require
+# see sidebar.require; "via_transformers": a model of another type opened through transformers' own modules
+# (model/loaders/adapter.py): attention weights, the residual stream after each layer and logits only
+CAPABILITIES = ("toy", "encoder", "decoder", "cross_attention", "lm", "via_transformers")
 
 
 def capabilities(name: str) -> set[str]:
@@ -226,6 +228,8 @@ def capabilities(name: str) -> set[str]:
     if not isinstance(ckpt, lm_models.RealModel):
         return {"toy", "encoder", "decoder", "cross_attention"}
     desc = ckpt.describe()
+    if desc.get("family") == "decoder_lm_adapter":  # not the lab's family: no page that needs "lm" reads it
+        return {"via_transformers"}
     kinds = {a["kind"] for a in desc.get("attention", {}).values()}
     out = set(desc.get("stacks", {})) & {"encoder", "decoder"}
     if "cross" in kinds:
@@ -233,6 +237,11 @@ def capabilities(name: str) -> set[str]:
     if desc.get("family") == "decoder_lm":
         out.add("lm")
     return out
+
+
+def is_adapter_model(name: str) -> bool:
+    """Whether model `name` runs via transformers (model/loaders/adapter.py), not one of the lab's own families."""
+    return lm_models.is_real(name) and name not in session_models() and "via_transformers" in capabilities(name)
 
 
 def is_real_model(sel) -> bool:

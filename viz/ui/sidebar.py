@@ -59,8 +59,27 @@ def model_label(name: str) -> str:
                 "gemma3": t("Gemma 3 270M (language model)"),
                 "minilm": t("MiniLM (pretrained encoder)")}[name]
     if name in lm_models.server_models():
+        if _via_transformers(name):
+            return t("{name} (via transformers, started with the server)", name=name)
         return t("{name} (started with the server)", name=name)
     return name
+
+
+def _via_transformers(name: str) -> bool:
+    """A server model opened through transformers' own modules (model/loaders/adapter.py); False if it fails to load."""
+    from viz.ui.models import is_adapter_model
+
+    try:
+        return is_adapter_model(name)
+    except (ValueError, KeyError):
+        return False
+
+
+def adapter_note(name: str) -> str:
+    """One sentence: what a model opened via transformers does not give a page that needs the lab's own family."""
+    return t("{model} runs via transformers, not one of the lab's own families: it gives attention weights, the "
+             "residual stream after each layer and the logits, but not what this view needs (q, k and v, each "
+             "head's output, the norms, the feed-forward network's internals, hooks).", model=model_label(name))
 
 
 def sidebar() -> Selection | None:
@@ -160,11 +179,24 @@ def selection() -> Selection | None:
     return st.session_state[_SEL_KEY]
 
 
-def require_trace(sel: Selection | None = None):
-    """(Selection, Trace) for the page, or a clear message and `st.stop()` for bad input."""
+def require_own_family(sel: Selection | None = None) -> Selection | None:
+    """For a page (or view) that needs the lab's own family: a model opened via transformers stops here with one
+    sentence (what it does not give) and a button to a model of the lab's own families."""
+    sel = sel or selection()
+    if sel is not None and _via_transformers(sel.name):
+        require("lm")
+    return sel
+
+
+def require_trace(sel: Selection | None = None, via_transformers: bool = False):
+    """(Selection, Trace) for the page, or a clear message and `st.stop()` for bad input. A model opened via
+    transformers (weights, residuals and logits only) stops here with one sentence unless the page draws from those
+    alone (`via_transformers=True`)."""
     sel = sel or selection()
     if sel is None:
         st.stop()
+    if not via_transformers and _via_transformers(sel.name):
+        require("lm")  # the sentence, and a button to a model of the lab's own families
     problem = text_problems(sel.text)
     if problem is None and sel.target is not None:
         problem = text_problems(sel.target)
@@ -201,12 +233,14 @@ def require_trace(sel: Selection | None = None):
 
 def _lacks(need: str, name: str, family: str) -> str:
     """One sentence: what model `name` (of `family`) lacks for a page that needs `need`."""
-    if need in ("cross_attention", "encoder") and family == "decoder_lm":
+    if need in ("cross_attention", "encoder") and family in ("decoder_lm", "decoder_lm_adapter"):
         return t("A decoder-only model has no encoder and no cross-attention, and {model} is one.",
                  model=model_label(name))
     if need in ("cross_attention", "decoder") and family == "encoder":
         return t("An encoder-only model has no decoder and no cross-attention, and {model} is one.",
                  model=model_label(name))
+    if family == "decoder_lm_adapter":
+        return adapter_note(name)
     if need == "lm":
         return t("{model} is not a language model: this page runs a decoder-only LLM.", model=model_label(name))
     return t("{model} was not trained in this lab: this page needs a toy model's task, tokenizers and "
