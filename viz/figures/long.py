@@ -44,13 +44,16 @@ def overview_figure(ov, tokens: Sequence[str] | None = None, title: str | None =
     qe, ke = list(ov.q_edges), list(ov.k_edges)
     y, x = _block_labels(qe, tokens), _block_labels(ke, tokens)
     nq, nk = ov.cells.shape
-    custom = np.empty((nq, nk, 4), dtype=np.int64)  # the window a cell covers: q0, q1, k0, k1
+    # the window a cell covers: q0, q1, k0, k1; the narrowest integer type that holds them, and z in float32
+    # (plotly sends numpy arrays as typed binary: 128 x 128 cells were 390 kB a head switch, issue 31 §2)
+    big = max(qe[-1] if qe else 0, ke[-1] if ke else 0)
+    custom = np.empty((nq, nk, 4), dtype=np.int16 if big < 2**15 else np.int32)
     custom[..., 0] = np.array(qe[:-1])[:, None]
     custom[..., 1] = np.array(qe[1:])[:, None]
     custom[..., 2] = np.array(ke[:-1])[None, :]
     custom[..., 3] = np.array(ke[1:])[None, :]
     fig = go.Figure(go.Heatmap(
-        z=ov.cells, x=x, y=y, customdata=custom, colorscale=WEIGHTS_SCALE, zmin=0,
+        z=np.asarray(ov.cells, dtype=np.float32), x=x, y=y, customdata=custom, colorscale=WEIGHTS_SCALE, zmin=0,
         zmax=max(float(np.nanmax(ov.cells)), 1e-9) if ov.cells.size else 1.0,
         colorbar={"title": {"text": t("share of the row"), "side": "right"}, "thickness": 12},
         hovertemplate=(t("queries %{y}") + "<br>" + t("keys %{x}") + "<br>"
