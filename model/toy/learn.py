@@ -1,0 +1,461 @@
+"""Watch attention learn (issue 33): induction heads forming during training, in a model small enough to
+train on two CPU cores in a couple of minutes.
+
+The models are the lab's own decoder-only LM (`DecoderLM` / `LMConfig`, model/families/lm.py) with
+`ffn="none"`: attention-only blocks x + Attn(LayerNorm(x)), like the 1- and 2-layer attention-only models of
+Elhage et al. 2021 and Olsson et al. 2022. Every capture name and every page that reads `decoder.*` works
+on them.
+
+The data (`batch_ids`): sequences of 1 + 2n tokens, [BOS] then 2n tokens. Each sequence has its own random
+successor table: a next token follows it with probability 0.75, else is a plain random token (`repeat_share`
+of the rows can also repeat their first half as their second; the shipped run uses none). A model that knows
+only the training distribution can do no better than uniform (log(V - 1) nats); one that looks back for the
+earlier occurrence of the current token and copies what followed it (an induction head) predicts much of the
+rest. Why not "second half repeats the first half" alone: with a fixed period, positions solve it (layer 0
+learns to attend n - 1 tokens back, and a 1-layer model scores 0.92 on the induction probe; measured), so the
+repeats must sit at varying distances. The probe (`probe_ids`) is still [BOS] + n random tokens repeated.
+
+The measurements (all from one fixed probe batch, `probe_ids`, the lab's own `induction_sequence`):
+- in-context loss: mean loss on the second copy minus mean loss on the first copy (Olsson et al. 2022 use
+  the loss of a late token minus an early one; here "late" = the tokens the context already showed);
+- per head, over steps: the induction score (Olsson's recipe, the same function as the Attention
+  phenomena page: mean attention from each token of the second copy to the token after its previous
+  occurrence), the previous-token score (attention i -> i-1), the prefix-matching score (attention on the
+  token after every earlier copy of the current token, measured on *plain* random tokens, where tokens repeat
+  only by chance: does the head match prefixes outside the repeated blocks too?);
+- K-composition (Elhage et al. 2021) between a layer-0 head and a layer-1 head:
+  ||W_QK^{1.h} W_OV^{0.g}ᵀ||_F / (||W_QK^{1.h}||_F ||W_OV^{0.g}||_F), with layer 1's LayerNorm gain folded into
+  its W_Q and W_K (biases and the norm's centring left out, as in the paper);
+- the phase change: PHASE_RULE (`phase_change`).
+
+Training changes no process-wide state (the app trains in a session's thread): it never sets the thread
+count and never draws from torch's global generator (the model is initialised from a private one).
+
+Shipped run: model/toy/checkpoints/learn/run/ (`python -m model.learn --out ...`, the command is in its
+meta.json); `load_run()` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from model.analysis import phenomena as PH
+from model.families.lm import DecoderLM, LMConfig
+
+RUN_DIR = Path(__file__).parent / "checkpoints" / "learn" / "run"
+FORMAT, FORMAT_VERSION = "attention-lab-learn-run", "1"
+MODELS = ("attn2", "attn1")  # the 2-layer model and its 1-layer control
+PHASE_RULE = ("the phase change is the checkpoint step where the in-context loss falls most steeply against "
+              "log(step): the largest drop between consecutive checkpoints divided by the log-step between them; "
+              "the step named is the later checkpoint of that pair")
+CHANGES = ("none", "one_layer", "no_positions", "freeze_layer0", "one_head")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a run depends on (meta.json keeps it; the same settings and torch give the same bits)."""
+
+    seed: int = 0
+    steps: int = 2000
+    n_checkpoints: int = 50
+    vocab: int = 32  # id 0 is [BOS]; tokens are drawn from 1..vocab-1
+    n: int = 20  # the repeated block: sequences are [BOS] + 2n tokens
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    batch: int = 32
+    repeat_share: float = 0.0  # share of each batch whose second half repeats its first (see the module doc)
+    follow: float = 0.75  # probability that a next token follows the sequence's own successor table
+    lr: float = 3e-3
+    warmup: int = 50  # linear warmup, then constant
+    weight_decay: float = 0.01
+    change: str = "none"  # one change at a time: CHANGES
+    positional: str = "rotary"  # "rotary" or "learned"
+    pos_init: float = 0.02  # std of a learned position table at init
+    probe_batch: int = 16
+    probe_seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.change not in CHANGES:
+            raise ValueError(f"change must be one of {CHANGES}, got {self.change!r}")
+        for f in ("steps", "n_checkpoints", "vocab", "n", "d_model", "n_layers", "n_heads", "batch", "probe_batch"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+
+    @property
+    def layers(self) -> int:
+        return 1 if self.change == "one_layer" else self.n_layers
+
+    @property
+    def heads(self) -> int:
+        return 1 if self.change == "one_head" else self.n_heads
+
+    def config(self) -> LMConfig:
+        return LMConfig(vocab_size=self.vocab, d_model=self.d_model, n_layers=self.layers, n_heads=self.heads,
+                        d_ff=1, max_len=1 + 2 * self.n,
+                        positional="learned" if self.change == "no_positions" else self.positional,
+                        norm="layernorm", ffn="none",
+                        tie_embeddings=False, bos_id=0)
+
+
+# ---------------------------------------------------------------------- data
+
+
+def batch_ids(s: Settings, generator: torch.Generator) -> torch.Tensor:
+    """[batch, 1 + 2n]: [BOS] + 2n tokens. Each sequence draws its own successor table (token -> next token);
+    each next token follows it with probability `follow`, else is a plain random token. In the first
+    repeat_share of the rows the second half then repeats the first half exactly.
+    Positions alone predict nothing (the tokens that repeat sit anywhere, at any distance): only "find the
+    earlier occurrence of this token and copy what came after it" (an induction head) lowers the loss."""
+    B, T = s.batch, 2 * s.n
+    table = torch.randint(1, s.vocab, (B, s.vocab), generator=generator)
+    x = torch.empty(B, T, dtype=torch.long)
+    x[:, 0] = torch.randint(1, s.vocab, (B,), generator=generator)
+    for t in range(1, T):
+        follow = torch.rand(B, generator=generator) < s.follow
+        plain = torch.randint(1, s.vocab, (B,), generator=generator)
+        x[:, t] = torch.where(follow, table.gather(1, x[:, t - 1:t])[:, 0], plain)
+    k = int(round(B * s.repeat_share))
+    x[:k, s.n:] = x[:k, :s.n]
+    return torch.cat([torch.zeros(B, 1, dtype=torch.long), x], dim=1)
+
+
+def probe_ids(s: Settings) -> torch.Tensor:
+    """The fixed probe: [BOS] + n random tokens + the same n again (the lab's `induction_sequence`)."""
+    return PH.induction_sequence(init_model(s.config(), 0, meta=True), s.n, s.probe_batch, s.probe_seed)
+
+
+def plain_probe_ids(s: Settings) -> torch.Tensor:
+    """Plain random tokens (no repeated block) for the prefix-matching score; repeats happen by chance."""
+    g = torch.Generator().manual_seed(s.probe_seed + 1)
+    body = torch.randint(1, s.vocab, (s.probe_batch, 2 * s.n), generator=g)
+    return torch.cat([torch.zeros(s.probe_batch, 1, dtype=torch.long), body], dim=1)
+
+
+def log_steps(steps: int, n: int) -> list[int]:
+    """0 and about n log-spaced steps in 1..steps (distinct integers, `steps` included)."""
+    k = n
+    while True:
+        out = sorted({0, *np.unique(np.round(np.geomspace(1, steps, k)).astype(int)).tolist()})
+        if len(out) >= n or k > 10 * n:
+            return out
+        k += 1
+
+
+# ---------------------------------------------------------------------- model
+
+
+def init_model(cfg: LMConfig, seed: int, meta: bool = False, pos_init: float = 0.02) -> DecoderLM:
+    """DecoderLM(cfg) initialised from a private generator (GPT-2's N(0, 0.02) for matrices, zero biases,
+    unit LayerNorm gains): the global generator is never touched."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    if meta:
+        return model
+    model = model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, pos_init if name == "decoder.embed.pos.weight" else 0.02, generator=g)
+            elif ".norm" in name and name.endswith(".weight"):
+                p.fill_(1.0)
+            else:
+                p.zero_()
+    model.tie()
+    return model
+
+
+def apply_change(model: DecoderLM, change: str) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer trains under one change (see CHANGES)."""
+    frozen: set[str] = set()
+    if change == "no_positions":  # learned positions held at zero: no positional information at all
+        with torch.no_grad():
+            model.decoder.embed.pos.weight.zero_()
+        frozen |= {"decoder.embed.pos.weight"}
+    if change == "freeze_layer0":  # layer 0 keeps its random initial weights
+        frozen |= {n for n, _ in model.named_parameters() if n.startswith("decoder.layers.0.")}
+    params = []
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
+        if n not in frozen:
+            params.append(p)
+    return params
+
+
+# ---------------------------------------------------------------------- measurements
+
+
+@dataclass
+class Scores:
+    """One checkpoint's numbers. Per-head arrays are [layers, heads]."""
+
+    icl: float  # in-context loss: second copy minus first copy (nats; negative = learned from context)
+    first: float  # mean loss on the first copy
+    second: float  # ... and on the second
+    induction: np.ndarray
+    previous: np.ndarray
+    prefix: np.ndarray
+    kcomp: np.ndarray | None  # [H0, H1]: K-composition of layer-0 head g into layer-1 head h (2+ layers)
+
+
+@torch.no_grad()
+def measure(model: DecoderLM, probe: torch.Tensor, plain: torch.Tensor, n: int) -> Scores:
+    was = model.training
+    model.eval()
+    logits, trace = model.run_with_trace(probe, names="*.self_attn.weights")
+    rl = PH.repeat_loss(logits, probe, n)
+    stats = PH.head_statistics(trace, period=n)
+    _, tp = model.run_with_trace(plain, names="*.self_attn.weights")
+    pat = torch.stack([PH.induction_pattern(r) for r in plain])
+    prefix = np.stack([PH.pattern_score(tp[f"decoder.layers.{i}.self_attn.weights"], pat).numpy()
+                       for i in range(model.cfg.n_layers)])
+    model.train(was)
+    return Scores(rl.second - rl.first, rl.first, rl.second, stats["induction"].scores,
+                  stats["previous_token"].scores, prefix, k_composition(model))
+
+
+def _head_rows(w: torch.Tensor, h: int, hs: int) -> torch.Tensor:
+    return w[h * hs:(h + 1) * hs]
+
+
+@torch.no_grad()
+def k_composition(model: DecoderLM) -> np.ndarray | None:
+    """[H0, H1]: Elhage et al. 2021's K-composition score of layer-0 head g (its OV circuit, what it writes)
+    into layer-1 head h (its QK circuit, what its keys read), in row-vector convention:
+    W_OV = W_V W_O (D x D), W_QK = W_Q W_Kᵀ, score = ||W_QK W_OVᵀ||_F / (||W_QK||_F ||W_OV||_F).
+    Layer 1's LayerNorm gain multiplies the rows of its W_Q and W_K (the norm sits before them). With rotary
+    positions, q and k are also turned by their positions: the score is that of the unrotated W_Q, W_K (a query
+    and a key at the same position), as TransformerLens computes it for rotary models."""
+    if model.cfg.n_layers < 2:
+        return None
+    a0, a1 = model.decoder.layers[0].self_attn, model.decoder.layers[1].self_attn
+    H, hs = model.cfg.n_heads, model.cfg.head_dim
+    gain = model.decoder.layers[1].norm1.weight.double()
+    ov = []
+    for g in range(H):
+        wv = _head_rows(a0.w_v.weight.double(), g, hs)  # [hs, D]: v = x wvᵀ
+        wo = a0.w_o.weight.double()[:, g * hs:(g + 1) * hs]  # [D, hs]: out = z woᵀ
+        ov.append(wv.T @ wo.T)  # [D, D]: x -> x W_OV
+    out = np.zeros((H, H))
+    for h in range(H):
+        wq = _head_rows(a1.w_q.weight.double(), h, hs).T * gain[:, None]  # [D, hs]
+        wk = _head_rows(a1.w_k.weight.double(), h, hs).T * gain[:, None]
+        qk = wq @ wk.T  # [D, D]: scores = x_q W_QK x_kᵀ
+        for g in range(H):
+            out[g, h] = float(torch.linalg.norm(qk @ ov[g].T) / (torch.linalg.norm(qk) * torch.linalg.norm(ov[g])))
+    return out
+
+
+def phase_change(steps, icl) -> int | None:
+    """PHASE_RULE: the later step of the consecutive checkpoint pair (step > 0 both) where the in-context loss
+    falls most steeply per unit of log(step). None when it never falls."""
+    steps, icl = np.asarray(steps, dtype=float), np.asarray(icl, dtype=float)
+    best, at = 0.0, None
+    for i in range(len(steps) - 1):
+        a, b = steps[i], steps[i + 1]
+        if a <= 0 or b <= a:
+            continue
+        slope = (icl[i + 1] - icl[i]) / (math.log(b) - math.log(a))
+        if slope < best:
+            best, at = slope, int(b)
+    return at
+
+
+# ---------------------------------------------------------------------- training
+
+
+@dataclass
+class Run:
+    """A training run: its settings, the per-step training loss, and checkpoints at `log_steps`."""
+
+    settings: Settings
+    steps: list[int] = field(default_factory=list)  # checkpoint steps
+    states: list[dict[str, torch.Tensor]] = field(default_factory=list)  # weights at those steps
+    scores: list[Scores] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # training loss of step 1, 2, ...
+    seconds: list[float] = field(default_factory=list)  # wall time at each checkpoint (live runs)
+
+    def model_at(self, i: int) -> DecoderLM:
+        model = init_model(self.settings.config(), 0, meta=True).to_empty(device="cpu")
+        model.load_state_dict({k: v.float() for k, v in self.states[i].items()})
+        model.tie()
+        return model.eval()
+
+    def series(self, key: str) -> np.ndarray:
+        return np.array([getattr(s, key) for s in self.scores])
+
+
+def lr_at(s: Settings, step: int) -> float:
+    return s.lr * min(1.0, step / s.warmup)
+
+
+def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None,
+          score: bool = True, dtype: torch.dtype = torch.float16) -> Run:
+    """Train one model. At each checkpoint step the weights are kept (as `dtype`, what meta.json says) and,
+    with `score`, measured; `callback(run, "checkpoint")` after each checkpoint and `callback(run, "step")`
+    after each step may return False to stop early."""
+    cfg = s.config()
+    model = init_model(cfg, s.seed, pos_init=s.pos_init)
+    params = apply_change(model, s.change)
+    opt = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
+    data = torch.Generator().manual_seed(s.seed + 1)
+    want = set(log_steps(s.steps, s.n_checkpoints))
+    probe, plain = probe_ids(s), plain_probe_ids(s)
+    run = Run(s)
+    t0 = time.perf_counter()
+
+    def checkpoint(step: int) -> bool:
+        run.steps.append(step)
+        run.states.append({k: v.detach().to(dtype).clone() for k, v in model.state_dict().items()})
+        if score:
+            run.scores.append(measure(model, probe, plain, s.n))
+        run.seconds.append(time.perf_counter() - t0)
+        return callback is None or callback(run, "checkpoint") is not False
+
+    if not checkpoint(0):
+        return run
+    model.train()
+    for step in range(1, s.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(s, step)
+        ids = batch_ids(s, data)
+        logits = model(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        run.loss.append(float(loss.detach()))
+        if step in want and not checkpoint(step):
+            break
+        if callback is not None and callback(run, "step") is False:
+            break
+    return run
+
+
+# ---------------------------------------------------------------------- the shipped run on disk
+
+
+def save_run(runs: dict[str, Run], out: Path, meta: dict) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, run in runs.items():
+        tensors = {f"step{st:06d}/{k}": v.contiguous() for st, state in zip(run.steps, run.states, strict=True)
+                   for k, v in state.items()}
+        save_file(tensors, str(out / f"{name}.safetensors"),
+                  metadata={"format": FORMAT, "format_version": FORMAT_VERSION, "model": name})
+    log = {name: {"loss": [round(x, 5) for x in run.loss], "checkpoints": run.steps} for name, run in runs.items()}
+    (out / "log.json").write_text(json.dumps(log))
+    (out / "meta.json").write_text(json.dumps(meta | {"models": {name: asdict(run.settings) for name, run in
+                                                                  runs.items()}}, indent=1))
+
+
+def load_run(path: str | Path = RUN_DIR, score: bool = True) -> dict[str, Run]:
+    """The recorded runs {"attn2": Run, "attn1": Run} (weights, training loss, and with `score` every
+    checkpoint measured: a second or two)."""
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    log = json.loads((path / "log.json").read_text())
+    runs = {}
+    for name, settings in meta["models"].items():
+        s = Settings(**settings)
+        run = Run(s, loss=list(log[name]["loss"]))
+        with safe_open(str(path / f"{name}.safetensors"), "pt") as f:
+            if (f.metadata() or {}).get("format") != FORMAT:
+                raise ValueError(f"{path / (name + '.safetensors')} is not an attention-lab learn run")
+            keys = list(f.keys())
+            for st in log[name]["checkpoints"]:
+                prefix = f"step{st:06d}/"
+                run.steps.append(st)
+                run.states.append({k[len(prefix):]: f.get_tensor(k) for k in keys if k.startswith(prefix)})
+        if score:
+            probe, plain = probe_ids(s), plain_probe_ids(s)
+            run.scores = [measure(run.model_at(i), probe, plain, s.n) for i in range(len(run.steps))]
+        runs[name] = run
+    return runs
+
+
+def run_meta(path: str | Path = RUN_DIR) -> dict:
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+# ---------------------------------------------------------------------- summary
+
+
+@dataclass
+class Summary:
+    step: int | None  # the phase change (PHASE_RULE)
+    icl_before: float  # in-context loss at the checkpoint before the steepest fall, and at `step`
+    icl_after: float
+    layer: int  # the layer whose heads are compared (the last)
+    head: int  # the head with the highest induction score at the last checkpoint
+    induction_before: float  # that head's induction score at the checkpoint before, and at `step`
+    induction_after: float
+    control_max: float | None  # the control's highest induction score of any head, any checkpoint
+    prev_head: int | None  # layer 0's highest previous-token head at the last checkpoint (2+ layers)
+
+
+def summary(run: Run, control: Run | None = None) -> Summary:
+    """The numbers of the page's sentence, all from the checkpoints."""
+    icl = run.series("icl")
+    step = phase_change(run.steps, icl)
+    layer = run.settings.layers - 1
+    ind = np.stack([s.induction[layer] for s in run.scores])  # [checkpoints, H]
+    head = int(np.argmax(ind[-1]))
+    i = run.steps.index(step) if step is not None else len(run.steps) - 1
+    j = max(i - 1, 0)
+    prev = int(np.argmax(run.scores[-1].previous[0])) if run.settings.layers > 1 else None
+    ctrl = float(np.max([s.induction.max() for s in control.scores])) if control and control.scores else None
+    return Summary(step, float(icl[j]), float(icl[i]), layer, head, float(ind[j, head]), float(ind[i, head]), ctrl,
+                   prev)
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m model.learn",
+                                description="Train the /learn page's recorded run: a 2-layer attention-only model "
+                                            "and its 1-layer control, checkpoints at log-spaced steps.")
+    p.add_argument("--out", type=Path, default=RUN_DIR)
+    p.add_argument("--seed", type=int, default=Settings.seed)
+    p.add_argument("--steps", type=int, default=Settings.steps)
+    p.add_argument("--checkpoints", type=int, default=Settings.n_checkpoints)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)  # this process is ours: the thread count is ours to set
+    base = Settings(seed=a.seed, steps=a.steps, n_checkpoints=a.checkpoints)
+    runs, times = {}, {}
+    for name, s in (("attn2", base), ("attn1", replace(base, change="one_layer"))):
+        t0 = time.perf_counter()
+        runs[name] = train(s, score=False)
+        times[name] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {s.steps} steps in {times[name]} s", file=sys.stderr)
+    cmd = "python -m model.learn " + " ".join(argv if argv is not None else sys.argv[1:])
+    meta = {"name": "learn", "what": "2-layer attention-only model and its 1-layer control on repeated random "
+                                     "tokens (issue 33)",
+            "command": cmd.strip(), "seed": a.seed, "dtype": "float16 (weights as stored; trained in float32)",
+            "phase_rule": PHASE_RULE, "train_time_s": times, "threads": a.threads, "torch": torch.__version__,
+            "python": platform.python_version(), "created": datetime.now(UTC).isoformat(timespec="seconds")}
+    save_run(runs, a.out, meta)
+    print(f"saved {a.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Watch attention learn (issue 33): induction heads forming during training.
+
+The shipped recorded run (model/toy/checkpoints/learn/run: a 2-layer attention-only model and its 1-layer
+control, ~50 log-spaced checkpoints each) opens at once; every number is measured on its checkpoints
+(model/toy/learn.py) when the server first needs it, then cached for every session. A step slider (in the URL)
+redraws one head's attention on the repeated probe at that step. "Train it yourself" runs the same training
+with one change, in a background thread (as Training, live does), one run at a time on the server; a fragment
+polls it and redraws the progress and the curves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import streamlit as st
+
+from model.toy import learn as LR
+from viz.figures import learn as FL
+from viz.i18n import N_, option_labels, t
+from viz.ui.heap import return_freed_memory
+from viz.ui.render import show_error, show_figure
+from viz.ui.state import seed_from_query, write_query
+
+POLL_SECONDS = 0.5
+MODEL_LABELS = {"attn2": N_("2 layers"), "attn1": N_("1 layer (control)")}
+CHANGE_LABELS = {"none": N_("no change (the shipped setup)"), "one_layer": N_("1 layer"),
+                 "no_positions": N_("no positional information"), "freeze_layer0": N_("layer 0 frozen"),
+                 "one_head": N_("fewer heads (1 per layer)")}
+SCORES = {"induction": N_("induction score"), "previous": N_("previous-token score"),
+          "prefix": N_("prefix-matching score")}
+
+
+@st.cache_resource(show_spinner=False)
+def shipped() -> tuple[dict, dict, LR.Summary]:
+    """The recorded runs with every checkpoint measured (once per server), its meta, and the summary."""
+    runs = LR.load_run()
+    return runs, LR.run_meta(), LR.summary(runs["attn2"], runs["attn1"])
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def attention_at(name: str, i: int, layer: int, head: int) -> tuple[np.ndarray, list[int]]:
+    run = shipped()[0][name]
+    probe = LR.probe_ids(run.settings)[:1]
+    _, trace = run.model_at(i).run_with_trace(probe, names=f"decoder.layers.{layer}.self_attn.weights")
+    return trace[f"decoder.layers.{layer}.self_attn.weights"][0, head].numpy(), probe[0].tolist()
+
+
+def sentence(sm: LR.Summary) -> str:
+    if sm.step is None:
+        return t("The in-context loss never fell: no phase change in this run.")
+    return t("At step {step} the in-context loss fell from {a} to {b} and head {layer}.{head}'s induction score "
+             "rose from {c} to {d}; the 1-layer model never passed {e}.", step=sm.step, a=FL.fmt(sm.icl_before),
+             b=FL.fmt(sm.icl_after), layer=sm.layer, head=sm.head, c=FL.fmt(sm.induction_before),
+             d=FL.fmt(sm.induction_after), e=FL.fmt(sm.control_max if sm.control_max is not None else float("nan")))
+
+
+# ---------------------------------------------------------------- train it yourself
+
+
+@st.cache_resource
+def learn_slot() -> threading.Lock:
+    """One /learn training at a time across all sessions (2 CPU cores are shared)."""
+    return threading.Lock()
+
+
+@dataclass
+class LearnJob:
+    settings: LR.Settings
+    run: LR.Run | None = None
+    step: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    elapsed: float = 0.0
+    phase_seconds: float | None = None  # wall time when the induction score first passed 0.5
+
+    def on_event(self, run: LR.Run, kind: str) -> bool:
+        self.run = run
+        self.step = len(run.loss)
+        self.elapsed = time.monotonic() - self.started
+        if kind == "checkpoint" and self.phase_seconds is None and run.scores \
+                and run.scores[-1].induction[-1].max() > 0.5:
+            self.phase_seconds = self.elapsed
+        return not self.stop.is_set()
+
+
+def run_learn_job(job: LearnJob, slot: threading.Lock) -> None:
+    try:
+        LR.train(job.settings, callback=job.on_event)
+    except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
+        job.error = f"{type(e).__name__}: {e}"
+    finally:
+        job.done = True
+        job.elapsed = time.monotonic() - job.started
+        slot.release()
+        return_freed_memory()
+        job.finished.set()
+
+
+def start_learn_job(settings: LR.Settings) -> None:
+    slot = learn_slot()
+    if not slot.acquire(blocking=False):
+        st.session_state["learn_busy"] = True
+        return
+    st.session_state["learn_busy"] = False
+    job = LearnJob(settings)
+    st.session_state["learn_job"] = job
+    threading.Thread(target=run_learn_job, args=(job, slot), daemon=True, name="attention-lab-learn").start()
+
+
+def job_figure(job: LearnJob, base: LR.Run):
+    run = job.run
+    series = {"attn2": {"label": t("shipped run"), "loss": base.loss, "steps": base.steps,
+                        "icl": base.series("icl")}}
+    if run is not None and run.scores:
+        series["yours"] = {"label": t("your run"), "loss": run.loss, "steps": run.steps, "icl": run.series("icl")}
+    phase = LR.phase_change(run.steps, run.series("icl")) if run is not None and len(run.scores) > 2 else None
+    return FL.curves_figure(series, phase, t("Your run against the shipped one"), total_steps=job.settings.steps)
+
+
+def job_text(job: LearnJob) -> str:
+    run = job.run
+    ind = run.scores[-1].induction[-1].max() if run is not None and run.scores else float("nan")
+    return t("step {n}/{total} · best last-layer induction score {ind} · {s} s", n=job.step, total=job.settings.steps,
+             ind=FL.fmt(ind), s=f"{job.elapsed:.0f}")
+
+
+def live_view(job: LearnJob, base: LR.Run) -> None:
+    st.progress(min(job.step / job.settings.steps, 1.0), text=job_text(job))
+    show_figure(job_figure(job, base), key="learn_live_curves", filename="learn-live")
+    if job.done:
+        st.rerun()
+
+
+def train_section(base: LR.Run) -> None:
+    st.subheader(t("Train it yourself"))
+    st.caption(t("The shipped setup with one change at a time, from a seed of your choice; about a minute on a "
+                 "shared CPU. One run at a time on this server."))
+    job: LearnJob | None = st.session_state.get("learn_job")
+    if job is not None and not job.done:
+        st.button(t("⏹ Stop"), on_click=job.stop.set, key="learn_stop")
+        st.fragment(run_every=POLL_SECONDS)(live_view)(job, base)
+        return
+    seed_from_query("learn_change", "change", "none", str, lambda v: v in LR.CHANGES)
+    seed_from_query("learn_seed", "seed", 0, int, lambda v: isinstance(v, int) and 0 <= v <= 9999)
+    with st.form("learn_form", border=True):
+        c = st.columns([3, 1])
+        change = c[0].radio(t("One change"), list(LR.CHANGES), key="learn_change", horizontal=True,
+                            format_func=option_labels(LR.CHANGES, lambda k: t(CHANGE_LABELS[k])))
+        seed = c[1].number_input(t("Seed"), 0, 9999, key="learn_seed")
+        submitted = st.form_submit_button(t("🏋️ Train"), type="primary")
+    write_query(change=change, seed=int(seed))
+    if submitted:
+        start_learn_job(replace(base.settings, seed=int(seed), change=change))
+        if st.session_state.get("learn_job") is not None and not st.session_state["learn_job"].done:
+            st.rerun()
+    if st.session_state.get("learn_busy"):
+        st.warning(t("Another session is training a model right now (one at a time on this shared CPU). "
+                     "Try again in a minute."), icon="⏳")
+    if job is not None and job.done:
+        if job.error:
+            show_error(t("Training failed: {error}", error=job.error))
+            return
+        run = job.run
+        phase = LR.phase_change(run.steps, run.series("icl"))
+        best = float(max(s.induction[-1].max() for s in run.scores))
+        st.success(t("Your run ({change}, seed {seed}): {n} steps in {s} s; best last-layer induction score {ind}; "
+                     "phase change: {phase}.", change=t(CHANGE_LABELS[job.settings.change]),
+                     seed=job.settings.seed, n=len(run.loss), s=f"{job.elapsed:.0f}", ind=FL.fmt(best),
+                     phase=phase if phase is not None else t("none")), icon="✅")
+        show_figure(job_figure(job, base), key="learn_done_curves", filename="learn-yours")
+
+
+# ---------------------------------------------------------------- the page
+
+
+def main() -> None:
+    st.title(t("Watch attention learn"))
+    st.caption(t(
+        "A 2-layer attention-only Transformer learns to copy from its context. Each training sequence has its "
+        "own random rule (which token follows which), so the only way to predict well is to find the earlier "
+        "occurrence of the current token and copy what came after it: an **induction head** (Olsson et al. 2022). "
+        "It needs two layers: a layer-0 head that looks at the previous token, and a layer-1 head whose keys "
+        "read that head's output (K-composition, Elhage et al. 2021). It appears suddenly, as a phase change; "
+        "the 1-layer control never gets it."))
+    try:
+        with st.spinner(t("Measuring the recorded checkpoints (once per server)…")):
+            runs, meta, sm = shipped()
+    except (OSError, ValueError, KeyError) as e:
+        show_error(t("The recorded run cannot be read: {error}", error=e))
+        st.stop()
+    two = runs["attn2"]
+    st.info(sentence(sm), icon="📈")
+    st.caption(t("Phase change rule: {rule}. Command: `{cmd}` (seed {seed}).", rule=t(
+        "the checkpoint where the in-context loss falls most steeply against log(step)"), cmd=meta.get("command"),
+        seed=meta.get("seed")))
+    show_figure(FL.curves_figure({k: {"label": t(MODEL_LABELS[k]), "loss": r.loss, "steps": r.steps,
+                                      "icl": r.series("icl")} for k, r in runs.items()}, sm.step,
+                                 total_steps=two.steps[-1]), key="learn_curves", filename="learn-curves")
+
+    # ---- the step slider and one head's attention
+    st.subheader(t("One head at one step"))
+    seed_from_query("learn_model", "lmodel", "attn2", str, lambda v: v in runs)
+    name = st.radio(t("Model"), list(runs), key="learn_model", horizontal=True,
+                    format_func=option_labels(list(runs), lambda k: t(MODEL_LABELS[k])))
+    run = runs[name]
+    heads = [f"{la}.{h}" for la in range(run.settings.layers) for h in range(run.settings.heads)]
+    default_head = f"{sm.layer}.{sm.head}" if f"{sm.layer}.{sm.head}" in heads else heads[-1]
+    seed_from_query("learn_head", "lhead", default_head, str, lambda v: v in heads)
+    default_step = sm.step if sm.step in run.steps else run.steps[-1]
+    seed_from_query("learn_step", "step", default_step, int, lambda v: v in run.steps)
+    c = st.columns([1, 4])
+    head = c[0].selectbox(t("Head (layer.head)"), heads, key="learn_head")
+    step = c[1].select_slider(t("Training step"), run.steps, key="learn_step")
+    write_query(lmodel=name, lhead=head, step=int(step))
+    layer, h = map(int, head.split("."))
+    i = run.steps.index(step)
+    w, ids = attention_at(name, i, layer, h)
+    sc = run.scores[i]
+    cols = st.columns([3, 2])
+    with cols[0]:
+        show_figure(FL.attention_step_figure(w, [str(x) for x in ids], run.settings.n, t(
+            "Head {head} at step {step}: attention on the repeated probe", head=head, step=step)),
+            key="learn_map", filename=f"learn-{name}-{head}-step{step}")
+    with cols[1]:
+        st.metric(t("induction score"), FL.fmt(sc.induction[layer, h]))
+        st.metric(t("previous-token score"), FL.fmt(sc.previous[layer, h]))
+        st.metric(t("prefix-matching score"), FL.fmt(sc.prefix[layer, h]))
+        st.metric(t("in-context loss"), FL.fmt(sc.icl))
+        st.caption(t("Probe: [BOS] + {n} random tokens + the same {n} again. The red squares mark the induction "
+                     "stripe: each token of the second copy looking at the token after its first occurrence.",
+                     n=run.settings.n))
+
+    # ---- per-head scores over steps
+    st.subheader(t("Every head over training"))
+    st.caption(t(
+        "Induction score: mean attention from each token of the second copy to the token after its earlier "
+        "occurrence (Olsson et al. 2022; the same function as the Attention phenomena page). Previous-token "
+        "score: attention from i to i − 1. Prefix-matching score: attention on the token after every earlier "
+        "copy of the current token, on plain random tokens (repeats by chance)."))
+    tabs = st.tabs([t(v) for v in SCORES.values()])
+    for tab, key in zip(tabs, SCORES, strict=True):
+        with tab:
+            for k, r in runs.items():
+                z = np.stack([getattr(s, key) for s in r.scores])
+                show_figure(FL.head_steps_figure(r.steps, z, t(SCORES[key]), sm.step if k == "attn2" else None,
+                                                 t("{what}: {model}", what=t(SCORES[key]), model=t(MODEL_LABELS[k]))),
+                            key=f"learn_heads_{key}_{k}", filename=f"learn-{key}-{k}")
+
+    # ---- K-composition
+    st.subheader(t("K-composition"))
+    if sm.prev_head is not None:
+        kc = np.stack([s.kcomp for s in two.scores])  # [C, H0, H1]
+        pair = kc[:, sm.prev_head, sm.head]
+        mask = np.ones(kc.shape[1:], dtype=bool)
+        mask[sm.prev_head, sm.head] = False
+        others = kc[:, mask].mean(axis=1)
+        show_figure(FL.kcomp_figure(two.steps, pair, others, t("head 0.{g} → head 1.{h}", g=sm.prev_head, h=sm.head),
+                                    sm.step), key="learn_kcomp", filename="learn-kcomp")
+        st.caption(t(
+            "How much head 1.{h}'s keys read what head 0.{g} (the strongest previous-token head at the end) writes: "
+            "‖W_QK W_OVᵀ‖ / (‖W_QK‖ ‖W_OV‖) (Elhage et al. 2021), layer 1's LayerNorm gain folded in, positions left "
+            "out. At step {s}: {a}; at the end: {b}; the other pairs' mean at the end: {c}.", h=sm.head,
+            g=sm.prev_head, s=sm.step, a=FL.fmt(pair[two.steps.index(sm.step)] if sm.step in two.steps else pair[-1]),
+            b=FL.fmt(pair[-1]), c=FL.fmt(others[-1])))
+
+    st.divider()
+    train_section(two)
+
+
+main()
