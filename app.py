@@ -52,6 +52,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
         ("viz/pages/experiments.py", N_("Experiments"), ":material/science:"),
         ("viz/pages/schedule.py", N_("Learning-rate schedule"), ":material/show_chart:"),
         ("viz/pages/training.py", N_("Training, live"), ":material/model_training:"),
+        ("viz/pages/learn.py", N_("Watch attention learn"), ":material/trending_down:"),
         ("viz/pages/snapshots.py", N_("Snapshots"), ":material/photo_camera:"),
     ],
 }
