@@ -14,7 +14,7 @@ from viz.figures import arch as FA
 from viz.i18n import t
 from viz.ui.models import capabilities, is_real_model
 from viz.ui.render import show_figure
-from viz.ui.sidebar import model_label, require, require_trace, selection
+from viz.ui.sidebar import model_label, require, require_own_family, require_trace, selection
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, seed_from_query, write_query
 
 PAGE_FILES = {"attention": "viz/pages/attention.py", "layer": "viz/pages/layer.py", "tokens": "viz/pages/tokens.py",
@@ -133,7 +133,7 @@ def link_list(items, layer: int, head: int) -> None:
                               query_params=params_of(block, layer, head) or None, icon=":material/open_in_new:")
 
 
-sel0 = selection()
+sel0 = require_own_family(selection())  # the map is drawn from the lab's own description: not via transformers
 if sel0 is not None and is_real_model(sel0) and "lm" in capabilities(sel0.name):
     lm_map()
     st.stop()

@@ -25,7 +25,7 @@ from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
 from viz.ui.long_views import EXACT_UP_TO, long_trace, render_long_attention, show_document, stats_first_query
-from viz.ui.models import get_trace, load_ckpt
+from viz.ui.models import capabilities, get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, note_replaced, seed_from_query, write_query
@@ -40,7 +40,7 @@ st.title(t("Language model"))
 st.caption(t("A real language model, read by the same instruments as the lab's small Transformer: a decoder-only "
              "stack (no encoder, no cross-attention) whose masked self-attention lets each token look only at "
              "the tokens before it. Type a prompt, find the heads that do something recognizable, watch it write."))
-sel = require("lm")
+sel = require("lm", via_transformers=True)  # a model via transformers: the views it gives, a sentence for the rest
 rm = sel.ckpt
 lang = current_lang()
 
@@ -58,6 +58,11 @@ def _model_facts() -> None:
         st.caption(t("Model: {name} ({dtype}).", name=card.name, dtype=card.compute_dtype))
     if licence := lm_models.licence_note(card):
         st.caption(licence)
+    if "via_transformers" in capabilities(sel.name):  # model/loaders/adapter.py: not one of the lab's families
+        st.caption(t("Via transformers: {name} is a {kind} model, a type the lab has no family of its own for, run by "
+                     "transformers' own modules. This page shows what they give exactly: the attention weights, the "
+                     "residual stream after each layer and the logits.", name=card.name,
+                     kind=rm.describe().get("model_type", "?")))
     return card
 
 
@@ -472,6 +477,11 @@ def lens_view() -> None:
                  "(its statistics recomputed for that layer's vector) and the unembedding turn it into next-token "
                  "probabilities. Each cell: the top token after that layer, coloured by its probability. It shows "
                  "where in depth the answer appears."))
+    if not getattr(rm.obj.model, "exact_unembed", True):  # via transformers, logits not lm_head(final norm(x))
+        from viz.ui.sidebar import adapter_note
+
+        st.info(adapter_note(sel.name), icon="🧩")
+        return
     T = len(tokens)
     with st.spinner(t("Reading every layer…")):
         lens = cached_figure(trace, _lens, sel.name, shared=True, model=rm)

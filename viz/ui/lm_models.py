@@ -440,4 +440,7 @@ def next_step(err: BaseException, msg: str) -> str | None:
              "llama.cpp's convert_hf_to_gguf.py writes a GGUF, and transformers' "
              "`save_pretrained(dir, safe_serialization=True)` writes safetensors; then restart the app with "
              "`--model` and the new file or directory.", archs=", ".join(SUPPORTED_ARCHITECTURES),
-             types=", ".join(SUPPORTED_TYPES), hf=", ".join(LM_TYPES + ENCODER_TYPES))
+             types=", ".join(SUPPORTED_TYPES), hf=", ".join(LM_TYPES + ENCODER_TYPES)) + " " + t(
+        "Any other causal attention language model that transformers runs opens through transformers' own modules "
+        "(install `{command}`), with its attention weights, residual stream and logits only.",
+        command="pip install -e '.[any-model]'")

@@ -266,10 +266,11 @@ LM_VIEWS = {"tokens": N_("See its tokens on the Language model page"),
             "generate": N_("Generate with it on the Language model page")}
 
 
-def require(*needs: str, lm_view: str | None = None) -> Selection:
+def require(*needs: str, lm_view: str | None = None, via_transformers: bool = False) -> Selection:
     """The sidebar's selection if its model has every capability in `needs` (see models.CAPABILITIES); else one
     sentence on what it lacks, a button that opens this page with a model that has it, and st.stop().
-    lm_view: for a language model, also a link to that view of the Language model page (LM_VIEWS)."""
+    lm_view: for a language model, also a link to that view of the Language model page (LM_VIEWS).
+    via_transformers: a model opened via transformers passes too (the page draws from weights, residuals, logits)."""
     sel = selection()
     if sel is None:
         st.stop()
@@ -279,7 +280,7 @@ def require(*needs: str, lm_view: str | None = None) -> Selection:
         show_error(e)
         st.stop()
     missing = [n for n in needs if n not in have]
-    if not missing:
+    if not missing or (via_transformers and "via_transformers" in have):  # the page draws what the adapter gives
         return sel
     ckpt = load_ckpt(sel.name)
     family = ckpt.family if isinstance(ckpt, lm_models.RealModel) else "transformer"
