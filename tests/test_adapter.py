@@ -148,9 +148,42 @@ def infos(at) -> str:
     return "\n".join(str(e.value) for kind in ("info", "markdown", "caption") for e in at.get(kind))
 
 
+# Pages that need the lab's own family (q/k/v, z, norms, FFN internals, hooks, a toy task) say so in one sentence;
+# Attention (head heatmap, all heads, model view) and Language model (heads overview, generation, logit lens) draw.
+SAYS = ("architecture", "tokens", "layer", "padding", "decoder", "phenomena", "qk", "experiments", "snapshots", "flow")
+DRAWS = ("attention", "llm")
+SAID = {"en": "runs via transformers, not one of the lab's own families", "zh": "通过 transformers 运行，不是本实验室自己的模型族"}
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_every_page_opens_on_an_adapter_model(served, lang):
-    said = {"en": "runs via transformers", "zh": "通过 transformers 运行"}[lang]
     for page in PAGES:
         at = run_page(served, page, lang)
-        print(page, said in infos(at))
+        if page in SAYS:
+            assert SAID[lang] in infos(at), page
+            assert not at.get("plotly_chart"), page
+        if page in DRAWS:
+            assert at.get("plotly_chart") and SAID[lang] not in infos(at), page
+    assert {"en": "(via transformers, started with the server)", "zh": "（经 transformers 运行，随服务器启动）"}[lang] \
+        in infos(run_page(served, "qk", lang))
+
+
+@pytest.mark.parametrize("view, draws", [("heads", True), ("model", True), ("pipeline", False), ("masks", False),
+                                         ("qkvz", False), ("sqrt", False)])
+def test_attention_views_draw_weights_or_say_what_is_missing(served, view, draws):
+    at = run_page(served, "attention", view=view)
+    assert (SAID["en"] in infos(at)) is not draws
+
+
+def test_language_model_page_draws_the_lens_and_says_via_transformers(served, made):
+    from model.analysis import logit_lens as LL
+
+    at = run_page(served, "llm", view="lens")
+    assert at.get("plotly_chart") and "Via transformers: falcon" in infos(at) and "a falcon model" in infos(at)
+    lm = lm_models.load(served).obj
+    ids = lm.encode(PROMPT)
+    lens = LL.logit_lens(lm, ids)
+    logits, _ = lm.run_with_trace(ids, names="logits")
+    assert (lens.top_ids[-1] == logits[0].argmax(-1).numpy()).all()  # the lens's last row is the model's own answer
+    for view in ("heads", "generate"):
+        assert "Via transformers" in infos(run_page(served, "llm", "en", view=view))
