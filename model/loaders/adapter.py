@@ -370,11 +370,13 @@ class AdapterLanguageModel(LanguageModel):
             raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {m.cfg.max_len}: "
                              "no room to generate")
         past, x, offset = None, ids, 0
+        import inspect  # transformers 5.x names the KV cache `cache` (4.x: past_key_values, deprecated in 5)
+
+        kw = "cache" if "cache" in inspect.signature(m.hf.forward).parameters else "past_key_values"
         with torch.no_grad():
             for _ in range(min(max_new_tokens, room)):
-                out = m.hf(input_ids=x.to(m._device()), past_key_values=past, use_cache=True,
-                           output_attentions=record)
-                past = out.past_key_values
+                out = m.hf(input_ids=x.to(m._device()), **{kw: past}, use_cache=True, output_attentions=record)
+                past = getattr(out, kw)
                 logits = out.logits[0, -1].cpu()
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
