@@ -1,0 +1,59 @@
+"""The Watch attention learn page (/learn, issue 33) in AppTest, en and zh: it opens from the shipped run, says
+the sentence computed from the checkpoints, keeps the step in the URL, and the step slider redraws the map."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import assert_clean
+from streamlit.testing.v1 import AppTest
+from test_i18n import english_in_zh
+
+from model.toy import learn as LR
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGE = "viz/pages/learn.py"
+TIMEOUT = 300
+
+
+def run(query: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    at.switch_page(PAGE)
+    at.run()
+    return at
+
+
+def titles(at: AppTest) -> list[str]:
+    return [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+
+
+def test_learn_page_opens_in_english_with_the_computed_sentence_and_the_step_in_the_url():
+    at = run({"step": "1015"})
+    assert_clean(at)
+    sm = LR.summary(*(lambda r: (r["attn2"], r["attn1"]))(LR.load_run()))
+    info = " ".join(i.value for i in at.info)
+    assert f"At step {sm.step} " in info and f"head {sm.layer}.{sm.head}'s induction score" in info
+    assert at.select_slider(key="learn_step").value == 1015
+    assert any("at step 1015" in x for x in titles(at))
+    at.select_slider(key="learn_step").set_value(sm.step).run()
+    assert_clean(at)
+    assert at.query_params["step"] == [str(sm.step)] or at.query_params["step"] == str(sm.step)
+    assert any(f"at step {sm.step}" in x for x in titles(at))
+    assert len(at.get("plotly_chart")) >= 8  # curves, the map, 3 scores x 2 models, K-composition
+
+
+def test_learn_page_opens_in_chinese_without_english():
+    at = run({"lang": "zh"})
+    assert_clean(at)
+    assert at.get("plotly_chart")
+    leftover = english_in_zh(at)
+    assert not leftover, leftover[:10]
+
+
+def test_a_link_with_a_step_that_is_not_a_checkpoint_falls_back_with_a_note():
+    at = run({"step": "12345", "lhead": "9.9"})
+    assert_clean(at)
+    assert at.select_slider(key="learn_step").value in LR.load_run(score=False)["attn2"].steps
+    assert any("12345" in w.value for w in at.warning)
