@@ -187,3 +187,19 @@ def test_language_model_page_draws_the_lens_and_says_via_transformers(served, ma
     assert (lens.top_ids[-1] == logits[0].argmax(-1).numpy()).all()  # the lens's last row is the model's own answer
     for view in ("heads", "generate"):
         assert "Via transformers" in infos(run_page(served, "llm", "en", view=view))
+
+
+def test_the_labs_own_families_never_import_transformers(tmp_path):
+    """Loading a Llama (a family of the lab's) in a fresh interpreter, with the adapter module imported, leaves
+    transformers unimported: it is a runtime dependency of the adapter's path only (pip extra .[any-model])."""
+    import subprocess
+    import sys
+
+    tok = tiny_bpe_tokenizer(tmp_path)
+    cfg = transformers.AutoConfig.for_model("llama", vocab_size=tok.get_vocab_size(), **COMMON)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    code = ("import sys\nimport model.loaders.adapter\nfrom model import load_model\n"
+            f"lm = load_model({str(tmp_path)!r})\nlm.run_with_trace('Hello world')\n"
+            "print(type(lm.model).__name__, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["DecoderLM", "False"]
