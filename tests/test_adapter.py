@@ -152,7 +152,8 @@ def infos(at) -> str:
 # Attention (head heatmap, all heads, model view) and Language model (heads overview, generation, logit lens) draw.
 SAYS = ("architecture", "tokens", "layer", "padding", "decoder", "phenomena", "qk", "experiments", "snapshots", "flow")
 DRAWS = ("attention", "llm")
-SAID = {"en": "runs via transformers, not one of the lab's own families", "zh": "通过 transformers 运行，不是本实验室自己的模型族"}
+SAID = {"en": "runs via transformers, not one of the lab's own families",
+        "zh": "通过 transformers 运行，不是本实验室自己的模型族"}
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -203,3 +204,15 @@ def test_the_labs_own_families_never_import_transformers(tmp_path):
             "print(type(lm.model).__name__, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["DecoderLM", "False"]
+
+
+def test_bfloat16_equals_transformers_in_bfloat16(made):
+    d, _ = made["opt"]
+    lm = load_hf_dir(d, dtype="bfloat16")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager")
+    ids = lm.encode(PROMPT)
+    logits, trace = lm.run_with_trace(ids)
+    with torch.no_grad():
+        out = ref.eval()(ids, output_attentions=True)
+    assert logits.dtype == torch.bfloat16 and torch.equal(logits, out.logits)
+    assert all(torch.equal(trace[f"decoder.layers.{i}.self_attn.weights"], a) for i, a in enumerate(out.attentions))

@@ -400,6 +400,21 @@ class AdapterLanguageModel(LanguageModel):
                 x = torch.tensor([[chosen]], dtype=torch.long)
 
 
+def _numel(files: list[Path]) -> int:
+    """The number of weights the safetensors files hold, from their headers (already checked by the caller)."""
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for k, v in header.items():
+            if k != "__metadata__" and isinstance(v, dict):
+                numel = 1
+                for s in v.get("shape", []):
+                    numel *= int(s)
+                n += numel
+    return n
+
+
 def load_adapter_dir(d: Path, hf: dict, files: list[Path], dtype: torch.dtype, device: torch.device,
                      tokenizer=None, **lm_kwargs) -> AdapterLanguageModel:
     """A checked directory (config.json read, safetensors headers checked) of a type the lab has no family for ->
@@ -415,11 +430,11 @@ def load_adapter_dir(d: Path, hf: dict, files: list[Path], dtype: torch.dtype, d
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelLoadError(f"model type {kind!r} is not supported: transformers {tf.__version__} has no causal "
                              f"language model of that type; {_supported_text()}")
-    size = sum(f.stat().st_size for f in files)
-    scale = {torch.float32: 1, torch.bfloat16: 1, torch.float16: 1}[dtype]
-    if size * scale > available_bytes():
-        raise ModelLoadError(f"{d.name}: its weights are {size / 2**30:.1f} GiB, more than this machine has available "
-                             f"({available_bytes() / 2**30:.1f} GiB). Refused before loading.")
+    size = _numel(files) * torch.empty(0, dtype=dtype).element_size()  # in the dtype they will be held in
+    if size > available_bytes():
+        name = str(dtype).removeprefix("torch.")
+        raise ModelLoadError(f"{d.name}: its weights are {size / 2**30:.1f} GiB in {name}, more than this machine has "
+                             f"available ({available_bytes() / 2**30:.1f} GiB). Refused before loading.")
     try:
         model = tf.AutoModelForCausalLM.from_pretrained(str(d), attn_implementation="eager", use_safetensors=True,
                                                         local_files_only=True, trust_remote_code=False, dtype=dtype)
