@@ -1,0 +1,194 @@
+"""Watch attention learn (issue 33): the attention-only models, the shipped recorded run, the phase-change rule,
+the scores, the figures.
+
+Measured on the shipped run (seed 0, 2000 steps, 50 log-spaced checkpoints): the phase change (PHASE_RULE) is
+at step 675; the 2-layer model's best layer-1 induction score is at most 0.087 at every checkpoint before it
+and at least 0.61 from it on (0.69 at the end); the 1-layer control's best induction score never passes 0.034.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from model.families.lm import DecoderLM, LMConfig
+from model.toy import learn as LR
+from viz.figures import learn as FL
+
+
+@functools.cache
+def shipped():
+    return LR.load_run()
+
+
+def best_layer1(run: LR.Run) -> np.ndarray:
+    return np.array([s.induction[-1].max() for s in run.scores])
+
+
+# ---------------------------------------------------------------------- the model
+
+
+def test_attention_only_config_has_no_ffn_and_consistent_capture_names():
+    cfg = LMConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, max_len=12, ffn="none")
+    model = DecoderLM(cfg)
+    assert all(layer.ffn is None and layer.norm2 is None for layer in model.decoder.layers)
+    assert model.num_parameters() == cfg.num_parameters()
+    ids = torch.randint(0, 16, (2, 12))
+    logits, trace = model.run_with_trace(ids)
+    assert torch.equal(logits, model(ids))
+    assert set(trace.names()) == set(model.capture_names(2, 12))
+    assert not any(".ffn." in n or ".norm2." in n for n in trace.names())
+    assert model.describe()["blocks"]["ffn"] == "none"
+
+
+def test_the_default_config_still_has_its_ffn():
+    model = DecoderLM(LMConfig(vocab_size=16, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=8))
+    assert model.decoder.layers[0].ffn is not None and "decoder.layers.0.ffn.out" in model.capture_names()
+
+
+def test_init_is_seeded_and_leaves_the_global_generator_alone():
+    state = torch.get_rng_state()
+    a, b = (LR.init_model(LR.Settings().config(), 3) for _ in range(2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_batches_are_seeded_and_follow_their_own_rule():
+    s = LR.Settings(batch=64)
+    x = LR.batch_ids(s, torch.Generator().manual_seed(0))
+    assert torch.equal(x, LR.batch_ids(s, torch.Generator().manual_seed(0)))
+    assert x.shape == (64, 1 + 2 * s.n) and (x[:, 0] == 0).all() and (x[:, 1:] > 0).all()
+    # a token is followed by the same successor far more often than chance (1 / 31)
+    same = []
+    for row in x[:, 1:]:
+        seen = {}
+        for a, b in zip(row[:-1].tolist(), row[1:].tolist(), strict=True):
+            if a in seen:
+                same.append(seen[a] == b)
+            seen[a] = b
+    assert np.mean(same) > 0.5
+
+
+def test_log_steps():
+    steps = LR.log_steps(2000, 50)
+    assert steps[0] == 0 and steps[-1] == 2000 and len(steps) >= 50 and steps == sorted(set(steps))
+
+
+# ---------------------------------------------------------------------- the phase-change rule
+
+
+def test_phase_change_rule_on_a_hand_made_curve():
+    steps = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]
+    icl = [0, 0, -0.01, -0.02, -0.03, -0.05, -0.1, -1.5, -2.0, -2.1]
+    assert LR.phase_change(steps, icl) == 64  # the biggest fall per log-step is 32 -> 64
+    # per log-step, not per step: a long gap's fall is divided by its length
+    assert LR.phase_change([1, 10, 1000], [0, -1.0, -1.5]) == 10
+    assert LR.phase_change([1, 10, 100], [0, 0.1, 0.2]) is None  # it never falls
+    assert LR.phase_change([0, 5], [0, -3]) is None  # step 0 has no log: never a pair's start
+
+
+# ---------------------------------------------------------------------- the shipped run
+
+
+def test_shipped_run_meta_has_the_command_and_the_seed():
+    meta = LR.run_meta()
+    assert meta["command"].startswith("python -m model.learn") and "--seed 0" in meta["command"]
+    assert meta["seed"] == 0 and set(meta["models"]) == {"attn2", "attn1"}
+    runs = shipped()
+    assert all(len(r.steps) >= 50 and len(r.loss) == r.steps[-1] for r in runs.values())
+
+
+def test_shipped_2_layer_induction_is_low_before_the_phase_change_and_high_after():
+    runs = shipped()
+    two, one = runs["attn2"], runs["attn1"]
+    step = LR.phase_change(two.steps, two.series("icl"))
+    assert step is not None and 100 < step < 0.75 * two.steps[-1]  # well inside the run
+    best = best_layer1(two)
+    steps = np.array(two.steps)
+    before, after = best[steps < step], best[steps >= step]
+    assert before.max() < 0.15, before.max()  # measured 0.087
+    assert after.min() > 0.5, after.min()  # measured 0.61
+    assert best_layer1(one).max() < 0.1  # the 1-layer control: measured 0.034
+    # the in-context loss: near 0 before, well below after
+    icl = two.series("icl")
+    assert icl[steps < step].min() > -0.5 and icl[-1] < -1.5
+    # layer 0 grows a previous-token head with it
+    assert max(s.previous[0].max() for s in two.scores[-5:]) > 0.5
+
+
+def test_summary_sentence_numbers_come_from_the_checkpoints():
+    runs = shipped()
+    sm = LR.summary(runs["attn2"], runs["attn1"])
+    two = runs["attn2"]
+    i = two.steps.index(sm.step)
+    assert sm.icl_after == pytest.approx(two.scores[i].icl)
+    assert sm.induction_after == pytest.approx(two.scores[i].induction[1, sm.head])
+    assert sm.control_max == pytest.approx(best_layer1(runs["attn1"]).max())
+    assert sm.induction_before < 0.2 < sm.induction_after
+
+
+def test_k_composition_is_a_ratio_and_the_circuit_pair_rises():
+    two = shipped()["attn2"]
+    sm = LR.summary(two)
+    kc = np.stack([s.kcomp for s in two.scores])
+    assert ((kc >= 0) & (kc <= 1)).all()
+    assert kc[-1, sm.prev_head, sm.head] > kc[0, sm.prev_head, sm.head]
+    assert LR.k_composition(LR.init_model(LR.Settings(change="one_layer").config(), 0)) is None
+
+
+def test_a_rerun_from_the_shipped_seed_reproduces_the_first_checkpoints_bit_for_bit():
+    meta = LR.run_meta()
+    s = LR.Settings(**meta["models"]["attn2"])
+    stored = shipped()["attn2"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(meta["threads"])
+    try:
+        run = LR.train(s, callback=lambda r, kind: not (kind == "checkpoint" and r.steps[-1] >= 8), score=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert run.steps == stored.steps[:len(run.steps)] and run.steps[-1] == 8
+    for mine, theirs in zip(run.states, stored.states, strict=False):
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert run.loss == pytest.approx(stored.loss[:8], abs=1e-5)
+
+
+@pytest.mark.parametrize("change", LR.CHANGES)
+def test_each_change_trains_a_few_steps(change):
+    s = LR.Settings(steps=3, n_checkpoints=3, change=change, batch=4, probe_batch=2)
+    run = LR.train(s)
+    assert run.steps == [0, 1, 2, 3] and len(run.scores) == 4
+    model = run.model_at(3)
+    if change == "no_positions":
+        assert model.decoder.embed.pos.weight.abs().max() == 0
+    if change == "freeze_layer0":
+        assert all(torch.equal(run.states[0][k], run.states[-1][k]) for k in run.states[0] if "layers.0." in k)
+    if change == "one_layer":
+        assert model.cfg.n_layers == 1 and run.scores[-1].kcomp is None
+    if change == "one_head":
+        assert model.cfg.n_heads == 1
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def test_figures_from_the_shipped_run():
+    runs = shipped()
+    two = runs["attn2"]
+    step = LR.phase_change(two.steps, two.series("icl"))
+    fig = FL.curves_figure({k: {"label": k, "loss": r.loss, "steps": r.steps, "icl": r.series("icl")}
+                            for k, r in runs.items()}, step)
+    assert len(fig.data) == 4 and any(s.x0 == step for s in fig.layout.shapes)
+    z = np.stack([s.induction for s in two.scores])
+    fig = FL.head_steps_figure(two.steps, z, "induction", step)
+    assert np.asarray(fig.data[0].z).shape == (8, len(two.steps))
+    probe = LR.probe_ids(two.settings)[:1]
+    w = torch.softmax(torch.randn(41, 41), -1).numpy()
+    fig = FL.attention_step_figure(w, [str(x) for x in probe[0].tolist()], two.settings.n, "map")
+    assert len(fig.data[1].x) == two.settings.n
+    fig = FL.kcomp_figure(two.steps, np.zeros(len(two.steps)), np.zeros(len(two.steps)), "pair", step)
+    assert len(fig.data) == 2
+    assert FL.smooth([1, 2, 3], 2).tolist() == [1, 1.5, 2.5]
