@@ -114,6 +114,18 @@ def is_real(name: str) -> bool:
     return name in BUILTIN or name in server_models()
 
 
+def via_transformers(name: str) -> bool:
+    """Whether server model `name` opens through transformers' own modules (model/loaders/adapter.py): a Hugging Face
+    directory whose model_type is none of the lab's families. From its config.json, without loading it."""
+    from model.loaders.hf import SUPPORTED, _json
+
+    where = server_models().get(name)
+    if where is None or not Path(where).is_dir():
+        return False
+    kind = _json(Path(where) / "config.json").get("model_type")
+    return isinstance(kind, str) and kind not in SUPPORTED
+
+
 @cache
 def _available(name: str) -> bool:
     return _loader(name).is_available()

@@ -239,11 +239,6 @@ def capabilities(name: str) -> set[str]:
     return out
 
 
-def is_adapter_model(name: str) -> bool:
-    """Whether model `name` runs via transformers (model/loaders/adapter.py), not one of the lab's own families."""
-    return lm_models.is_real(name) and name not in session_models() and "via_transformers" in capabilities(name)
-
-
 def is_real_model(sel) -> bool:
     """Whether the selection is a real pretrained model (SmolLM2, MiniLM, a server model), not a toy one."""
     return sel is not None and lm_models.is_real(sel.name) and sel.name not in session_models()

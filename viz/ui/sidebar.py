@@ -66,13 +66,9 @@ def model_label(name: str) -> str:
 
 
 def _via_transformers(name: str) -> bool:
-    """A server model opened through transformers' own modules (model/loaders/adapter.py); False if it fails to load."""
-    from viz.ui.models import is_adapter_model
-
-    try:
-        return is_adapter_model(name)
-    except (ValueError, KeyError):
-        return False
+    """A server model opened through transformers' own modules (model/loaders/adapter.py), from its config.json
+    (the model list labels every model: none is loaded for that)."""
+    return name not in session_models() and lm_models.via_transformers(name)
 
 
 def adapter_note(name: str) -> str:
