@@ -223,7 +223,7 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
         _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
     view = _choose_view(key)
-    if meta.get("model", {}).get("family") == "decoder_lm_adapter" and view not in WEIGHTS_ONLY:
+    if (meta.get("model") or {}).get("family") == "decoder_lm_adapter" and view not in WEIGHTS_ONLY:
         from viz.ui.sidebar import adapter_note  # a model via transformers: weights only, no q/k/v or masks
 
         st.info(adapter_note(meta.get("checkpoint", "")), icon="🧩")

@@ -282,7 +282,7 @@ def require(*needs: str, lm_view: str | None = None, via_transformers: bool = Fa
     family = ckpt.family if isinstance(ckpt, lm_models.RealModel) else "transformer"
     need = missing[0]
     st.info(_lacks(need, sel.name, family), icon="🧩")
-    if lm_view and family == "decoder_lm":
+    if lm_view and family in ("decoder_lm", "decoder_lm_adapter"):  # /llm draws a model via transformers too
         st.page_link(LLM_PAGE, label=t(LM_VIEWS[lm_view]), icon=":material/chat:",
                      query_params={"checkpoint": sel.name, "view": "generate" if lm_view == "generate" else "heads"})
     other = _model_with(need, checkpoint_names())
