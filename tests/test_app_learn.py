@@ -4,6 +4,7 @@ the sentence computed from the checkpoints, keeps the step in the URL, and the s
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from conftest import assert_clean
@@ -57,3 +58,22 @@ def test_a_link_with_a_step_that_is_not_a_checkpoint_falls_back_with_a_note():
     assert_clean(at)
     assert at.select_slider(key="learn_step").value in LR.load_run(score=False)["attn2"].steps
     assert any("12345" in w.value for w in at.warning)
+
+
+def test_train_it_yourself_runs_in_a_thread_shows_progress_and_stops():
+    at = run({"change": "one_layer", "seed": "3"})
+    assert at.radio(key="learn_change").value == "one_layer" and at.number_input(key="learn_seed").value == 3
+    next(b for b in at.get("form_submit_button") if "Train" in b.label).click()
+    at.run()
+    assert_clean(at)
+    job = at.session_state["learn_job"]
+    assert job.settings.change == "one_layer" and job.settings.seed == 3
+    assert at.button(key="learn_stop") and at.get("progress")  # the live view while it runs
+    time.sleep(1.0)
+    job.stop.set()
+    assert job.finished.wait(120), "training did not stop"
+    at.run()
+    assert_clean(at)
+    assert job.run is not None and job.run.steps[0] == 0 and len(job.run.loss) < job.settings.steps
+    assert "1 layer, seed 3" in at.success[0].value
+    assert any("Your run against the shipped one" in x for x in titles(at))
