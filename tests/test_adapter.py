@@ -216,3 +216,18 @@ def test_bfloat16_equals_transformers_in_bfloat16(made):
         out = ref.eval()(ids, output_attentions=True)
     assert logits.dtype == torch.bfloat16 and torch.equal(logits, out.logits)
     assert all(torch.equal(trace[f"decoder.layers.{i}.self_attn.weights"], a) for i, a in enumerate(out.attentions))
+
+
+def test_weights_missing_from_the_checkpoint_are_refused_not_made_up(tmp_path, made):
+    """transformers fills a tensor the checkpoint lacks with random numbers; the adapter refuses instead."""
+    from safetensors.torch import load_file, save_file
+
+    d, _ = made["bloom"]
+    for f in d.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (st,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(st)
+    gone = next(k for k in tensors if "dense_4h_to_h.weight" in k)
+    save_file({k: v for k, v in tensors.items() if k != gone}, st, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="lacks 1 tensors the config describes.*do not match"):
+        load_hf_dir(tmp_path)

@@ -436,11 +436,18 @@ def load_adapter_dir(d: Path, hf: dict, files: list[Path], dtype: torch.dtype, d
         raise ModelLoadError(f"{d.name}: its weights are {size / 2**30:.1f} GiB in {name}, more than this machine has "
                              f"available ({available_bytes() / 2**30:.1f} GiB). Refused before loading.")
     try:
-        model = tf.AutoModelForCausalLM.from_pretrained(str(d), attn_implementation="eager", use_safetensors=True,
-                                                        local_files_only=True, trust_remote_code=False, dtype=dtype)
+        model, info = tf.AutoModelForCausalLM.from_pretrained(
+            str(d), attn_implementation="eager", use_safetensors=True, local_files_only=True, trust_remote_code=False,
+            dtype=dtype, output_loading_info=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ModelLoadError(f"{d.name}: transformers could not open this {kind} model ({first})") from None
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = list(info.get("mismatched_keys") or ())
+    if missing or mismatched:  # transformers would fill them with random numbers: never half a model
+        what = (f"lacks {len(missing)} tensors the config describes, e.g. {missing[:3]}" if missing else
+                f"has {len(mismatched)} tensors whose shapes disagree with config.json, e.g. {mismatched[:2]}")
+        raise ModelLoadError(f"{d.name}: the checkpoint {what}: config.json and the weights do not match")
     if device.type != "cpu":
         model = model.to(device)
     try:
