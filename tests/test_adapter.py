@@ -231,3 +231,13 @@ def test_weights_missing_from_the_checkpoint_are_refused_not_made_up(tmp_path, m
     save_file({k: v for k, v in tensors.items() if k != gone}, st, metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="lacks 1 tensors the config describes.*do not match"):
         load_hf_dir(tmp_path)
+
+
+def test_a_config_that_describes_fewer_layers_than_the_weights_is_refused(tmp_path, made):
+    d, _ = made["olmo"]
+    for f in d.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 1}))
+    with pytest.raises(ModelLoadError, match="tensors the config does not describe.*do not match"):
+        load_hf_dir(tmp_path)

@@ -444,9 +444,13 @@ def load_adapter_dir(d: Path, hf: dict, files: list[Path], dtype: torch.dtype, d
         raise ModelLoadError(f"{d.name}: transformers could not open this {kind} model ({first})") from None
     missing = sorted(info.get("missing_keys") or ())
     mismatched = list(info.get("mismatched_keys") or ())
-    if missing or mismatched:  # transformers would fill them with random numbers: never half a model
+    from model.loaders.hf import IGNORED_SUFFIXES
+
+    unexpected = sorted(k for k in info.get("unexpected_keys") or () if not k.endswith(IGNORED_SUFFIXES))
+    if missing or mismatched or unexpected:  # transformers would fill or drop them silently: never half a model
         what = (f"lacks {len(missing)} tensors the config describes, e.g. {missing[:3]}" if missing else
-                f"has {len(mismatched)} tensors whose shapes disagree with config.json, e.g. {mismatched[:2]}")
+                f"has {len(mismatched)} tensors whose shapes disagree with config.json, e.g. {mismatched[:2]}"
+                if mismatched else f"has {len(unexpected)} tensors the config does not describe, e.g. {unexpected[:3]}")
         raise ModelLoadError(f"{d.name}: the checkpoint {what}: config.json and the weights do not match")
     if device.type != "cpu":
         model = model.to(device)
