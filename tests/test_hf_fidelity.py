@@ -194,9 +194,11 @@ def test_a_directory_with_only_pickled_weights_is_refused_with_the_conversion_co
 
 def test_an_unknown_architecture_lists_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
-    with pytest.raises(ModelLoadError, match="'mamba' is not supported; this lab opens these decoder-only types: "
-                       "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2, gpt_neox, qwen2_moe, "
-                       "olmoe, mixtral, gpt2 "
+    from model.loaders.hf import LM_TYPES
+
+    # the mechanism named (issue 32 §3), then every type the lab opens
+    with pytest.raises(ModelLoadError, match=r"'mamba' is not supported: its layers are state-space \(Mamba\) layers, "
+                       f"not attention; this lab opens these decoder-only types: {', '.join(LM_TYPES)} "
                        r"\(and the encoders bert, roberta, distilbert\)"):
         load_hf_dir(tmp_path)
 
