@@ -192,3 +192,16 @@ def test_figures_from_the_shipped_run():
     fig = FL.kcomp_figure(two.steps, np.zeros(len(two.steps)), np.zeros(len(two.steps)), "pair", step)
     assert len(fig.data) == 2
     assert FL.smooth([1, 2, 3], 2).tolist() == [1, 1.5, 2.5]
+
+
+def test_notebook_learn_view():
+    from viz import notebook as nb
+
+    runs = shipped()
+    sm = LR.summary(runs["attn2"], runs["attn1"])
+    assert nb.learn_view("curves", runs).layout.shapes
+    assert f"at step {sm.step}" in nb.learn_view("map", runs).layout.title.text
+    assert nb.learn_view("heads", runs, score="previous").data
+    assert len(nb.learn_view("kcomp", runs).data) == 2
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        nb.learn_view("map", runs, step=12345)

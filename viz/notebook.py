@@ -116,3 +116,45 @@ def flow_compare(model, text=None, position: int | None = None, **kw) -> go.Figu
 
     s = model if isinstance(model, flow.Subject) else flow.prepare(model, text, position=position, **kw)
     return FF.methods_figure(flow.compare(s))
+
+
+def learn_view(view: str = "curves", run=None, step: int | None = None, head: tuple[int, int] | None = None,
+               score: str = "induction") -> go.Figure:
+    """Watch attention learn (issue 33), the /learn page's figures from the recorded run (or `run`: the
+    {"attn2": Run, "attn1": Run} of model.toy.learn.load_run(path) or of your own training):
+    view="curves" (training and in-context loss, the phase change marked), "heads" (the 2-layer model's `score`
+    over steps: "induction", "previous" or "prefix"), "map" (head (layer, head)'s attention on the repeated
+    probe at `step`, default the phase change), "kcomp" (K-composition over steps).
+
+        nb.learn_view("map", step=675).show()
+    """
+    import numpy as np
+
+    from model.toy import learn as LR
+    from viz.figures import learn as FL
+
+    runs = run if run is not None else LR.load_run()
+    two = runs["attn2"]
+    sm = LR.summary(two, runs.get("attn1"))
+    if view == "curves":
+        return FL.curves_figure({k: {"label": k, "loss": r.loss, "steps": r.steps, "icl": r.series("icl")}
+                                 for k, r in runs.items()}, sm.step, total_steps=two.steps[-1])
+    if view == "heads":
+        return FL.head_steps_figure(two.steps, np.stack([getattr(s, score) for s in two.scores]), score, sm.step)
+    if view == "map":
+        step = step if step is not None else (sm.step or two.steps[-1])
+        if step not in two.steps:
+            raise ValueError(f"step {step} is not a checkpoint; the checkpoints are {two.steps}")
+        layer, h = head if head is not None else (sm.layer, sm.head)
+        probe = LR.probe_ids(two.settings)[:1]
+        _, trace = two.model_at(two.steps.index(step)).run_with_trace(probe, names="*.self_attn.weights")
+        w = trace[f"decoder.layers.{layer}.self_attn.weights"][0, h].numpy()
+        return FL.attention_step_figure(w, [str(x) for x in probe[0].tolist()], two.settings.n,
+                                        f"Head {layer}.{h} at step {step}: attention on the repeated probe")
+    if view == "kcomp":
+        kc = np.stack([s.kcomp for s in two.scores])
+        mask = np.ones(kc.shape[1:], dtype=bool)
+        mask[sm.prev_head, sm.head] = False
+        return FL.kcomp_figure(two.steps, kc[:, sm.prev_head, sm.head], kc[:, mask].mean(axis=1),
+                               f"head 0.{sm.prev_head} → head 1.{sm.head}", sm.step)
+    raise ValueError(f"view must be 'curves', 'heads', 'map' or 'kcomp', got {view!r}")
