@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import APP, tiny_bpe_tokenizer
 from streamlit.testing.v1 import AppTest
+from test_i18n import english_in_zh
 
 from model.loaders.hf import LM_TYPES, ModelLoadError, load_hf_dir
 from viz.ui import lm_models
@@ -165,6 +166,8 @@ def test_every_page_opens_on_an_adapter_model(served, lang):
             assert not at.get("plotly_chart"), page
         if page in DRAWS:
             assert at.get("plotly_chart") and SAID[lang] not in infos(at), page
+        if lang == "zh" and page in ("architecture", "attention", "llm", "qk"):
+            assert not english_in_zh(at), (page, english_in_zh(at))
     assert {"en": "(via transformers, started with the server)", "zh": "（经 transformers 运行，随服务器启动）"}[lang] \
         in infos(run_page(served, "qk", lang))
 
