@@ -244,3 +244,12 @@ def test_a_config_that_describes_fewer_layers_than_the_weights_is_refused(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 1}))
     with pytest.raises(ModelLoadError, match="tensors the config does not describe.*do not match"):
         load_hf_dir(tmp_path)
+
+
+def test_generation_on_the_language_model_page(served):
+    at = run_page(served, "llm", view="generate")
+    next(b for b in at.button if b.label == "Generate").click().run()
+    assert not at.exception and not at.error
+    want = lm_models.load(served).obj.generate(PROMPT, max_new_tokens=int(at.number_input(key="llm_max").value))
+    assert at.get("plotly_chart") and want.tokens and lm_models.readable(want.tokens[0]) in infos(at) + "".join(
+        str(e.value) for e in at.get("code"))
