@@ -126,7 +126,7 @@ def test_pickles_only_are_refused(tmp_path):
 # ---------------------------------------------------------------- the app
 
 PAGES = ["lessons", "architecture", "tokens", "tokenizers", "attention", "layer", "padding", "decoder", "pretrained",
-         "llm", "phenomena", "qk", "since2017", "experiments", "schedule", "training", "snapshots", "flow"]
+         "llm", "phenomena", "qk", "since2017", "experiments", "schedule", "training", "snapshots", "flow", "learn"]
 
 
 @pytest.fixture(scope="module")
