@@ -64,6 +64,9 @@ PHASE_RULE = ("the phase change is the checkpoint step where the in-context loss
               "log(step): the largest drop between consecutive checkpoints divided by the log-step between them; "
               "the step named is the later checkpoint of that pair")
 CHANGES = ("none", "one_layer", "no_positions", "freeze_layer0", "one_head")
+LIVE_YIELD_S = 0.003  # a live run (in the app's process) sleeps this long after each step, so other sessions' threads
+# get the GIL between steps (~6 s over 2000 steps). Measured (bench/learn.py, busy 2 cores): a toy head switch still
+# takes ~2x its time while a run trains (0.04 -> 0.08 s), with or without it: the run's core is the cost.
 
 
 @dataclass(frozen=True)
@@ -307,10 +310,10 @@ def lr_at(s: Settings, step: int) -> float:
 
 
 def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None,
-          score: bool = True, dtype: torch.dtype = torch.float16) -> Run:
+          score: bool = True, dtype: torch.dtype = torch.float16, yield_s: float = 0.0) -> Run:
     """Train one model. At each checkpoint step the weights are kept (as `dtype`, what meta.json says) and,
     with `score`, measured; `callback(run, "checkpoint")` after each checkpoint and `callback(run, "step")`
-    after each step may return False to stop early."""
+    after each step may return False to stop early. yield_s: sleep after each step (LIVE_YIELD_S in the app)."""
     cfg = s.config()
     model = init_model(cfg, s.seed, pos_init=s.pos_init)
     params = apply_change(model, s.change)
@@ -342,6 +345,8 @@ def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None
         loss.backward()
         opt.step()
         run.loss.append(float(loss.detach()))
+        if yield_s:
+            time.sleep(yield_s)
         if step in want and not checkpoint(step):
             break
         if callback is not None and callback(run, "step") is False:

@@ -91,7 +91,7 @@ class LearnJob:
 
 def run_learn_job(job: LearnJob, slot: threading.Lock) -> None:
     try:
-        LR.train(job.settings, callback=job.on_event)
+        LR.train(job.settings, callback=job.on_event, yield_s=LR.LIVE_YIELD_S)
     except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
         job.error = f"{type(e).__name__}: {e}"
     finally:
