@@ -38,7 +38,7 @@ import torch
 from model.core import recorder
 from model.core.describe import SIDES, attention_entry
 from model.core.trace import Trace
-from model.loaders.hf import ModelLoadError, available_bytes
+from model.loaders.hf_common import ModelLoadError, available_bytes
 from model.loaders.lm import TOP_K_RECORDED, LanguageModel, Step, _check_sampling, _choose
 
 FAMILY = "decoder_lm_adapter"
@@ -83,7 +83,7 @@ def refusal(hf: Mapping) -> str | None:
 
 
 def _supported_text() -> str:
-    from model.loaders.hf import ENCODER_TYPES, LM_TYPES
+    from model.loaders.hf_common import ENCODER_TYPES, LM_TYPES
 
     return (f"this lab opens these decoder-only types: {', '.join(LM_TYPES)} (and the encoders "
             f"{', '.join(ENCODER_TYPES)}), and through transformers any other causal attention language model")
@@ -444,7 +444,7 @@ def load_adapter_dir(d: Path, hf: dict, files: list[Path], dtype: torch.dtype, d
         raise ModelLoadError(f"{d.name}: transformers could not open this {kind} model ({first})") from None
     missing = sorted(info.get("missing_keys") or ())
     mismatched = list(info.get("mismatched_keys") or ())
-    from model.loaders.hf import IGNORED_SUFFIXES
+    from model.loaders.hf_common import IGNORED_SUFFIXES
 
     unexpected = sorted(k for k in info.get("unexpected_keys") or () if not k.endswith(IGNORED_SUFFIXES))
     if missing or mismatched or unexpected:  # transformers would fill or drop them silently: never half a model

@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 
 from model.families.lm import DecoderLM, LMConfig
+from model.loaders.hf_common import (  # shared with adapter.py (no circle)
+    ENCODER_TYPES,
+    IGNORED_SUFFIXES,
+    LM_TYPES,
+    ModelLoadError,
+    available_bytes,
+)
 
-# Decoder-only model types, each tested against transformers (tests/test_families.py, test_hf_fidelity.py).
-LM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox",
-            "qwen2_moe", "olmoe", "mixtral", "gpt2", "phi", "starcoder2", "qwen3_moe", "cohere",
-            "granite", "glm4", "smollm3")
-ENCODER_TYPES = ("bert", "roberta", "distilbert")  # -> model.loaders.minilm.PretrainedEncoder
 SUPPORTED = LM_TYPES + ENCODER_TYPES
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -33,15 +35,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB
 LIMITS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "d_ff": 1 << 18,
           "max_len": 1 << 21}
-# Tensors a checkpoint may hold that are not parameters of ours (buffers HF used to save).
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", ".attention.bias",
-                    ".attention.masked_bias")
 CONVERT = ('python -c "from transformers import AutoModel; '
            "AutoModel.from_pretrained('{d}').save_pretrained('{d}', safe_serialization=True)\"")
-
-
-class ModelLoadError(ValueError):
-    """A model directory or file this lab cannot load; the message says why and what to do."""
 
 
 # ---------------------------------------------------------------- config
@@ -294,18 +289,6 @@ def _deinterleave(t: torch.Tensor, heads: int, hs: int, r: int) -> torch.Tensor:
     leaves every score q·k, so every weight, unchanged; `.q`/`.k` hold the dims in this order."""
     perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, hs)])
     return t.reshape(heads, hs, *t.shape[1:])[:, perm].reshape(t.shape)
-
-
-def available_bytes() -> int:
-    """Memory this process may still allocate (MemAvailable), or 64 GiB where /proc is absent."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 64 << 30
 
 
 def check_fits(cfg: LMConfig, dtype: torch.dtype = torch.float32) -> None:
