@@ -94,7 +94,7 @@ def check_step_figures(at: AppTest, ckpt, out, step: int, layer: int, head: str)
     self_fig = figure(at, "Decoder self-attention of the new position")["data"][0]
     np.testing.assert_array_equal(arr(self_fig["z"]), rows_of(rec.self_attn[layer].numpy(), head))
     assert self_fig["x"] == fd.labels(out.tgt_tokens[: t + 1])  # the hover names the tokens ...
-    assert "%{x}" in self_fig["hovertemplate"] and "%{z:.6f}" in self_fig["hovertemplate"]  # + the value
+    assert "%{x}" in self_fig["hovertemplate"] and "%{z:.4f}" in self_fig["hovertemplate"]  # + the value
 
     cross = figure(at, "Cross-attention of the new position")["data"][0]
     np.testing.assert_array_equal(arr(cross["z"]), rows_of(rec.cross_attn[layer].numpy(), head))

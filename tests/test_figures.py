@@ -46,7 +46,7 @@ def test_head_heatmap_is_the_captured_weights(trace, name):
     rows = F.step_labels(TGT, NEXT) if name.startswith("decoder.") else F.token_labels(q_tok, h.z.shape[0])
     assert list(h.y) == rows
     assert list(h.x) == F.token_labels(k_tok, h.z.shape[1])
-    assert "%{z:.6g}" in h.hovertemplate and "%{x}" in h.hovertemplate
+    assert "%{z:.4g}" in h.hovertemplate and "%{x}" in h.hovertemplate
 
 
 def test_cross_attention_axes_are_target_by_source(trace):
@@ -262,7 +262,7 @@ def test_heads_grid_of_a_long_input_is_the_max_pool_of_the_weights(long_trace):
     assert hs[0].x[0] == f"0–2 {toks[0]}…{toks[2]}" and hs[0].y[1] == f"3–5 {toks[3]}…{toks[5]}"
     assert hs[0].x[-1] == f"300 {toks[300]}"  # the partial last block covers one position
     assert len(set(hs[0].x)) == 101  # unique categories
-    assert "max of 3×3" in hs[0].hovertemplate and "%{z:.6g}" in hs[0].hovertemplate
+    assert "max of 3×3" in hs[0].hovertemplate and "%{z:.4g}" in hs[0].hovertemplate
     assert sum(len(t.z.tobytes()) for t in hs) < 2**20  # 4 heads × 101² float32
 
 

@@ -213,7 +213,7 @@ def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[
               "colorbar": {"tickvals": [0.25, 0.75], "ticktext": [t("allowed"), t("blocked")]}}
     else:
         raise ValueError(f"unknown heatmap kind {kind!r}")
-    fmt = ".6g" if kind != "mask" else ""
+    fmt = ".4g" if kind != "mask" else ""
     value = f"%{{z:{fmt}}}" if fmt else "%{z}"
     return go.Heatmap(
         z=z, x=x, y=y, showscale=showscale,
@@ -763,7 +763,7 @@ def pe_curves(pe, dims: Sequence[int]) -> go.Figure:
         wavelength = 2 * math.pi * 10000 ** ((j - j % 2) / d)
         label = t("dim {j}", j=j)
         fig.add_trace(go.Scatter(x=pos, y=pe[:, j], mode="lines", name=f"{label} ({fn}, λ≈{wavelength:.3g})",
-                                 hovertemplate=f"{label}<br>pos %{{x}}<br>PE = %{{y:.6g}}<extra></extra>"))
+                                 hovertemplate=f"{label}<br>pos %{{x}}<br>PE = %{{y:.4g}}<extra></extra>"))
     fig.update_xaxes(title=t("position"))
     fig.update_yaxes(title="PE(pos, dim)", range=[-1.1, 1.1])
     return _layout(fig, t("positional encoding curves"), 340, legend={"orientation": "h", "y": -0.25})
@@ -776,7 +776,7 @@ def pe_similarity(pe) -> go.Figure:
     sim = (pe @ pe.T).astype(np.float32)
     n = sim.shape[0]
     fig = go.Figure(go.Heatmap(z=sim, x=list(range(n)), y=list(range(n)), colorscale="Cividis",
-                               hovertemplate="pos %{y} · pos %{x}<br>PE·PE = %{z:.6g}<extra></extra>"))
+                               hovertemplate="pos %{y} · pos %{x}<br>PE·PE = %{z:.4g}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", title=t("position"))
     fig.update_xaxes(title=t("position"))
     return _layout(fig, t("PE · PEᵀ (dot product of position vectors)"), _size(n, 360, 6, 600))

@@ -97,7 +97,7 @@ def attention_rows_figure(weights: np.ndarray, row_labels: Sequence[str], key_to
     query = show(query_token)
     fig = go.Figure(go.Heatmap(
         z=w, x=keys, y=list(row_labels), zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,
-        hovertemplate=t("%{{y}} · query “{query}” → key %{{x}}<br>weight = %{{z:.6f}}", query=query)
+        hovertemplate=t("%{{y}} · query “{query}” → key %{{x}}<br>weight = %{{z:.4f}}", query=query)
         + "<extra></extra>",
         colorbar=dict(title=t("weight"), thickness=12),
     ))
@@ -136,7 +136,7 @@ def next_token_figure(tokens: Sequence[str], model_p: Sequence[float], chosen: i
             marker_line=dict(color=[ORANGE if i == chosen else "rgba(0,0,0,0)" for i in range(len(tokens))],
                              width=3),
             customdata=list(tokens), text=[f"{p:.4f}" for p in probs], textposition="auto",
-            hovertemplate=t("token “%{customdata}”<br>p = %{x:.6f}") + f" ({name})<extra></extra>"))
+            hovertemplate=t("token “%{customdata}”<br>p = %{x:.4f}") + f" ({name})<extra></extra>"))
     fig.update_yaxes(type="category", tickmode="array", tickvals=names,
                      ticktext=[("▶ " if i == chosen else "") + show(tok) for i, tok in enumerate(tokens)],
                      range=[len(tokens) - 0.5, -0.5])
@@ -165,7 +165,7 @@ def alignment_figure(cross: np.ndarray, row_names: Sequence[str], src_tokens: Se
     rows, cols = list(row_names), labels(src_tokens)
     fig = go.Figure(go.Heatmap(
         z=c, x=cols, y=rows, zmin=0, zmax=1, colorscale=ATTN_SCALE, xgap=1, ygap=1,
-        hovertemplate=f"{row_title} %{{y}} · {key_title} %{{x}}<br>" + t("weight = %{z:.6f}") + "<extra></extra>",
+        hovertemplate=f"{row_title} %{{y}} · {key_title} %{{x}}<br>" + t("weight = %{z:.4f}") + "<extra></extra>",
         colorbar=dict(title=t("weight"), thickness=12),
     ))
     if current is not None and 0 <= current < T:
@@ -236,17 +236,17 @@ def agreement_figure(rows: Sequence[str], free_p: Sequence[float], forced_p: Seq
     forced, free = t("teacher-forced (one parallel pass)"), t("free-running (step by step)")
     fig.add_trace(go.Scatter(x=x, y=list(forced_p), name=forced, mode="lines+markers",
                              line=dict(color=BLUE, width=6), opacity=0.45, customdata=list(rows),
-                             hovertemplate=f"%{{customdata}}: p = %{{y:.6f}} ({forced})<extra></extra>"))
+                             hovertemplate=f"%{{customdata}}: p = %{{y:.4f}} ({forced})<extra></extra>"))
     fig.add_trace(go.Scatter(x=x, y=list(free_p), name=free, mode="markers",
                              marker=dict(color=ORANGE, size=9, symbol="x"), customdata=list(rows),
-                             hovertemplate=f"%{{customdata}}: p = %{{y:.6f}} ({free})<extra></extra>"))
+                             hovertemplate=f"%{{customdata}}: p = %{{y:.4f}} ({free})<extra></extra>"))
     if reference is not None:
         rtoks, rp = reference
         name = t("reference, teacher-forced")
         fig.add_trace(go.Scatter(x=list(range(len(rtoks))), y=list(rp), name=name,
                                  mode="lines+markers", line=dict(color=GREEN, dash="dot"),
                                  customdata=list(rtoks),
-                                 hovertemplate=f"“%{{customdata}}”: p = %{{y:.6f}} ({name})<extra></extra>"))
+                                 hovertemplate=f"“%{{customdata}}”: p = %{{y:.4f}} ({name})<extra></extra>"))
     fig.update_yaxes(title=t("model p(token | prefix, source)"), range=[0, 1.05])
     n = max(len(rows), len(reference[0]) if reference else 0)
     every = max(1, -(-n // 48))

@@ -268,7 +268,7 @@ def residual_figure(steps: Sequence[Step], tokens: Sequence[str], token: int) ->
     for c, s in enumerate(steps):
         fig.add_trace(go.Scatter(x=labels, y=token_norms(s.value).astype(np.float32), mode="lines+markers",
                                  name=f"{s.label}  ({s.name})", line={"color": STEP_COLORS[c % 4]},
-                                 hovertemplate=f"{s.label}<br>%{{x}}<br>‖·‖ = %{{y:.6g}}<extra></extra>"), 1, 1)
+                                 hovertemplate=f"{s.label}<br>%{{x}}<br>‖·‖ = %{{y:.4g}}<extra></extra>"), 1, 1)
     strip = np.stack([s.value[token] for s in steps])  # (steps, D)
     fig.add_trace(F.heatmap_trace(strip, "values", list(range(strip.shape[1])), [s.label for s in steps],
                                   t("value"), hover_x="dim", hover_y="step"), 2, 1)
@@ -325,7 +325,7 @@ def layernorm_figure(x_in: np.ndarray, x_out: np.ndarray, tokens: Sequence[str],
         for c, (v, sym) in enumerate(zip(stats(m), syms, strict=True), start=1):
             fig.add_trace(go.Bar(x=labels, y=v.astype(np.float32), name=stage, marker_color=color,
                                  legendgroup=stage, showlegend=c == 1,
-                                 hovertemplate=f"{stage}<br>%{{x}}<br>{sym} = %{{y:.6g}}<extra></extra>"), 1, c)
+                                 hovertemplate=f"{stage}<br>%{{x}}<br>{sym} = %{{y:.4g}}<extra></extra>"), 1, c)
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_layout(barmode="group")
     title = (t("{name}: RMSNorm(x) = γ ⊙ x / √(mean(x²) + ε), per token (no μ subtracted, no β)", name=name) if rms
@@ -384,9 +384,9 @@ def wiring_figure(steps: Sequence[Step], pre_ln: bool, token: int, sublayer: str
     fig.add_trace(go.Scatter(x=[0.72] * 4, y=[y + 0.09 for y in ys], mode="markers+text", text=text,
                              textposition="middle right", marker={"size": 6, "color": STEP_COLORS},
                              customdata=stats, showlegend=False,
-                             hovertemplate="‖·‖ = %{customdata[0]:.6g}<br>μ = %{customdata[1]:.6g}<br>"
+                             hovertemplate="‖·‖ = %{customdata[0]:.4g}<br>μ = %{customdata[1]:.4g}<br>"
                                            + ("mean(x²)" if rms else "σ²")
-                                           + " = %{customdata[2]:.6g}<extra></extra>"))
+                                           + " = %{customdata[2]:.4g}<extra></extra>"))
     ln_y = ys[kinds.index("ln")]
     fig.add_annotation(x=0.5 - _BOX["w"] / 2 - 0.01, y=ln_y, xanchor="right", showarrow=False,
                        text=t("input μ = {mu} (kept)<br>mean(x²) = {ms}", mu=_fmt(mu), ms=_fmt(var)) if rms
@@ -453,7 +453,7 @@ def model_wiring_figure(steps: Sequence[Step], kind: str, token: int, sublayer: 
                              marker={"size": 6, "color": [STEP_COLORS[i % 4] for i in range(len(at))]},
                              customdata=stats, showlegend=False,
                              hovertext=[s.label for s in steps],
-                             hovertemplate="%{hovertext}<br>‖·‖ = %{customdata[0]:.6g}<extra></extra>"))
+                             hovertemplate="%{hovertext}<br>‖·‖ = %{customdata[0]:.4g}<extra></extra>"))
     fig.update_xaxes(visible=False, range=[0, 1.2])
     fig.update_yaxes(visible=False, range=[-0.05, 1.0])
     return F._layout(fig, t(WIRING_TITLES[kind]), 470, plot_bgcolor="white")
@@ -477,7 +477,7 @@ def ffn_figure(hidden: np.ndarray, tokens: Sequence[str], name: str, first: int 
     fig.add_trace(go.Heatmap(z=h.T, x=labels, y=list(range(h.shape[1])), colorscale="Inferno", zmin=0,
                              zmax=float(max(h.max(initial=0), 1e-6)), colorbar={"len": 0.75, "y": 0.62},
                              hovertemplate=t("unit") + " %{y}<br>%{x}<br>" + t("activation")
-                             + " = %{z:.6g}<extra></extra>"), 1, 1)
+                             + " = %{z:.4g}<extra></extra>"), 1, 1)
     fig.add_trace(go.Bar(x=labels, y=share.astype(np.float32), marker_color="#555",
                          text=[f"{s:.0%}" for s in share], textposition="outside", showlegend=False,
                          hovertemplate="%{x}<br>" + t("zeroed") + " = %{y:.1%}<extra></extra>"), 2, 1)
@@ -502,7 +502,7 @@ def gated_ffn_figure(gate: np.ndarray, hidden: np.ndarray, tokens: Sequence[str]
         fig.add_trace(go.Heatmap(z=m.T, x=labels, y=list(range(m.shape[1])), colorscale="RdBu", zmid=0, zmin=-r,
                                  zmax=r, colorbar={"len": 0.9, "x": bar_x, "thickness": 12},
                                  hovertemplate=t("unit") + " %{y}<br>%{x}<br>" + t("activation")
-                                 + " = %{z:.6g}<extra></extra>"), 1, c)
+                                 + " = %{z:.4g}<extra></extra>"), 1, c)
     fig.update_yaxes(title=t("hidden unit (of {n})", n=h.shape[1]), autorange="reversed", row=1, col=1)
     fig.update_xaxes(type="category", tickangle=-60)
     return F._layout(fig, t("{name}: gated FFN, {n} units × {m} tokens", name=name, n=h.shape[1], m=h.shape[0]),
@@ -655,18 +655,18 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
         text = ["−∞" if (r == 3 and blocked[i]) else F.num(y[i]) for i in range(len(y))]
         fig.add_trace(go.Bar(x=x, y=y, text=text, textposition="outside", showlegend=False, cliponaxis=False,
                              marker_color=np.where(blocked, "#9aa0a6", "#1f77b4" if r < 4 else "#2ca02c").tolist(),
-                             hovertemplate=f"%{{x}}<br>{what} = %{{y:.6g}}<extra></extra>"), r, 1)
+                             hovertemplate=f"%{{x}}<br>{what} = %{{y:.4g}}<extra></extra>"), r, 1)
     dims = [f"d{j}" for j in range(d_k)]
     for i in np.flatnonzero(~blocked):
         fig.add_trace(go.Bar(x=dims, y=steps["pv"][i].astype(np.float32), name=x[i], showlegend=False,
-                             hovertemplate=f"{x[i]}: p·v = %{{y:.6g}}<extra></extra>"), 5, 1)
+                             hovertemplate=f"{x[i]}: p·v = %{{y:.4g}}<extra></extra>"), 5, 1)
     if "pv_rest" in steps:  # the keys outside the window, summed: z is still the stack's total
         other = t("the other keys")
         fig.add_trace(go.Bar(x=dims, y=np.asarray(steps["pv_rest"], np.float32), name=other, showlegend=False,
-                             marker_color="#c7c7c7", hovertemplate=f"{other}: Σ p·v = %{{y:.6g}}<extra></extra>"), 5, 1)
+                             marker_color="#c7c7c7", hovertemplate=f"{other}: Σ p·v = %{{y:.4g}}<extra></extra>"), 5, 1)
     fig.add_trace(go.Scatter(x=dims, y=np.asarray(steps["z"], np.float32), mode="markers", name="z",
                              marker={"color": "black", "symbol": "line-ew-open", "size": 12, "line": {"width": 2}},
-                             hovertemplate="%{x}<br>z = %{y:.6g}<extra></extra>"), 5, 1)
+                             hovertemplate="%{x}<br>z = %{y:.4g}<extra></extra>"), 5, 1)
     fig.update_layout(barmode="relative")
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_yaxes(range=[0, 1.15], row=4, col=1)

@@ -333,7 +333,7 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
                    title=dict(text=t("scores (one scale)"), side="bottom"))  # under the score panels
         fig.add_trace(go.Heatmap(z=z[sl].astype(np.float32), x=list(x), y=y, colorscale="RdBu_r", zmin=-r, zmax=r,
                                  zmid=0, showscale=c == len(panels), colorbar=bar,
-                                 hovertemplate=t("query %{y}<br>key %{x}<br>value %{z:.6g}") + "<extra></extra>"),
+                                 hovertemplate=t("query %{y}<br>key %{x}<br>value %{z:.4g}") + "<extra></extra>"),
                       1, c)
     over = np.where(blocked[sl], 1.0, np.nan).astype(np.float32)
     fig.add_trace(go.Heatmap(z=over, x=list(x), y=y, colorscale=[[0, "#3b3b3b"], [1, "#3b3b3b"]], showscale=False,
