@@ -83,8 +83,8 @@ def lm_tokens() -> None:
         st.markdown(t("**SentencePiece BPE** (vocabulary {n}): the text is read as characters, a space written ▁ and "
                       "kept with the piece after it, and pieces merge by learned rank. A character the vocabulary has "
                       "no piece for falls back to its UTF-8 bytes, one piece each (`<0xE4>`, shown `\\xe4`): there "
-                      "is no [UNK]. The token column shows each piece's text, with ␣ for a space (▁) and ↵ for a newline; "
-                      "the piece column shows it as stored in the vocabulary.", n=f"{vocab:,}"))
+                      "is no [UNK]. The token column shows each piece's text, with ␣ for a space (▁) and ↵ for a "
+                      "newline; the piece column shows it as stored in the vocabulary.", n=f"{vocab:,}"))
     else:
         st.markdown(t("**Subword pieces** (vocabulary {n}); ␣ marks a space.", n=f"{vocab:,}"))
     st.dataframe([{t("position"): i, t("token"): tok, t("piece"): piece, t("id"): int(i_)}
