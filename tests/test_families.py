@@ -57,8 +57,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
 
 
-def build(family: str, dtype=torch.float32):
-    model_type, extra = FAMILIES[family]
+def build(family: str, dtype=torch.float32, families=None):
+    """A tiny random transformers model of `family` (from `families`, default FAMILIES), eager, in `dtype`."""
+    model_type, extra = (FAMILIES if families is None else families)[family]
     cfg = transformers.AutoConfig.for_model(model_type, **(COMMON | extra))
     cfg._attn_implementation = "eager"
     model = transformers.AutoModelForCausalLM.from_config(cfg)

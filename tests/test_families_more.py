@@ -17,8 +17,9 @@ bit for bit, describe() says each mechanism, bfloat16 on five families, and an u
 import json
 
 import pytest
+import test_families
 import torch
-from test_families import COMMON, _randomize, ids, rel
+from test_families import COMMON, ids, rel
 
 from model.loaders.hf import LM_TYPES, ModelLoadError, load_hf_dir
 
@@ -39,12 +40,7 @@ MORE = {
 
 
 def build(family: str, dtype=torch.float32):
-    model_type, extra = MORE[family]
-    cfg = transformers.AutoConfig.for_model(model_type, **(COMMON | extra))
-    cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    _randomize(model, seed=sum(map(ord, family)))
-    return model.to(dtype).eval()
+    return test_families.build(family, dtype, MORE)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_families
 import torch
-from test_families import COMMON, FAMILIES, _randomize
+from test_families import FAMILIES
 
 from model.analysis import flow, ioi, logit_lens
 from model.core import residual
@@ -40,12 +41,7 @@ ALL = {**FAMILIES, **EXTRA, **__import__("test_families_more").MORE}  # + issue 
 
 
 def _build(family: str):
-    model_type, extra = ALL[family]
-    cfg = transformers.AutoConfig.for_model(model_type, **(COMMON | extra))
-    cfg._attn_implementation = "eager"
-    ref = transformers.AutoModelForCausalLM.from_config(cfg)
-    _randomize(ref, seed=sum(map(ord, family)))
-    return ref.eval()
+    return test_families.build(family, families=ALL)
 
 
 @pytest.fixture(scope="module")
