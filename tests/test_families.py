@@ -67,20 +67,24 @@ def build(family: str, dtype=torch.float32, families=None):
     return model.to(dtype).eval()
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """family -> (transformers model, its save_pretrained directory), built once."""
+def saved_by(tmp_path_factory, builder):
+    """family -> (transformers model from `builder`, its save_pretrained directory), each built once."""
     cache = {}
 
     def get(family):
         if family not in cache:
-            ref = build(family)
+            ref = builder(family)
             d = tmp_path_factory.mktemp(family)
             ref.save_pretrained(d)
             cache[family] = ref, d
         return cache[family]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return saved_by(tmp_path_factory, build)
 
 
 def ids(seed=0, n=T):

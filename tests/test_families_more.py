@@ -45,18 +45,7 @@ def build(family: str, dtype=torch.float32):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """family -> (transformers model, its save_pretrained directory), built once."""
-    cache = {}
-
-    def get(family):
-        if family not in cache:
-            ref = build(family)
-            d = tmp_path_factory.mktemp(family)
-            ref.save_pretrained(d)
-            cache[family] = ref, d
-        return cache[family]
-
-    return get
+    return test_families.saved_by(tmp_path_factory, build)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from model.core import recorder
 from model.core.describe import SIDES, attention_entry
 from model.core.trace import Trace
 from model.loaders.hf_common import ModelLoadError, available_bytes
-from model.loaders.lm import TOP_K_RECORDED, LanguageModel, Step, _check_sampling, _choose
+from model.loaders.lm import LanguageModel, Step, _check_sampling, _choose, make_step
 
 FAMILY = "decoder_lm_adapter"
 INSTALL = "pip install -e '.[any-model]'"
@@ -381,17 +381,8 @@ class AdapterLanguageModel(LanguageModel):
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
                 chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
-                top_vals, top_ids = probs.topk(min(TOP_K_RECORDED, probs.numel()))
-                top = [(self._piece(int(i)), float(p)) for i, p in zip(top_ids, top_vals, strict=True)]
                 attention = torch.stack([a[0, :, -1].to("cpu", copy=True) for a in out.attentions]) if record else None
-                drawn_top = None
-                if temperature > 0:
-                    d_vals, d_ids = drawn.topk(min(TOP_K_RECORDED, drawn.numel()))
-                    keep = [int(i) for i in d_ids if int(i) != chosen][:TOP_K_RECORDED - 1] + [chosen]
-                    drawn_top = sorted(((self._piece(i), float(drawn[i])) for i in keep), key=lambda x: -x[1])
-                step = Step(id=chosen, token=self._piece(chosen), prob=float(probs[chosen]), top=top,
-                            attention=attention, position=offset - 1, sampled_prob=float(drawn[chosen]),
-                            drawn_top=drawn_top)
+                step = make_step(self._piece, chosen, probs, drawn, attention, offset - 1, temperature)
                 if on_step is not None:
                     on_step(step)
                 yield step

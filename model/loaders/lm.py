@@ -236,17 +236,8 @@ class LanguageModel:
                 offset += x.shape[1]
                 probs = torch.softmax(logits.float(), dim=-1)
                 chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
-                top_p_vals, top_ids = probs.topk(min(TOP_K_RECORDED, probs.numel()))
-                top = [(self._piece(int(i)), float(p)) for i, p in zip(top_ids, top_p_vals, strict=True)]
                 attention = torch.stack([grabbed.pop(n) for n in names]) if record else None
-                drawn_top = None
-                if temperature > 0:  # what the token was drawn from, the chosen one always shown
-                    d_vals, d_ids = drawn.topk(min(TOP_K_RECORDED, drawn.numel()))
-                    keep = [int(i) for i in d_ids if int(i) != chosen][:TOP_K_RECORDED - 1] + [chosen]
-                    drawn_top = sorted(((self._piece(i), float(drawn[i])) for i in keep), key=lambda x: -x[1])
-                step = Step(id=chosen, token=self._piece(chosen), prob=float(probs[chosen]), top=top,
-                            attention=attention, position=offset - 1, sampled_prob=float(drawn[chosen]),
-                            drawn_top=drawn_top)
+                step = make_step(self._piece, chosen, probs, drawn, attention, offset - 1, temperature)
                 if on_step is not None:
                     on_step(step)
                 yield step
@@ -264,6 +255,21 @@ def _as_list(ids) -> list[int]:
     if isinstance(ids, torch.Tensor):
         ids = ids.reshape(-1).tolist()
     return [int(i) for i in ids]
+
+
+def make_step(piece, chosen: int, probs: torch.Tensor, drawn: torch.Tensor, attention, position: int,
+              temperature: float) -> Step:
+    """One generated token's record: the model's top-k next tokens, and (when sampling) what the token was
+    drawn from, the chosen one always shown. Shared by the lab's own models and the transformers adapter."""
+    top_vals, top_ids = probs.topk(min(TOP_K_RECORDED, probs.numel()))
+    top = [(piece(int(i)), float(p)) for i, p in zip(top_ids, top_vals, strict=True)]
+    drawn_top = None
+    if temperature > 0:
+        d_vals, d_ids = drawn.topk(min(TOP_K_RECORDED, drawn.numel()))
+        keep = [int(i) for i in d_ids if int(i) != chosen][:TOP_K_RECORDED - 1] + [chosen]
+        drawn_top = sorted(((piece(i), float(drawn[i])) for i in keep), key=lambda x: -x[1])
+    return Step(id=chosen, token=piece(chosen), prob=float(probs[chosen]), top=top, attention=attention,
+                position=position, sampled_prob=float(drawn[chosen]), drawn_top=drawn_top)
 
 
 def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:

@@ -429,6 +429,11 @@ def load_error_text(name: str, where: str, err: BaseException) -> str:
     msg = str(err).strip() or type(err).__name__
     if where and where != name:
         msg = msg.replace(where, name)
+        # A loader may name the file alone ("garbage.gguf is not…"): that is the label too, said once even when
+        # the label is the file name made unique ("garbage.gguf-2" must not become "garbage.gguf-2-2").
+        base = where.rstrip("/").rsplit("/", 1)[-1]
+        if base and base != name:
+            msg = msg.replace(name, "\0").replace(base, name).replace("\0", name)
     if not (msg.startswith(name) or name in msg.split(": ")[0]):
         msg = f"{name}: {msg}"
     step = next_step(err, msg)

@@ -92,7 +92,8 @@ def error_text(err: BaseException | str) -> tuple[str, bool]:
         which = t("The input") if m.group(1) == "input" else t("The target")
         return t("{which} is {n} tokens long; this model's limit is {limit} tokens. Shorten it: it is never "
                  "silently truncated.", which=which, n=m.group(2), limit=m.group(3)), True
-    return msg[:1].upper() + msg[1:], False
+    first = msg.split(None, 1)[0]  # a sentence's first word is capitalised; a file name (garbage.gguf) is kept
+    return (msg[:1].upper() + msg[1:] if first.isalpha() else msg), False
 
 
 def target_unk_note(ckpt, target: str | None) -> str | None:
