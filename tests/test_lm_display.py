@@ -80,6 +80,17 @@ def test_a_load_error_names_the_file_once_and_says_what_opens(garbage):
     assert L.next_step(ValueError("x"), "x") is None  # not the file's fault: no next step
 
 
+def test_a_file_whose_label_was_made_unique_is_named_once_by_that_label():
+    """A second server file named garbage.gguf gets the label garbage.gguf-2 (an order-dependent failure showed
+    "garbage.gguf-2-2" and the file named twice); the server path is never shown."""
+    where = "/srv/models/b/garbage.gguf"
+    for err in (ValueError(f"{where}: not a GGUF file"), ValueError("garbage.gguf is not a GGUF file"),
+                ValueError("garbage.gguf-2 is not a GGUF file")):
+        msg = L.load_error_text("garbage.gguf-2", where, err)
+        assert msg.count("garbage.gguf") == 1 and "garbage.gguf-2-2" not in msg and "/srv" not in msg, msg
+        assert msg.startswith("garbage.gguf-2"), msg
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_the_app_shows_the_load_error_once_with_the_next_step(garbage, lang):
     label, _ = garbage
