@@ -7,10 +7,14 @@ import json
 import time
 from pathlib import Path
 
-from conftest import assert_clean
+import numpy as np
+from conftest import assert_clean, figure_titled
 from streamlit.testing.v1 import AppTest
+from test_app import z_of
 from test_i18n import english_in_zh
+from tolerance import f32_tol
 
+from model.analysis import phenomena as PH
 from model.toy import learn as LR
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -43,6 +47,38 @@ def test_learn_page_opens_in_english_with_the_computed_sentence_and_the_step_in_
     assert at.query_params["step"] == [str(sm.step)] or at.query_params["step"] == str(sm.step)
     assert any(f"at step {sm.step}" in x for x in titles(at))
     assert len(at.get("plotly_chart")) >= 8  # curves, the map, 3 scores x 2 models, K-composition
+    opens_on_the_other_pages(at, sm.step)
+
+
+def own_trace(step: int):
+    """The shipped 2-layer checkpoint at `step`, run by itself on the probe's first row: (trace, settings)."""
+    run = LR.load_run(score=False)["attn2"]
+    probe = LR.probe_ids(run.settings)[:1]
+    return run.model_at(run.steps.index(step)).run_with_trace(probe, names="*.self_attn.weights")[1], run.settings
+
+
+def opens_on_the_other_pages(at: AppTest, step: int) -> None:
+    """One click on /learn opens the chosen checkpoint on the Attention page, one more in the Language model page's
+    head overview: both show that checkpoint's own numbers, and it is in the session's model list."""
+    layer, head = map(int, at.selectbox(key="learn_head").value.split("."))
+    trace, s = own_trace(step)
+    name = f"learn: 2 layers, step {step}"
+    at.button(key="learn_open_attention").click().run()
+    assert_clean(at)
+    assert any(x.value == "Attention" for x in at.title)
+    assert at.session_state["checkpoint"] == name and name in at.sidebar.selectbox(key="checkpoint").options
+    assert (at.session_state["attn_layer"], at.session_state["attn_head"]) == (layer, head)
+    fig = figure_titled(at, f"decoder.layers.{layer}.self_attn · head {head} · softmax weights")
+    z = z_of(next(d for d in fig["data"] if d["type"] == "heatmap" and d.get("visible", True) is True))
+    want = trace[f"decoder.layers.{layer}.self_attn.weights"][0, head].double().numpy()
+    assert z.shape == want.shape and np.abs(z - want).max() <= f32_tol(want, n=s.d_model)
+    at.switch_page(PAGE).run()
+    at.button(key="learn_open_llm").click().run()
+    assert_clean(at)
+    assert at.query_params["rep"] in ([f"{s.n}:{s.probe_seed}"], f"{s.n}:{s.probe_seed}")
+    ind = PH.head_statistics(trace, period=s.n)["induction"].scores  # [L, H], Olsson's recipe on its period
+    z = z_of(figure_titled(at, "Induction score")["data"][0])
+    assert z.shape == ind.shape and np.abs(z - ind).max() <= f32_tol(ind, n=s.d_model)
 
 
 def test_learn_page_opens_in_chinese_without_english():
@@ -77,3 +113,10 @@ def test_train_it_yourself_runs_in_a_thread_shows_progress_and_stops():
     assert job.run is not None and job.run.steps[0] == 0 and len(job.run.loss) < job.settings.steps
     assert "1 layer, seed 3" in at.success[0].value
     assert any("Your run against the shipped one" in x for x in titles(at))
+    mine = [n for n in at.session_state["session_models"] if n.startswith("learn: run ")]  # joins the model list
+    assert len(mine) == 1 and mine[0].endswith(f"(one layer, seed 3), step {job.run.steps[-1]}")
+    at.radio(key="learn_model").set_value("yours").run()  # its checkpoints on the step slider, each one click away
+    assert_clean(at)
+    assert at.select_slider(key="learn_step").options == [str(x) for x in job.run.steps]
+    step = at.select_slider(key="learn_step").value
+    assert at.button(key="learn_open_attention").label == f"Open step {step} on the Attention page"

@@ -38,6 +38,7 @@ meta.json); `load_run()` reads it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -398,6 +399,64 @@ def load_run(path: str | Path = RUN_DIR, score: bool = True) -> dict[str, Run]:
 
 def run_meta(path: str | Path = RUN_DIR) -> dict:
     return json.loads((Path(path) / "meta.json").read_text())
+
+
+# ---------------------------------------------------------------------- a checkpoint as a language model
+
+BOS_TOKEN = "[BOS]"
+
+
+def tokenizer(vocab: int):
+    """A word-level tokenizer for the runs' token ids, so every page that reads a prompt reads one: the text
+    "5 17 3" is [BOS] 5 17 3 (the [BOS] put in front by its post-processor, as the runs were trained).
+    "[UNK]" gets an id past the model's vocabulary: `RunLanguageModel.encode` refuses a word before it is used."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    ids = {BOS_TOKEN: 0, **{str(i): i for i in range(1, vocab)}, "[UNK]": vocab}
+    tok = Tokenizer(models.WordLevel(ids, unk_token="[UNK]"))
+    tok.add_special_tokens([BOS_TOKEN])
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS_TOKEN} $A", special_tokens=[(BOS_TOKEN, 0)])
+    return tok
+
+
+class NotARunTokenError(ValueError):
+    """A prompt word that is not one of a run's token ids (the pages say it in the UI's words: viz/ui/text.py)."""
+
+    def __init__(self, word: str, top: int, name: str):
+        super().__init__(f"“{word}” is not a token of {name}: its tokens are the numbers 1 to {top}, separated by "
+                         "spaces")
+        self.run_word, self.run_top = word, top
+
+
+def probe_text(s: Settings) -> str:
+    """The probe's first row as a prompt ([BOS] left out: the tokenizer puts it back): the map the page draws."""
+    return " ".join(str(i) for i in probe_ids(s)[0, 1:].tolist())
+
+
+@functools.cache
+def _run_language_model():
+    from model.loaders.lm import LanguageModel  # lazy: training and the recorded run never need it
+
+    class RunLanguageModel(LanguageModel):
+        """A checkpoint of a /learn run as the lab's other language models: a prompt is token ids 1..V-1 written
+        as numbers; any other word is refused with a sentence (never read as an unknown token)."""
+
+        def encode(self, text: str, chat: bool = False, keep_last: int | None = None) -> torch.Tensor:
+            if isinstance(text, str) and not chat:
+                top = self.model.cfg.vocab_size - 1
+                bad = [w for w in text.split() if not (w.isdigit() and 1 <= int(w) <= top)]
+                if bad:
+                    raise NotARunTokenError(bad[0], top, self.name)
+            return super().encode(text, chat=chat, keep_last=keep_last)
+
+    return RunLanguageModel
+
+
+def language_model(run: Run, i: int, name: str):
+    """Checkpoint i of `run` as a model.loaders.lm.LanguageModel named `name` (its own weights, float32)."""
+    return _run_language_model()(run.model_at(i), tokenizer(run.settings.vocab), name=name,
+                                 special_tokens={"bos_token": BOS_TOKEN})
 
 
 # ---------------------------------------------------------------------- summary

@@ -26,8 +26,7 @@ from viz.figures import attention as F
 from viz.figures import decode as fd
 from viz.figures import llm as FL
 from viz.i18n import N_, current_lang, option_labels, t
-from viz.ui import lm_models
-from viz.ui.models import capabilities, checkpoint_names, get_trace, load_ckpt
+from viz.ui.models import capabilities, checkpoint_names, get_trace, is_real_name, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import default_checkpoint, model_label, require, switch_model
 from viz.ui.state import int_in, seed_from_query, write_query
@@ -558,7 +557,7 @@ def seq2seq_note(sel) -> None:
               "alignment and no separate target to teacher-force; it generates from a prompt, greedily or by "
               "sampling (beam search and its tree are on the toy models).", model=model_label(sel.name)),
             icon="🧩")
-    toys = [n for n in checkpoint_names() if not lm_models.is_real(n)]
+    toys = [n for n in checkpoint_names() if not is_real_name(n)]
     if toys:
         toy = default_checkpoint(toys, current_lang())
         st.button(t("Open this page with {model}", model=model_label(toy)), key="dec_toy_switch",

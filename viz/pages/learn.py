@@ -19,33 +19,20 @@ import streamlit as st
 
 from model.toy import learn as LR
 from viz.figures import learn as FL
-from viz.i18n import N_, option_labels, t
+from viz.i18n import N_, current_lang, option_labels, t
+from viz.ui import learn_run as LRUN
 from viz.ui.heap import return_freed_memory
 from viz.ui.render import show_error, show_figure
+from viz.ui.sidebar import switch_model
 from viz.ui.state import seed_from_query, write_query
 
 POLL_SECONDS = 0.5
-MODEL_LABELS = {"attn2": N_("2 layers"), "attn1": N_("1 layer (control)")}
+MODEL_LABELS = {"attn2": N_("2 layers"), "attn1": N_("1 layer (control)"), "yours": N_("your run")}
 CHANGE_LABELS = {"none": N_("no change (the shipped setup)"), "one_layer": N_("1 layer"),
                  "no_positions": N_("no positional information"), "freeze_layer0": N_("layer 0 frozen"),
                  "one_head": N_("fewer heads (1 per layer)")}
 SCORES = {"induction": N_("induction score"), "previous": N_("previous-token score"),
           "prefix": N_("prefix-matching score")}
-
-
-@st.cache_resource(show_spinner=False)
-def shipped() -> tuple[dict, dict, LR.Summary]:
-    """The recorded runs with every checkpoint measured (once per server), its meta, and the summary."""
-    runs = LR.load_run()
-    return runs, LR.run_meta(), LR.summary(runs["attn2"], runs["attn1"])
-
-
-@st.cache_data(show_spinner=False, max_entries=256)
-def attention_at(name: str, i: int, layer: int, head: int) -> tuple[np.ndarray, list[int]]:
-    run = shipped()[0][name]
-    probe = LR.probe_ids(run.settings)[:1]
-    _, trace = run.model_at(i).run_with_trace(probe, names=f"decoder.layers.{layer}.self_attn.weights")
-    return trace[f"decoder.layers.{layer}.self_attn.weights"][0, head].numpy(), probe[0].tolist()
 
 
 def sentence(sm: LR.Summary) -> str:
@@ -55,6 +42,61 @@ def sentence(sm: LR.Summary) -> str:
              "rose from {c} to {d}; the 1-layer model never passed {e}.", step=sm.step, a=FL.fmt(sm.icl_before),
              b=FL.fmt(sm.icl_after), layer=sm.layer, head=sm.head, c=FL.fmt(sm.induction_before),
              d=FL.fmt(sm.induction_after), e=FL.fmt(sm.control_max if sm.control_max is not None else float("nan")))
+
+
+# ---------------------------------------------------------------- a checkpoint on the other pages
+
+OPEN_PAGES = {"attention": "viz/pages/attention.py", "llm": "viz/pages/llm.py"}
+PAGE_KEYS = {  # the widgets those pages seed from their URL: cleared so the link's layer and head take effect
+    "attention": ("attn_kind", "attn_layer", "attn_head", "attn_view"),
+    "llm": ("llm_view", "llm_layer", "llm_head", "llm_prompt", "llm_stat"),
+}
+REP_N, REP_SEED = (10, 100), (0, 10_000)  # what the Language model page's ?rep=N:SEED accepts
+
+
+def open_query(which: str, name: str, run: LR.Run, layer: int, head: int) -> dict:
+    """The other page's URL: this checkpoint on the run's repeated probe, at this head. The Language model page
+    gets the probe as its ?rep= ids (the same [BOS] + n tokens + the same n, phenomena.induction_sequence), where
+    its head overview scores the induction heads on their period; the Attention page as the sidebar's prompt."""
+    s = run.settings
+    query = {"lang": current_lang(), "checkpoint": name, "layer": layer, "head": head}
+    if which == "attention":
+        return query | {"text": LR.probe_text(s), "view": "heads"}
+    if REP_N[0] <= s.n <= REP_N[1] and REP_SEED[0] <= s.probe_seed <= REP_SEED[1]:
+        return query | {"view": "heads", "stat": "induction", "rep": f"{s.n}:{s.probe_seed}"}
+    return query | {"view": "heads", "stat": "induction", "prompt": LR.probe_text(s)}
+
+
+def open_checkpoint(which: str, key: str, run: LR.Run, i: int, layer: int, head: int) -> None:
+    """Button callback: the checkpoint joins this session's model list and becomes the sidebar's model, on the
+    run's probe (st.switch_page follows in the script)."""
+    name = LRUN.add_checkpoint(key, run, i)
+    switch_model(name)  # its example is the probe: the sidebar's prompt
+    for k in PAGE_KEYS[which]:
+        st.session_state.pop(k, None)
+    st.session_state["_learn_goto"] = (OPEN_PAGES[which], open_query(which, name, run, layer, head))
+
+
+def open_buttons(key: str, run: LR.Run, i: int, layer: int, head: int) -> None:
+    step = run.steps[i]
+    labels = {"attention": t("Open step {step} on the Attention page", step=step),
+              "llm": t("Open step {step} in the Language model page's head overview", step=step)}
+    cols = st.columns(len(labels))
+    for col, (which, label) in zip(cols, labels.items(), strict=True):
+        if col.button(label, key=f"learn_open_{which}", on_click=open_checkpoint,
+                      args=(which, key, run, i, layer, head), icon=":material/open_in_new:"):
+            page, query = st.session_state.pop("_learn_goto")
+            st.switch_page(page, query_params=query)
+    st.caption(t("The checkpoint joins the sidebar's model list for this session as “{name}”, on the repeated probe "
+                 "(its prompt is token ids): every page reads it.", name=LRUN.model_name(key, run, i)))
+
+
+def your_run() -> LR.Run | None:
+    """This session's finished run, when it measured at least one checkpoint."""
+    job = st.session_state.get("learn_job")
+    if job is None or not job.done or job.error or job.run is None or not job.run.scores:
+        return None
+    return job.run
 
 
 # ---------------------------------------------------------------- train it yourself
@@ -134,6 +176,8 @@ def live_view(job: LearnJob, base: LR.Run) -> None:
     st.progress(min(job.step / job.settings.steps, 1.0), text=job_text(job))
     show_figure(job_figure(job, base), key="learn_live_curves", filename="learn-live")
     if job.done:
+        if (run := your_run()) is not None:  # before the rerun draws the sidebar: its model list has it
+            LRUN.add_checkpoint("yours", run, len(run.steps) - 1)
         st.rerun()
 
 
@@ -174,6 +218,10 @@ def train_section(base: LR.Run) -> None:
                      seed=job.settings.seed, n=len(run.loss), s=f"{job.elapsed:.0f}", ind=FL.fmt(best),
                      phase=phase if phase is not None else t("none")), icon="✅")
         show_figure(job_figure(job, base), key="learn_done_curves", filename="learn-yours")
+        name = LRUN.add_checkpoint("yours", run, len(run.steps) - 1)
+        st.caption(t("Your run's last checkpoint is in the sidebar's model list as “{name}”, on every page, for the "
+                     "rest of this session; “{mine}” above opens any of its checkpoints.", name=name,
+                     mine=t(MODEL_LABELS["yours"])))
 
 
 # ---------------------------------------------------------------- the page
@@ -190,7 +238,7 @@ def main() -> None:
         "the 1-layer control never gets it."))
     try:
         with st.spinner(t("Measuring the recorded checkpoints (once per server)…")):
-            runs, meta, sm = shipped()
+            runs, meta, sm = LRUN.shipped()
     except (OSError, ValueError, KeyError) as e:
         show_error(t("The recorded run cannot be read: {error}", error=e))
         st.stop()
@@ -203,24 +251,33 @@ def main() -> None:
                                       "icl": r.series("icl")} for k, r in runs.items()}, sm.step,
                                  total_steps=two.steps[-1]), key="learn_curves", filename="learn-curves")
 
-    # ---- the step slider and one head's attention
+    # ---- the step slider and one head's attention (the shipped runs, and this session's finished run)
     st.subheader(t("One head at one step"))
-    seed_from_query("learn_model", "lmodel", "attn2", str, lambda v: v in runs)
-    name = st.radio(t("Model"), list(runs), key="learn_model", horizontal=True,
-                    format_func=option_labels(list(runs), lambda k: t(MODEL_LABELS[k])))
-    run = runs[name]
+    viewed = dict(runs)
+    if (mine := your_run()) is not None:
+        viewed["yours"] = mine
+    seed_from_query("learn_model", "lmodel", "attn2", str, lambda v: v in viewed)
+    if st.session_state["learn_model"] not in viewed:  # a run of this session that is gone (a new one started)
+        st.session_state["learn_model"] = "attn2"
+    name = st.radio(t("Model"), list(viewed), key="learn_model", horizontal=True,
+                    format_func=option_labels(list(viewed), lambda k: t(MODEL_LABELS[k])))
+    run = viewed[name]
     heads = [f"{la}.{h}" for la in range(run.settings.layers) for h in range(run.settings.heads)]
     default_head = f"{sm.layer}.{sm.head}" if f"{sm.layer}.{sm.head}" in heads else heads[-1]
     seed_from_query("learn_head", "lhead", default_head, str, lambda v: v in heads)
+    if st.session_state["learn_head"] not in heads:  # another model has fewer layers or heads
+        st.session_state["learn_head"] = default_head
     default_step = sm.step if sm.step in run.steps else run.steps[-1]
     seed_from_query("learn_step", "step", default_step, int, lambda v: v in run.steps)
+    if st.session_state["learn_step"] not in run.steps:  # a run stopped early has fewer checkpoints
+        st.session_state["learn_step"] = min(run.steps, key=lambda x: abs(x - st.session_state["learn_step"]))
     c = st.columns([1, 4])
     head = c[0].selectbox(t("Head (layer.head)"), heads, key="learn_head")
     step = c[1].select_slider(t("Training step"), run.steps, key="learn_step")
     write_query(lmodel=name, lhead=head, step=int(step))
     layer, h = map(int, head.split("."))
     i = run.steps.index(step)
-    w, ids = attention_at(name, i, layer, h)
+    w, ids = LRUN.attention_at(name, i, layer, h) if name in runs else LRUN.head_map(run, i, layer, h)
     sc = run.scores[i]
     cols = st.columns([3, 2])
     with cols[0]:
@@ -235,6 +292,7 @@ def main() -> None:
         st.caption(t("Probe: [BOS] + {n} random tokens + the same {n} again. The red squares mark the induction "
                      "stripe: each token of the second copy looking at the token after its first occurrence.",
                      n=run.settings.n))
+    open_buttons(name, run, i, layer, h)
 
     # ---- per-head scores over steps
     st.subheader(t("Every head over training"))

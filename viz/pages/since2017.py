@@ -23,7 +23,7 @@ from viz.figures import modern as FM
 from viz.i18n import t
 from viz.ui import lm_models
 from viz.ui.long_views import CELLS_UP_TO
-from viz.ui.models import checkpoint_names, get_trace, is_real_model, load_ckpt, session_models
+from viz.ui.models import checkpoint_names, get_trace, is_real_model, is_real_name, load_ckpt
 from viz.ui.render import show_error, show_figure, tokens_of
 from viz.ui.sidebar import default_checkpoint, model_label, selection
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
@@ -45,7 +45,7 @@ sel_is_lm = is_real_model(sel) and sel.ckpt.family == "decoder_lm"
 lm_name = sel.name if sel_is_lm else next((n for n in ("smollm2", *lm_models.names()) if n in names
                                            and lm_models.is_real(n)
                                            and load_ckpt(n).family == "decoder_lm"), None)
-toys = [n for n in names if not lm_models.is_real(n) or n in session_models()]
+toys = [n for n in names if not is_real_name(n)]  # a /learn checkpoint is a language model
 toy_name = sel.name if sel.name in toys else (default_checkpoint(toys) if toys else None)
 if lm_name is None or toy_name is None:
     show_error(t("This page needs a language model (such as SmolLM2) and a toy model, and this server "

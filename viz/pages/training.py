@@ -22,7 +22,7 @@ import streamlit as st
 from viz.figures import decode as fd
 from viz.i18n import N_, option_labels, t
 from viz.ui.heap import return_freed_memory
-from viz.ui.models import is_real_model
+from viz.ui.models import add_session_model, is_real_model
 from viz.ui.render import safe_filename, show_error, show_figure, tokens_of
 from viz.ui.sidebar import selection
 from viz.ui.state import int_in, seed_from_query, write_query
@@ -128,9 +128,7 @@ def stop_job() -> None:
 
 def register(job: Job) -> str:
     """Offer the trained model in the sidebar's model selector for the rest of the session."""
-    models = st.session_state.setdefault("session_models", {})
-    if models.get(job.model_name) is not job.ckpt:
-        models[job.model_name] = job.ckpt
+    add_session_model(job.model_name, job.ckpt)
     return job.model_name
 
 

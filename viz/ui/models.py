@@ -47,6 +47,23 @@ def session_models() -> dict:
         return {}
 
 
+def add_session_model(name: str, model) -> None:
+    """Offer `model` in the sidebar's model list, on every page, for the rest of this session: a toy Checkpoint
+    (Training, live) or a `lm_models.RealModel` (a /learn checkpoint: viz/ui/learn_run.py)."""
+    models = st.session_state.setdefault(SESSION_MODELS, {})
+    if models.get(name) is not model:
+        models[name] = model
+
+
+def is_real_name(name: str) -> bool:
+    """Whether model `name` is a real model (read as a language model or an encoder), not a toy translator: SmolLM2,
+    MiniLM, a server model, or a language model this session added (a /learn checkpoint)."""
+    own = session_models().get(name)
+    if own is not None:
+        return isinstance(own, lm_models.RealModel)
+    return lm_models.is_real(name)
+
+
 def checkpoint_names() -> list[str]:
     """Shipped checkpoint names, any directories listed in $ATTENTION_LAB_CHECKPOINTS, then the
     models trained in this session."""
@@ -240,5 +257,6 @@ def capabilities(name: str) -> set[str]:
 
 
 def is_real_model(sel) -> bool:
-    """Whether the selection is a real pretrained model (SmolLM2, MiniLM, a server model), not a toy one."""
-    return sel is not None and lm_models.is_real(sel.name) and sel.name not in session_models()
+    """Whether the selection is a real model (SmolLM2, MiniLM, a server model, a /learn checkpoint added in this
+    session), not a toy translator: `is_real_name`."""
+    return sel is not None and is_real_name(sel.name)

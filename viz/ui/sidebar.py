@@ -14,7 +14,7 @@ import streamlit as st
 from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.heap import freeze_heap_once
-from viz.ui.models import capabilities, checkpoint_names, get_trace, load_ckpt, session_models
+from viz.ui.models import capabilities, checkpoint_names, get_trace, is_real_name, load_ckpt, session_models
 from viz.ui.render import show_error
 from viz.ui.state import _KEPT, long_text_note, seed_from_query, write_query
 from viz.ui.text import stop_note, target_unk_note, text_problems, unk_note
@@ -103,9 +103,12 @@ def sidebar() -> Selection | None:
                         help=t("A small Transformer trained on a toy task, shipped with the app (or trained "
                                "on the Training page in this session), or a real pretrained model: SmolLM2 "
                                "(a language model), MiniLM (an encoder) and those the server was started with."))
-    if name in session_models():
+    if isinstance(session_models().get(name), lm_models.RealModel):  # a /learn checkpoint (viz/ui/learn_run.py)
+        sb.caption(t("A checkpoint of Watch attention learn's run, opened in this session: only you see it, until "
+                     "the session ends. Its prompt is token ids, numbers separated by spaces."))
+    elif name in session_models():
         sb.caption(t("Trained on the Training page in this session: only you see it, until the session ends."))
-    real = lm_models.is_real(name) and name not in session_models()
+    real = is_real_name(name)
     try:
         with st.spinner(t("Loading {name}…", name=name)):
             example = load_ckpt(name).example
@@ -247,7 +250,7 @@ def _model_with(need: str, names: list[str]) -> str | None:
     if need == "lm":
         return next((n for n in ("smollm2", *names) if n in names and lm_models.is_real(n)
                      and "lm" in capabilities(n)), None)
-    toys = [n for n in names if not lm_models.is_real(n)]
+    toys = [n for n in names if not is_real_name(n)]
     return default_checkpoint(toys, current_lang()) if toys else None
 
 

@@ -85,6 +85,9 @@ def error_text(err: BaseException | str) -> tuple[str, bool]:
             return t("The token box is empty: type one of the sentence's tokens ({tokens}).", tokens=listed), True
         return t("“{word}” is not a token of this sentence; its tokens: {tokens}.",
                  word=shorten(word.strip(), markdown=True), tokens=listed), True
+    if (run_word := getattr(err, "run_word", None)) is not None:  # model.toy.learn.NotARunTokenError
+        return t("“{word}” is not a token of this model: its tokens are the numbers 1 to {top}, separated by spaces.",
+                 word=shorten(run_word, markdown=True), top=err.run_top), False
     # str(KeyError) wraps its message in quotes; other messages keep theirs ("'street' is not…").
     msg = (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)).strip() or type(err).__name__
     m = _TOO_LONG.search(msg)
