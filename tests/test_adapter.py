@@ -1,11 +1,19 @@
 """Any other causal LM through transformers' own modules (issue 32 §2-3, model/loaders/adapter.py).
 
-Tiny random models of types the lab has no family for (OLMo, Falcon, OPT, BLOOM), built by transformers'
-AutoConfig.for_model + save_pretrained (no download), once per module:
+Tiny random models of types the lab has no family for (OLMo, Falcon with and without grouped K/V heads, OPT,
+BLOOM, Persimmon, GPTBigCode, MPT, GPT-J, CodeGen, XGLM, BioGPT), built by transformers' AutoConfig.for_model +
+save_pretrained (no download), each once per module when a test first asks for it:
 - the adapter's attention weights and logits equal transformers' own output_attentions and logits (bit for bit),
   its residual after each layer is transformers' hidden state, its unembedding gives the logits, greedy tokens
   equal transformers' generate; describe() says family decoder_lm_adapter, what it gives and what it lacks;
-- a state-space model (Mamba), a hybrid and an encoder-decoder are refused in one sentence naming the mechanism;
+- each head's q, k, v (split from transformers' own q/k/v linear layers the way each model type does) and z:
+  z = weights·v, softmax(scores + mask) = weights with the scores q·kᵀ·scale after the model's own rotary, and for
+  ALiBi (BLOOM) softmax(q·kᵀ/√d + transformers' own ALiBi bias + mask) = weights;
+- hooks: zeroing a head's z equals zeroing W^O's columns for it, patching a layer's output with another run's
+  gives that run's logits, a hook inside transformers' attention is refused in one sentence, generation runs
+  under hooks;
+- a state-space model (Mamba), a hybrid and an encoder-decoder are refused in one sentence naming the mechanism,
+  a truncated weights file with the existing clear error;
 - every page opens on one adapter model in en and zh (AppTest) with no exception and no error element, and the
   pages that need the lab's own family say so in one sentence.
 """
@@ -19,42 +27,73 @@ import torch
 from conftest import APP, tiny_bpe_tokenizer
 from streamlit.testing.v1 import AppTest
 from test_i18n import english_in_zh
+from tolerance import f32_tol
 
 from model.loaders.hf import LM_TYPES, ModelLoadError, load_hf_dir
 from viz.ui import lm_models
 
 transformers = pytest.importorskip("transformers")
 
-TYPES = ("olmo", "falcon", "opt", "bloom")  # none of them a family of the lab's
+# case -> (model type, config overrides, how q and k are given: "rotated" after the model's own rotary with the
+# scores, "raw" with the scores (no rotary), "alibi" without the scores); none of them a family of the lab's
+CASES = {"olmo": ("olmo", {}, "rotated"), "falcon": ("falcon", {}, "rotated"),
+         "falcon-gqa": ("falcon", dict(new_decoder_architecture=True, num_kv_heads=2), "rotated"),
+         "opt": ("opt", {}, "raw"), "bloom": ("bloom", {}, "alibi"), "persimmon": ("persimmon", {}, "rotated"),
+         "gpt_bigcode": ("gpt_bigcode", {}, "raw"), "mpt": ("mpt", {}, "alibi"),
+         "gptj": ("gptj", dict(rotary_dim=8), "rotated"), "codegen": ("codegen", dict(rotary_dim=8), "rotated"),
+         "xglm": ("xglm", {}, "raw"), "biogpt": ("biogpt", {}, "raw")}
+TYPES = tuple(CASES)
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 
-def save(d, model_type: str):
+def save(d, case: str):
+    kind, extra, _ = CASES[case]
     tok = tiny_bpe_tokenizer(d)
     torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), **COMMON)
+    cfg = transformers.AutoConfig.for_model(kind, vocab_size=tok.get_vocab_size(), **COMMON, **extra)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     ref.save_pretrained(d, safe_serialization=True)
     return ref
 
 
+class _Made(dict):
+    """case -> (directory, transformers' own model), each built when first asked for (once per module)."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, case):
+        d = self.factory.mktemp(case)
+        self[case] = (d, save(d, case))
+        return self[case]
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """model type -> (directory, transformers' own model), each built once."""
-    out = {}
-    for kind in TYPES:
-        d = tmp_path_factory.mktemp(kind)
-        out[kind] = (d, save(d, kind))
-    return out
+    return _Made(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def opened(made):
+    """case -> the adapter's LanguageModel on it, each loaded once."""
+    cache = {}
+
+    def get(case):
+        if case not in cache:
+            cache[case] = load_hf_dir(made[case][0])
+        return cache[case]
+
+    return get
 
 
 @pytest.mark.parametrize("kind", TYPES)
-def test_the_adapter_equals_transformers(made, kind):
-    assert kind not in LM_TYPES
+def test_the_adapter_equals_transformers(made, opened, kind):
+    assert CASES[kind][0] not in LM_TYPES
     d, ref = made[kind]
-    lm = load_hf_dir(d)
+    lm = opened(kind)
     ids = lm.encode(PROMPT)
     logits, trace = lm.run_with_trace(ids)
     with torch.no_grad():
@@ -77,17 +116,100 @@ def test_the_adapter_equals_transformers(made, kind):
     assert desc["family"] == "decoder_lm_adapter" and desc["via"] == "transformers"
     assert desc["stacks"]["decoder"]["layers"] == L and len(desc["attention"]) == L
     assert desc["attention"]["decoder.layers.0.self_attn"]["n_heads"] == 4
-    assert any("q, k and v" in x for x in desc["lacks"]) and any("hooks" in x for x in desc["lacks"])
+    assert not any(x.startswith("q, k and v") for x in desc["lacks"])  # every one of these types gives them
+    assert any("hooks on q, k, v" in x for x in desc["lacks"]) and "decoder.layers.1.self_attn.z" in desc["blocks"][
+        "hooks"]
     assert "via transformers" in repr(lm)
     # greedy generation equals transformers' generate, and each step's attention row is its output_attentions
     gen = lm.generate(ids, max_new_tokens=4)
     want = ref.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
-    assert gen.ids == want[0, ids.shape[1]:].tolist()
+    want = want[0, ids.shape[1]:].tolist()  # transformers runs on past the end token; the lab stops at it
+    assert gen.ids == want[:len(gen.ids)] and (len(gen.ids) == 4 or gen.ids[-1] in lm.stop_ids)
     assert gen.steps[0].attention.shape == (L, 4, ids.shape[1])
     torch.testing.assert_close(gen.steps[0].attention[:, :, :], torch.stack([a[0, :, -1] for a in out.attentions]),
                                rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="via transformers"):
-        lm.run_with_trace(ids, hooks={"logits": lambda x, name: x})
+    with pytest.raises(ValueError, match="via transformers cannot change .*inside transformers' attention"):
+        lm.run_with_trace(ids, hooks={"*.weights": lambda x, name: x})
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_each_heads_q_k_v_and_z_reproduce_transformers_weights(made, opened, kind):
+    """q, k, v, z of every head, split from transformers' own linear layers, give transformers' own weights:
+    z = weights·v, softmax(scores + mask) = weights (scores = q·kᵀ·scale after the model's own rotary); with ALiBi
+    (BLOOM), softmax(q·kᵀ/√d + transformers' own ALiBi bias + mask) = weights, and the scores are not claimed."""
+    lm, how = opened(kind), CASES[kind][2]
+    ids = lm.encode(PROMPT)
+    _, tr = lm.run_with_trace(ids)
+    T, kv = ids.shape[1], 2 if kind == "falcon-gqa" else {"falcon": 1, "gpt_bigcode": 1}.get(kind, 4)
+    desc = tr.meta["model"]
+    assert lm.model.heads["qk"] == how and (lm.model.heads["scores"] is (how != "alibi"))
+    for i in range(2):
+        n = f"decoder.layers.{i}.self_attn"
+        w, q, k, v, z = (tr[f"{n}.{r}"] for r in ("weights", "q", "k", "v", "z"))
+        assert q.shape == (1, 4, T, 16) and k.shape == v.shape == (1, kv, T, 16) and z.shape == (1, 4, T, 16)
+        assert desc["attention"][n]["n_kv_heads"] == kv
+        vv = v.repeat_interleave(4 // kv, dim=1)  # query head h reads K/V head h // (H / H_kv)
+        torch.testing.assert_close(z, w @ vv, rtol=0, atol=f32_tol(vv, n=T))
+        if how == "alibi":
+            assert f"{n}.scores" not in tr.names() and any("ALiBi" in x for x in desc["lacks"])
+            if kind == "bloom":  # transformers' own ALiBi tensor: (B*H, 1, T), added to q·kᵀ/√d
+                from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+                bias = build_alibi_tensor(torch.ones(1, T), 4, torch.float32).view(1, 4, 1, T)
+                scores = q @ k.transpose(-1, -2) / 4.0 + bias
+                causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+                got = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+                torch.testing.assert_close(got, w, rtol=0, atol=f32_tol(scores, n=16))
+            continue
+        scores, mask = tr[f"{n}.scores"], tr[f"{n}.mask"]
+        assert torch.equal(mask[0, 0], torch.ones(T, T, dtype=torch.bool).triu(1))
+        got = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        torch.testing.assert_close(got, w, rtol=0, atol=f32_tol(scores, n=16))
+        torch.testing.assert_close(scores, q @ k.repeat_interleave(4 // kv, dim=1).transpose(-1, -2)
+                                   * lm.model.heads["scale"][i], rtol=0, atol=f32_tol(scores, n=16))
+        if how == "rotated":  # the unrotated ones too; position 0 is not rotated (angle 0)
+            qu = tr[f"{n}.q_unrot"]
+            assert qu.shape == q.shape and not torch.allclose(qu, q)
+            torch.testing.assert_close(qu[:, :, 0], q[:, :, 0], rtol=0, atol=f32_tol(q))
+
+
+@pytest.mark.parametrize("kind", ["opt", "falcon-gqa"])
+def test_hooks_zero_a_head_and_patch_the_residual_exactly(made, opened, kind):
+    """The lab's interventions through transformers' modules: zeroing head 2's z of layer 1 (a pre-hook on W^O's
+    input) equals transformers with W^O's input columns of that head zeroed; patching layer 0's output with another
+    prompt's (a forward hook on the layer) gives that prompt's logits; a hook on q is refused in one sentence;
+    greedy generation runs under the hook."""
+    import copy
+
+    from model import interventions as iv
+
+    _, ref = made[kind]
+    lm = opened(kind)
+    ids = lm.encode(PROMPT)
+    T = ids.shape[1]
+    ablated = lm.run_with_hooks(ids, hooks=iv.ablate_head("decoder.layers.1.self_attn", 2))
+    cut = copy.deepcopy(ref)
+    wo = lm.model.taps[1].out  # the adapter's W^O of layer 1: find the same module in the copy
+    name = next(n for n, m in lm.model.hf.named_modules() if m is wo)
+    with torch.no_grad():
+        cut.get_submodule(name).weight[:, 2 * 16:3 * 16] = 0
+        want = cut(ids).logits
+        plain = ref(ids).logits
+    torch.testing.assert_close(ablated, want, rtol=0, atol=f32_tol(want, n=64))
+    assert (ablated - plain).abs().max() > 100 * f32_tol(want, n=64)  # the hook did something
+    _, tr = lm.run_with_trace(ids, hooks=iv.ablate_head("decoder.layers.1.self_attn", 2))
+    assert torch.equal(tr["decoder.layers.1.self_attn.z"][:, 2], torch.zeros(1, T, 16))  # the trace records it
+    other = lm.encode("When Tom and Anna went to the park, Anna gave a ball to")[:, :T]
+    clean, ctr = lm.run_with_trace(other, names="decoder.layers.0.out")
+    src = ctr["decoder.layers.0.out"]
+    patched = lm.run_with_hooks(ids, hooks={"decoder.layers.0.out": lambda t, n: src.clone()})
+    torch.testing.assert_close(patched, clean, rtol=0, atol=f32_tol(clean, n=64))
+    one = lm.run_with_hooks(ids, hooks={"decoder.layers.0.out": lambda t, n: torch.cat([t[:, :-1], src[:, -1:]], 1)})
+    assert torch.equal(one[:, :-1], lm.model(ids)[:, :-1])  # causal: a patch at the last position changes only it
+    with pytest.raises(ValueError, match="cannot change 'decoder.layers.0.self_attn.q'"):
+        lm.run_with_hooks(ids, hooks={"decoder.layers.0.self_attn.q": lambda t, n: t})
+    gen = lm.generate(ids, max_new_tokens=2, hooks=iv.ablate_head("decoder.layers.1.self_attn", 2))
+    assert gen.ids[0] == int(ablated[0, -1].argmax())
 
 
 @pytest.mark.parametrize("hf, words", [
@@ -114,6 +236,17 @@ def test_a_type_transformers_has_no_causal_lm_for_is_refused(tmp_path, made):
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "no_such_type"}))
     with pytest.raises(ModelLoadError, match="'no_such_type' is not supported: transformers .* has no causal"):
         load_hf_dir(tmp_path)
+
+
+def test_a_truncated_weights_file_gets_the_clear_error(tmp_path, made):
+    d, _ = made["mpt"]
+    for f in d.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (st,) = tmp_path.glob("*.safetensors")
+    st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
+    with pytest.raises(ModelLoadError) as e:
+        load_hf_dir(tmp_path)
+    assert "truncated" in str(e.value) or "corrupt" in str(e.value), str(e.value)
 
 
 def test_pickles_only_are_refused(tmp_path):
