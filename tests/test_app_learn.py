@@ -16,6 +16,7 @@ from tolerance import f32_tol
 
 from model.analysis import phenomena as PH
 from model.toy import learn as LR
+from viz.ui.learn_run import shipped
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGE = "viz/pages/learn.py"
@@ -37,7 +38,7 @@ def titles(at: AppTest) -> list[str]:
 def test_learn_page_opens_in_english_with_the_computed_sentence_and_the_step_in_the_url():
     at = run({"step": "1015"})
     assert_clean(at)
-    sm = LR.summary(*(lambda r: (r["attn2"], r["attn1"]))(LR.load_run()))
+    sm = shipped()[2]  # the server's own measured run (the page's cache): measured once in this process
     info = " ".join(i.value for i in at.info)
     assert f"At step {sm.step} " in info and f"head {sm.layer}.{sm.head}'s induction score" in info
     assert at.select_slider(key="learn_step").value == 1015
@@ -120,3 +121,25 @@ def test_train_it_yourself_runs_in_a_thread_shows_progress_and_stops():
     assert at.select_slider(key="learn_step").options == [str(x) for x in job.run.steps]
     step = at.select_slider(key="learn_step").value
     assert at.button(key="learn_open_attention").label == f"Open step {step} on the Attention page"
+
+
+def test_lesson_17_is_answered_from_the_shipped_run_and_opens_the_learn_page():
+    from test_app_lessons import open_lessons, question_radio
+
+    from viz import lessons as LS
+
+    n = next(i for i, x in enumerate(LS.LESSONS, 1) if x.slug == "induction-forms")
+    at = open_lessons(lesson=n)
+    assert_clean(at)
+    assert at.header[0].value == f"{n}. Watch an induction head form" and len(at.get("plotly_chart")) == 1
+    sm = shipped()[2]
+    ids = [label.split()[-1] for label in question_radio(at).options]  # "step 675": the option's id is its step
+    wrong = next(o for o in ids if o != str(sm.step))
+    question_radio(at).set_value(wrong).run()
+    assert not at.success
+    question_radio(at).set_value(str(sm.step)).run()
+    assert at.success and f"At step {sm.step} " in at.success[0].value
+    assert "induction-forms" in at.session_state["lessons_done"]
+    at.button(key="lesson_open").click().run()
+    assert_clean(at)
+    assert any(x.value == "Watch attention learn" for x in at.title)

@@ -205,3 +205,28 @@ def test_notebook_learn_view():
     assert len(nb.learn_view("kcomp", runs).data) == 2
     with pytest.raises(ValueError, match="not a checkpoint"):
         nb.learn_view("map", runs, step=12345)
+
+
+def test_lesson_17_asks_for_the_step_the_phase_change_rule_finds():
+    """Lesson 17's answer is computed from the shipped run: the phase-change rule's step, which is also the step
+    where the best layer-1 head's induction score jumps; the other options are checkpoints far from it."""
+    from viz import lessons as LS
+
+    runs = shipped()
+    two = runs["attn2"]
+    sm = LR.summary(two, runs["attn1"])
+    live = LS.live_learn((runs, sm))
+    head, jump = LS.induction_jump(two)
+    assert (head, jump) == (sm.head, sm.step)  # the induction jump sits at the in-context loss's steepest fall
+    assert live.correct == (str(sm.step),) and str(sm.step) in live.options and len(live.options) == 4
+    assert all(int(o) in two.steps for o in live.options)
+    others = sorted(int(o) for o in live.options if o != str(sm.step))
+    assert all(abs(np.log(o / sm.step)) > 0.9 for o in others)  # none within a factor of 2.5 of the answer
+    ind = best_layer1(two)
+    assert ind[two.steps.index(jump)] - ind[two.steps.index(jump) - 1] == pytest.approx(
+        np.diff(ind).max(), abs=1e-12)
+    assert f"At step {sm.step} " in live.feedback
+    flat = LR.Run(two.settings, two.steps, two.states, [LR.Scores(0.0, 1, 1, s.induction, s.previous, s.prefix, None)
+                                                        for s in two.scores], two.loss)
+    none = LS.live_learn(({"attn2": flat}, LR.summary(flat)))  # a run whose in-context loss never falls
+    assert live.figure is not None and none.correct == () and none.note

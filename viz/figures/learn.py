@@ -138,3 +138,13 @@ def kcomp_figure(steps: Sequence[int], pair, others, pair_label: str, phase_step
 
 def fmt(v: float) -> str:
     return num(v, 2)
+
+
+def sentence(sm) -> str:
+    """The run's numbers in one sentence (a model.toy.learn.Summary): /learn says it, lesson 17 answers with it."""
+    if sm.step is None:
+        return t("The in-context loss never fell: no phase change in this run.")
+    return t("At step {step} the in-context loss fell from {a} to {b} and head {layer}.{head}'s induction score "
+             "rose from {c} to {d}; the 1-layer model never passed {e}.", step=sm.step, a=fmt(sm.icl_before),
+             b=fmt(sm.icl_after), layer=sm.layer, head=sm.head, c=fmt(sm.induction_before),
+             d=fmt(sm.induction_after), e=fmt(sm.control_max if sm.control_max is not None else float("nan")))

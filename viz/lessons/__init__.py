@@ -1,5 +1,6 @@
-"""Sixteen short lessons: ten that follow the paper and the seeds, six on a real language model (SmolLM2).
-Each has text, one live view, a task, a question.
+"""Short lessons: ten that follow the paper and the seeds, six on a real language model (SmolLM2), one on a model
+trained in the lab (induction heads forming: the Watch attention learn run). Each has text, one live view, a task,
+a question. Nothing counts them by hand: the page reads len(LESSONS).
 
 Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a
 decode, a schedule) into a `Live` — the figure drawn by the app's figure builders, the answer
@@ -485,6 +486,48 @@ def live_not_explanation(sh, param=None) -> Live:
                 args={"layer": sh.layer, "head": sh.head, "w": f"{sh.weight_on_first:.0%}", "tok": toks[0]})
 
 
+# ---------------------------------------------------------------- 17. induction heads form (the /learn run)
+
+
+def induction_jump(run) -> tuple[int, int]:
+    """(head, step) of a recorded run (model.toy.learn.Run, measured): the last layer's head with the highest
+    induction score at the last checkpoint, and the checkpoint step at which its score rose most from the
+    checkpoint before."""
+    layer = run.settings.layers - 1
+    ind = np.stack([s.induction[layer] for s in run.scores])  # (C, H)
+    head = int(np.argmax(ind[-1]))
+    return head, int(run.steps[int(np.argmax(np.diff(ind[:, head]))) + 1])
+
+
+def step_options(steps: Sequence[int], answer: int) -> list[int]:
+    """The answer and three checkpoints far from it on the log scale (about 1/8, 1/3 and 3 times the step)."""
+    def near(x: float) -> int:
+        return min((s for s in steps if s > 0), key=lambda s: abs(math.log(s) - math.log(max(x, 1.0))))
+
+    return sorted({answer, near(answer / 8), near(answer / 3), near(answer * 3)})
+
+
+def live_learn(data, param=None) -> Live:
+    """data: (the recorded runs {"attn2", "attn1"} measured, their model.toy.learn.Summary)."""
+    from viz.figures import learn as FLN
+
+    runs, sm = data
+    run = runs["attn2"]
+    fig = FLN.head_steps_figure(run.steps, np.stack([s.induction for s in run.scores]), t("induction score"),
+                                title=t("Induction score of every head over training (2 layers)"))
+    if sm.step is None:
+        return Live(fig, [], {}, (), "", t("The in-context loss never fell in this run: there is no phase change "
+                                           "to find."))
+    head, jump = induction_jump(run)
+    ids = [str(x) for x in step_options(run.steps, sm.step)]
+    accepted = tuple(dict.fromkeys(str(x) for x in (sm.step, jump)))  # the rule's step; the jump's, if another
+    fb = FLN.sentence(sm) + " " + t(
+        "Head {layer}.{head}'s induction score rises most between the checkpoint before and step {jump}; the "
+        "phase-change rule (the steepest fall of the in-context loss) gives step {step}.",
+        layer=run.settings.layers - 1, head=head, jump=jump, step=sm.step)
+    return Live(fig, ids, {i: t("step {n}", n=i) for i in ids}, accepted, fb)
+
+
 # ---------------------------------------------------------------- the syllabus
 
 # What "seed 001" means wherever a page names a seed post (st.caption(t(SEEDS_NOTE)) or help=t(SEEDS_NOTE)).
@@ -641,5 +684,18 @@ LESSONS: list[Lesson] = [
         N_("Layer {layer}, head {head} puts {w} of the last position's attention on token 0 (“{tok}”). What share "
            "of what the head moves (its norm-based output ‖α_j v_j W^O‖) comes from token 0?"),
         "viz/pages/flow.py", source="lm", checkpoint=LM_NAME, text=IOI_TEXT, live=live_not_explanation),
+    Lesson(
+        "induction-forms", N_("Watch an induction head form"),
+        N_("Induction heads are not there from the start: they appear during training, suddenly. A 2-layer "
+           "attention-only Transformer, trained in this lab on sequences where each token tends to be followed by "
+           "what followed it earlier in the same sequence, can only predict well by copying from its context. For "
+           "hundreds of steps nothing happens; then, within a few checkpoints, a layer-1 head starts attending to "
+           "the token after the previous occurrence of the current token, and the in-context loss falls: a phase "
+           "change (Olsson et al. 2022). The head needs a layer-0 head that looks at the previous token, so the "
+           "1-layer control never gets there."),
+        N_("On the full page, move the step slider across the phase change and watch the induction stripe appear in "
+           "the map; then train the 1-layer model yourself."),
+        N_("At which training step does the best layer-1 head's induction score jump?"),
+        "viz/pages/learn.py", source="learn", live=live_learn),
 ]
 

@@ -35,15 +35,6 @@ SCORES = {"induction": N_("induction score"), "previous": N_("previous-token sco
           "prefix": N_("prefix-matching score")}
 
 
-def sentence(sm: LR.Summary) -> str:
-    if sm.step is None:
-        return t("The in-context loss never fell: no phase change in this run.")
-    return t("At step {step} the in-context loss fell from {a} to {b} and head {layer}.{head}'s induction score "
-             "rose from {c} to {d}; the 1-layer model never passed {e}.", step=sm.step, a=FL.fmt(sm.icl_before),
-             b=FL.fmt(sm.icl_after), layer=sm.layer, head=sm.head, c=FL.fmt(sm.induction_before),
-             d=FL.fmt(sm.induction_after), e=FL.fmt(sm.control_max if sm.control_max is not None else float("nan")))
-
-
 # ---------------------------------------------------------------- a checkpoint on the other pages
 
 OPEN_PAGES = {"attention": "viz/pages/attention.py", "llm": "viz/pages/llm.py"}
@@ -243,7 +234,7 @@ def main() -> None:
         show_error(t("The recorded run cannot be read: {error}", error=e))
         st.stop()
     two = runs["attn2"]
-    st.info(sentence(sm), icon="📈")
+    st.info(FL.sentence(sm), icon="📈")
     st.caption(t("Phase change rule: {rule}. Command: `{cmd}` (seed {seed}).", rule=t(
         "the checkpoint where the in-context loss falls most steeply against log(step)"), cmd=meta.get("command"),
         seed=meta.get("seed")))

@@ -1,5 +1,6 @@
-"""Lessons: sixteen short lessons a teacher can run in class, each with one live view of the model (1–10: the
-paper's Transformer; 11–16: a real language model, SmolLM2).
+"""Lessons: short lessons a teacher can run in class, each with one live view of the model (1–10: the paper's
+Transformer; 11–16: a real language model, SmolLM2; 17: induction heads forming in a run trained in the lab). The
+count and the ranges the page says are read from viz.lessons.LESSONS.
 
 URL: `?lesson=3` (1-based) opens a lesson, `?present=1` the presentation mode (projector: no
 sidebar, big fonts, figure first, ← / → change the lesson). Content and answer checkers live in
@@ -16,7 +17,7 @@ from model.loaders import minilm as pretrained
 from viz import lessons as LS
 from viz.figures import present as FPR
 from viz.i18n import N_, current_lang, option_labels, t
-from viz.ui import lm_models
+from viz.ui import learn_run, lm_models
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, link_params, long_text_note, seed_from_query, write_query
@@ -33,6 +34,7 @@ PAGE_KEYS = {
     "viz/pages/pretrained.py": ("pretrained_text",),
     "viz/pages/phenomena.py": ("phen_view",),
     "viz/pages/llm.py": ("llm_view", "llm_layer", "llm_head", "llm_prompt"),
+    "viz/pages/learn.py": ("learn_model", "learn_head", "learn_step"),
 }
 PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/tokens.py": N_("Tokens & embeddings"),
@@ -43,6 +45,7 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/phenomena.py": N_("Attention phenomena"),
     "viz/pages/llm.py": N_("Language model"),
     "viz/pages/flow.py": N_("Why this token?"),
+    "viz/pages/learn.py": N_("Watch attention learn"),
 }
 PRESENT_FIG_HEIGHT = 440  # px: the least a figure gets (the title row and it fit a 1280×720 projector); a
 # heatmap with many rows gets more (viz.figures.present: at least 26 px a row, up to 880 px)
@@ -134,6 +137,14 @@ def load(lesson: LS.Lesson, text: str):
             return bert_trace(LS.BERT_TIRED), bert_trace(LS.BERT_WIDE)
     if lesson.source == "lm":
         return load_lm(lesson, text)
+    if lesson.source == "learn":  # the Watch attention learn run, measured once per server (shared with /learn)
+        try:
+            with st.spinner(t("Measuring the recorded checkpoints (once per server)…")):
+                runs, _, sm = learn_run.shipped()
+        except (OSError, ValueError, KeyError) as e:
+            show_error(t("The recorded run cannot be read: {error}", error=e))
+            return None
+        return runs, sm
     problem = sentence_problem(text) or text_problems(text)
     if problem:
         show_error(problem)
@@ -374,6 +385,8 @@ def main() -> None:
                      n=N)
                    + " " + t("Lessons {a}–{b} open a real language model, SmolLM2, and find what its heads do.",
                              a=lm[0], b=lm[-1])
+                   + "".join(" " + t("Lesson {n} watches induction heads form while a small model trains.", n=i)
+                             for i, x in enumerate(LS.LESSONS, 1) if x.source == "learn")
                    + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)
