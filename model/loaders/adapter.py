@@ -626,12 +626,11 @@ class AdapterModel(torch.nn.Module):
             attention[f"decoder.layers.{i}.self_attn"] = attention_entry(
                 "decoder_self", "decoder", i, c.heads[i], hs, self._kv[i] or c.kv_heads,
                 window=window, layer_type=kind or "full_attention", via="transformers")
-        qk = {"raw": "q and k as the model uses them (no rotary)", "rotated": "q and k after its rotary (q_unrot, "
-              "k_unrot before)", "unrot": "q_unrot and k_unrot: before its rotary", "alibi": "q and k exact; ALiBi "
-              "adds its position bias to the scores inside transformers' attention", None: "not given"}[h["qk"]]
         blocks = {"d_model": c.d_model, "vocab_size": c.vocab_size, "model_type": self.model_type,
                   "architecture": type(self.hf).__name__, "exact_unembed": self.exact_unembed,
-                  "q_k": qk, "v_z": h["v"], "scores": h["scores"], "hooks": self.hook_names()}
+                  "q_k": h["qk"], "v_z": h["v"], "scores": h["scores"], "hooks": self.hook_names()}
+        # q_k: "raw" (no rotary), "rotated" (after its rotary; q_unrot, k_unrot before), "unrot" (before its rotary
+        # only), "alibi" (exact; ALiBi adds its bias inside transformers' attention) or None (not given)
         lacks = list(h["why"]) + list(LACKS) + ([] if self.exact_unembed else [
             "the logit lens (its logits are not lm_head(final norm(x)) exactly)"])
         return {"family": FAMILY, "via": "transformers", "model_type": self.model_type,

@@ -459,5 +459,6 @@ def next_step(err: BaseException, msg: str) -> str | None:
              "`--model` and the new file or directory.", archs=", ".join(SUPPORTED_ARCHITECTURES),
              types=", ".join(SUPPORTED_TYPES), hf=", ".join(LM_TYPES + ENCODER_TYPES)) + " " + t(
         "Any other causal attention language model that transformers runs opens through transformers' own modules "
-        "(install `{command}`), with its attention weights, residual stream and logits only.",
+        "(install `{command}`), with its attention weights, residual stream and logits, and each head's q, k, v and "
+        "output where its attention exposes them exactly.",
         command="pip install -e '.[any-model]'")

@@ -72,10 +72,34 @@ def _via_transformers(name: str) -> bool:
 
 
 def adapter_note(name: str) -> str:
-    """One sentence: what a model opened via transformers does not give a page that needs the lab's own family."""
-    return t("{model} runs via transformers, not one of the lab's own families: it gives attention weights, the "
-             "residual stream after each layer and the logits, but not what this view needs (q, k and v, each "
-             "head's output, the norms, the feed-forward network's internals, hooks).", model=model_label(name))
+    """One sentence: what a model opened via transformers gives and does not give a page that needs the lab's own
+    family, from its own description (model/loaders/adapter.py: each head's q, k, v and z only where its attention
+    exposes them exactly)."""
+    try:
+        blocks = load_ckpt(name).describe().get("blocks", {})
+    except Exception:  # a sentence must still come out: the model's own description is only for the details
+        blocks = {}
+    gives = [t("attention weights"), t("the residual stream after each layer"), t("the logits")]
+    lacks = [t("the norms inside a layer"), t("the feed-forward network's internals")]
+    if blocks.get("v_z"):
+        gives.append(t("each head's v and output z"))
+        if blocks.get("scores"):
+            gives.append(t("q, k and the scores"))
+        elif blocks.get("q_k") == "alibi":
+            gives.append(t("q and k"))
+            lacks.append(t("the scores (its ALiBi bias is added inside transformers)"))
+        elif blocks.get("q_k") == "unrot":
+            gives.append(t("q and k before the rotary"))
+            lacks.append(t("q and k after the rotary, and the scores"))
+        else:
+            lacks.append(t("q, k and the scores"))
+        gives.append(t("hooks on each head's output and on the residual stream"))
+    else:
+        lacks.append(t("q, k, v and each head's output"))
+    sep = "、" if current_lang() == "zh" else ", "
+    return t("{model} runs via transformers, not one of the lab's own families: it gives {gives}, but not {lacks}, "
+             "and this view needs the lab's own model.", model=model_label(name), gives=sep.join(gives),
+             lacks=sep.join(lacks))
 
 
 def sidebar() -> Selection | None:
