@@ -391,3 +391,40 @@ def test_generation_on_the_language_model_page(served):
     want = lm_models.load(served).obj.generate(PROMPT, max_new_tokens=int(at.number_input(key="llm_max").value))
     assert at.get("plotly_chart") and want.tokens and lm_models.readable(want.tokens[0]) in infos(at) + "".join(
         str(e.value) for e in at.get("code"))
+
+
+def test_what_the_probe_cannot_check_is_not_given(made, monkeypatch):
+    """A fused q/k/v layout the lab does not know (MPT's, removed here) gives no q, k, v or z, and no hook on z; a
+    rotary the lab cannot reproduce (OLMo's, made wrong here) gives q_unrot and k_unrot only, no scores; each says
+    so in describe()["lacks"]."""
+    from model.loaders import adapter_heads as AH
+
+    monkeypatch.delitem(AH.SPLITS, "mpt")
+    lm = load_hf_dir(made["mpt"][0])
+    names, desc = lm.model.capture_names(), lm.model.describe()
+    assert not [n for n in names if n.endswith((".q", ".k", ".v", ".z", ".scores"))]
+    assert any(x.startswith("q, k and v (transformers' mpt attention has no q, k, v layers") for x in desc["lacks"])
+    with pytest.raises(ValueError, match="matches no name"):
+        lm.run_with_hooks(PROMPT, hooks={"decoder.layers.0.self_attn.z": lambda t, n: t})
+    monkeypatch.setattr(AH, "rotate", lambda attn, q, k, rot: (q, k))  # "no rotary": not what OLMo does
+    lm = load_hf_dir(made["olmo"][0])
+    _, tr = lm.run_with_trace(PROMPT, names="decoder.layers.0.self_attn.*")
+    assert [n.rsplit(".", 1)[1] for n in tr.names()] == ["q_unrot", "k_unrot", "v", "weights", "z", "out"]
+    assert any(x.startswith("q and k after its rotary embedding, and the scores") for x in lm.model.describe()["lacks"])
+
+
+def test_hooks_of_one_thread_never_reach_another(opened):
+    """Streamlit serves sessions from threads sharing one model: the adapter's module hooks read the lab's
+    ContextVars, so a head ablation in one thread leaves another thread's logits alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from model import interventions as iv
+
+    lm = opened("opt")
+    ids = lm.encode(PROMPT)
+    plain = lm.model(ids)
+    hooks = iv.ablate_head("decoder.layers.*.self_attn", 0)
+    ablated = lm.run_with_hooks(ids, hooks=hooks)
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda k: lm.run_with_hooks(ids, hooks=hooks if k % 2 else None), range(16)))
+    assert all(torch.equal(o, ablated if k % 2 else plain) for k, o in enumerate(outs))
