@@ -206,6 +206,10 @@ def test_hooks_zero_a_head_and_patch_the_residual_exactly(made, opened, kind):
     torch.testing.assert_close(patched, clean, rtol=0, atol=f32_tol(clean, n=64))
     one = lm.run_with_hooks(ids, hooks={"decoder.layers.0.out": lambda t, n: torch.cat([t[:, :-1], src[:, -1:]], 1)})
     assert torch.equal(one[:, :-1], lm.model(ids)[:, :-1])  # causal: a patch at the last position changes only it
+    assert lm.model.hook_names()[:2] == ["decoder.embed.tok", "decoder.embed.out"]  # layer 0's input: a pre-hook
+    other_embed = lm.run_with_trace(other, names="decoder.embed.out")[1]["decoder.embed.out"]
+    torch.testing.assert_close(lm.run_with_hooks(ids, hooks={"decoder.embed.out": lambda t, n: other_embed.clone()}),
+                               clean, rtol=0, atol=f32_tol(clean, n=64))
     with pytest.raises(ValueError, match="cannot change 'decoder.layers.0.self_attn.q'"):
         lm.run_with_hooks(ids, hooks={"decoder.layers.0.self_attn.q": lambda t, n: t})
     gen = lm.generate(ids, max_new_tokens=2, hooks=iv.ablate_head("decoder.layers.1.self_attn", 2))

@@ -532,7 +532,8 @@ class AdapterModel(torch.nn.Module):
         """The points a hook can change exactly: transformers' module inputs and outputs (the embeddings, each
         head's z at W^O's input, the attention output, each layer's output, the final norm, the logits); not q, k,
         v, the scores or the weights, which live inside transformers' attention."""
-        return [n for n in self.capture_names() if not n.endswith(HEAD_ROLES + ("weights",))
+        inside = tuple(f".self_attn.{r}" for r in (*HEAD_ROLES, "weights"))
+        return [n for n in self.capture_names() if not n.endswith(inside)
                 and (n != "decoder.embed.out" or self.embed_out_hooked)]
 
     def resolve_hooks(self, hooks) -> dict[str, list]:
