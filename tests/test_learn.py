@@ -13,6 +13,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from tolerance import tol
 
 from model.families.lm import DecoderLM, LMConfig
 from model.toy import learn as LR
@@ -154,6 +155,29 @@ def test_a_rerun_from_the_shipped_seed_reproduces_the_first_checkpoints_bit_for_
         assert mine.keys() == theirs.keys()
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert run.loss == pytest.approx(stored.loss[:8], abs=1e-5)
+
+
+def test_the_app_s_child_process_run_is_the_shipped_run_and_stops_when_asked():
+    """The page trains in a child process (train_in_child: one thread, its own GIL, a lower priority): its
+    checkpoints are the shipped run's bit for bit (recorded with --threads 1), its scores those measured here, and a
+    callback's False stops it after the current step."""
+    meta = LR.run_meta()
+    assert meta["threads"] == 1
+    stored = shipped()["attn2"]
+    seen = []
+
+    def cb(run, kind):
+        seen.append(kind)
+        return not (kind == "checkpoint" and run.steps[-1] >= 8)
+
+    run = LR.train_in_child(LR.Settings(**meta["models"]["attn2"]), callback=cb)
+    assert run.steps == stored.steps[:len(run.steps)] and run.steps[-1] == 8 and seen.count("checkpoint") == 9
+    for mine, theirs in zip(run.states, stored.states, strict=False):
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert run.loss == stored.loss[:len(run.loss)] or run.loss == pytest.approx(stored.loss[:len(run.loss)], abs=1e-5)
+    assert len(run.loss) <= 9  # stopped after the step of the checkpoint that said so (at most one more)
+    a, b = run.scores[-1], stored.scores[len(run.steps) - 1]  # measured on float32 weights; stored: float16 ones
+    assert np.abs(a.induction - b.induction).max() <= tol(b.induction, dtype=torch.float16)
 
 
 @pytest.mark.parametrize("change", LR.CHANGES)

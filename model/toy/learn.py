@@ -41,6 +41,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -65,9 +66,10 @@ PHASE_RULE = ("the phase change is the checkpoint step where the in-context loss
               "log(step): the largest drop between consecutive checkpoints divided by the log-step between them; "
               "the step named is the later checkpoint of that pair")
 CHANGES = ("none", "one_layer", "no_positions", "freeze_layer0", "one_head")
-LIVE_YIELD_S = 0.003  # a live run (in the app's process) sleeps this long after each step, so other sessions' threads
-# get the GIL between steps (~6 s over 2000 steps). Measured (bench/learn.py, busy 2 cores): a toy head switch still
-# takes ~2x its time while a run trains (0.04 -> 0.08 s), with or without it: the run's core is the cost.
+LIVE_YIELD_S = 0.003  # an in-process run (`train(yield_s=)`) sleeps this long after each step, so other threads get the
+# GIL between steps. Not enough (bench/learn.py: a toy head switch took ~2x its time while such a run trained): the
+# app trains in a child process instead (`train_in_child`), with its own GIL, one thread and a lower priority.
+LIVE_NICE = 10  # the child's nice increment: a session's click wins a core from it (CFS weight 1024 vs 110)
 
 
 @dataclass(frozen=True)
@@ -353,6 +355,109 @@ def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None
         if callback is not None and callback(run, "step") is False:
             break
     return run
+
+
+# ---------------------------------------------------------------------- training in a child process
+
+
+def _child_main(s: Settings, conn, nice: int, threads: int, every_s: float) -> None:
+    """The child's side of `train_in_child`: train with its own thread count and priority, sending the losses
+    (batched, every `every_s` seconds) and each checkpoint (weights as numpy, scores, wall time) to the parent;
+    a "stop" from the parent ends the run after the current step."""
+    try:
+        if nice:
+            os.nice(nice)
+        torch.set_num_threads(threads)  # this process is ours: its thread count is ours to set
+        sent, last = [0], [time.perf_counter()]
+
+        def stopped() -> bool:
+            return conn.poll() and conn.recv() == "stop"
+
+        def cb(run: Run, kind: str) -> bool:
+            if kind == "checkpoint":
+                state = {k: v.numpy() for k, v in run.states[-1].items()}
+                conn.send(("checkpoint", run.loss[sent[0]:], run.steps[-1], state,
+                           run.scores[-1] if run.scores else None, run.seconds[-1]))
+            elif time.perf_counter() - last[0] >= every_s:
+                conn.send(("loss", run.loss[sent[0]:]))
+            else:
+                return True
+            sent[0], last[0] = len(run.loss), time.perf_counter()
+            return not stopped()
+
+        run = train(s, callback=cb)
+        conn.send(("done", run.loss[sent[0]:]))
+    except Exception as e:  # noqa: BLE001 - the parent raises it with its type and message
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+    # Out without the interpreter's teardown: torch's worker threads, still joinable then, made the C++ runtime
+    # print "terminate called without an active exception" at every run's end.
+    os._exit(0)
+
+
+def _child_context():
+    """forkserver: a clean single-threaded server process (never a fork of the app's threads) that imported torch
+    and this module once; each run forks from it in a fraction of a second (spawn paid ~5 s of imports per run on a
+    busy 2-core machine). spawn where forkserver is missing."""
+    import multiprocessing as mp
+
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+def train_in_child(s: Settings, callback: Callable[[Run, str], bool | None] | None = None,
+                   nice: int = LIVE_NICE, threads: int = 1, every_s: float = 0.2) -> Run:
+    """`train(s, callback)` run in a child process (`_child_context`: a server's threads are never forked), for a
+    live run beside other sessions: the child has its own GIL (the server's Python never waits for it), `threads`
+    threads and a lower priority (`nice`). This thread only receives: the Run fills as the child's messages come,
+    and `callback` sees it as with `train` (False stops the child after its current step). With threads=1 the
+    weights are those of `python -m model.learn --threads 1` bit for bit. Raises RuntimeError when the child fails
+    or dies."""
+    ctx = _child_context()
+    conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_child_main, args=(s, child_conn, nice, threads, every_s), daemon=True,
+                       name="attention-lab-learn-child")
+    proc.start()
+    child_conn.close()
+    run, asked_stop = Run(s), False
+    try:
+        while True:
+            if not conn.poll(0.5):
+                if not proc.is_alive() and not conn.poll():
+                    raise RuntimeError(f"the training process ended without a result (exit code {proc.exitcode})")
+                continue
+            try:
+                msg = conn.recv()
+            except EOFError:
+                raise RuntimeError(f"the training process ended early (exit code {proc.join(5) or proc.exitcode})"
+                                   ) from None
+            if msg[0] == "error":
+                raise RuntimeError(msg[1])
+            run.loss.extend(msg[1])  # the training losses since the last message
+            if msg[0] == "done":
+                return run
+            if msg[0] == "checkpoint":
+                _, _, step, state, scores, seconds = msg
+                run.steps.append(step)
+                run.states.append({k: torch.from_numpy(v) for k, v in state.items()})
+                if scores is not None:
+                    run.scores.append(scores)
+                run.seconds.append(seconds)
+            go_on = callback is None or callback(run, msg[0] if msg[0] == "checkpoint" else "step") is not False
+            if not go_on and not asked_stop:
+                conn.send("stop")
+                asked_stop = True
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+        conn.close()
 
 
 # ---------------------------------------------------------------------- the shipped run on disk

@@ -4,8 +4,11 @@ The shipped recorded run (model/toy/checkpoints/learn/run: a 2-layer attention-o
 control, ~50 log-spaced checkpoints each) opens at once; every number is measured on its checkpoints
 (model/toy/learn.py) when the server first needs it, then cached for every session. A step slider (in the URL)
 redraws one head's attention on the repeated probe at that step. "Train it yourself" runs the same training
-with one change, in a background thread (as Training, live does), one run at a time on the server; a fragment
-polls it and redraws the progress and the curves.
+with one change, one run at a time on the server: a background thread (as Training, live has) waits on a child
+process that trains (model.toy.learn.train_in_child: its own GIL, one thread, a lower priority, so the other
+sessions' clicks do not wait for it); a fragment polls the job and redraws the progress and the curves. Any
+checkpoint, shipped or trained, opens on the Attention page or the Language model page with one click
+(viz/ui/learn_run.py: it joins the session's model list).
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class LearnJob:
 
 def run_learn_job(job: LearnJob, slot: threading.Lock) -> None:
     try:
-        LR.train(job.settings, callback=job.on_event, yield_s=LR.LIVE_YIELD_S)
+        LR.train_in_child(job.settings, callback=job.on_event)  # own process: no GIL or core taken from sessions
     except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
         job.error = f"{type(e).__name__}: {e}"
     finally:
