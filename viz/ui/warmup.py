@@ -70,7 +70,24 @@ def warm() -> None:
         freeze_heap_once()  # what is alive now lives as long as the server: out of the GC's walks
     except Exception:  # warming is an optimisation: the page reports real errors
         _LOG.warning("warm-up failed; the first page will load everything itself", exc_info=True)
+    warm_learn()
     warm_lm()
+
+
+def warm_learn() -> None:
+    """After the first page's work (the toy models above), before SmolLM2's: /learn's recorded run, every
+    checkpoint measured (~3 s of CPU on 2 cores, once per server), and the map the page opens on, through the
+    caches /learn and lesson 17 read (viz/ui/learn_run.py). A fresh server's first /learn then opens warm.
+    Never raises."""
+    try:
+        from viz.ui import learn_run
+
+        runs, _, sm = learn_run.shipped()
+        run = runs["attn2"]
+        i = run.steps.index(sm.step) if sm.step in run.steps else len(run.steps) - 1
+        learn_run.attention_at("attn2", i, sm.layer, sm.head)
+    except Exception:
+        _LOG.warning("/learn warm-up failed; its page measures the run itself", exc_info=True)
 
 
 def warm_lm() -> None:
