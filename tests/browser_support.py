@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -37,17 +38,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(app: Path, port: int, timeout: float = 90.0) -> subprocess.Popen:
-    """`streamlit run` in its own process group; returns once /_stcore/health answers ok."""
+def start_server(app: Path, port: int, timeout: float = 90.0, env: dict | None = None) -> subprocess.Popen:
+    """`streamlit run` in its own process group; returns once /_stcore/health answers ok.
+
+    The server's output goes to a file, not a pipe nobody reads: a full pipe (64 kB of warnings) blocks every
+    thread that logs, and a page then never finishes. Its tail is in the error if the server dies at start.
+    The lessons' and /phenomena's analyses are not warmed at start (ATTENTION_LAB_WARM_ANALYSES=0, unless `env`
+    says otherwise): a page that shows one computes it as a first visitor's would, and the ~1 min of CPU each
+    server would spend on them does not run beside the tests (tests/test_warmup.py tests the warm-up itself)."""
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
            "--server.fileWatcherType", "none"]
-    proc = subprocess.Popen(cmd, cwd=app.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    log = tempfile.NamedTemporaryFile(prefix=f"streamlit-{port}-", suffix=".log", delete=False)
+    full_env = {**os.environ, "ATTENTION_LAB_WARM_ANALYSES": "0", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=app.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=full_env)
+    log.close()
+    proc.log_path = log.name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace")[-2000:]
+            out = Path(log.name).read_text(errors="replace")[-2000:]
             raise RuntimeError(f"streamlit exited with {proc.returncode}: {out}")
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
@@ -66,6 +77,8 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    with contextlib.suppress(AttributeError, OSError):
+        os.unlink(proc.log_path)
 
 
 SETTLE_MS = 250

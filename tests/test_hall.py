@@ -41,7 +41,11 @@ def port_open(port: int) -> bool:
 def hall():
     if not os.path.exists(load.bench.CHROMIUM):
         pytest.skip(f"{load.bench.CHROMIUM} is missing: install it with `bash .ci/browser-setup.sh`")
-    load.hall("up", PORT, "2", extra="--server.disconnectedSessionTTL 5")
+    # The replicas inherit this process's environment: no lessons' analyses warmed at start (browser_support
+    # .start_server says why); the drill's sessions open the toy models' pages.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTENTION_LAB_WARM_ANALYSES", "0")
+        load.hall("up", PORT, "2", extra="--server.disconnectedSessionTTL 5")
     try:
         yield load.replica_pids(PORT)
     finally:
@@ -102,7 +106,9 @@ def test_warm_up_imports_pandas_before_sessions_draw():
 
     code = ("import sys; from viz.ui import warmup; warmup.warm(); p = sys.modules.get('pandas'); "
             "print('pandas ready' if p is not None and hasattr(p, 'Series') else 'pandas missing')")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # pandas comes first, before the toy models and SmolLM2: SmolLM2 and its analyses are left out (a minute)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ATTENTION_LAB_WARM_LM": "0"})
     assert out.stdout.strip().endswith("pandas ready"), out.stdout + out.stderr[-2000:]
 
 

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_warm_fills_the_caches_the_pages_use(monkeypatch):
+    # the toy models' part; SmolLM2's (warm_lm) is tests/test_app_llm.py's, and its analyses a minute more
+    monkeypatch.setenv(warmup.WARM_LM_ENV, "0")
     _load_shared.clear()
     _cached_trace.clear()
     traced = []
@@ -34,8 +36,27 @@ def test_warm_never_raises(monkeypatch, caplog):
         raise OSError("no checkpoints here")
 
     monkeypatch.setattr(models, "checkpoint_names", broken)  # warm() calls models.checkpoint_names
+    monkeypatch.setenv(warmup.WARM_LM_ENV, "0")  # the toy models' part fails; SmolLM2's is not this test's
     warmup.warm()  # logged, not raised: the page shows the real error to the first visitor
     assert "warm-up failed" in caplog.text
+
+
+def test_analyses_are_warmed_unless_the_server_says_no(monkeypatch):
+    """ATTENTION_LAB_WARM_ANALYSES=0 (a test server that never shows the lessons): SmolLM2 is still loaded and
+    traced, its analyses are left to the first visitor who opens them."""
+    from viz.ui import lm_models
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_analyses", lambda lm: warmed.append(lm))
+    monkeypatch.setattr(lm_models, "names", lambda: [])  # no SmolLM2 to load: warm_lm returns at once
+    warmup.warm_lm()
+    assert warmed == []
+    monkeypatch.setattr(lm_models, "names", lambda: ["smollm2"])
+    for flag, calls in (("0", 0), ("1", 1)):
+        monkeypatch.setenv(warmup.WARM_ANALYSES_ENV, flag)
+        warmed.clear()
+        warmup.warm_lm()
+        assert len(warmed) == calls, flag
 
 
 def test_start_runs_once_per_process(monkeypatch):

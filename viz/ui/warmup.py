@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _LOG = logging.getLogger(__name__)
 _THREAD = "attention-lab-warm-up"
 WARM_LM_ENV = "ATTENTION_LAB_WARM_LM"  # "0": do not load SmolLM2 at start (a server that never shows it)
+# "0": load SmolLM2 but leave the lessons' and /phenomena's analyses to the first visitor who opens them (a test
+# server that never shows them: ~1 min of CPU each server, spent beside the test on a 2-core machine)
+WARM_ANALYSES_ENV = "ATTENTION_LAB_WARM_ANALYSES"
 _started = threading.Lock()
 
 
@@ -111,7 +114,8 @@ def warm_lm() -> None:
     finally:
         # SmolLM2's load froze the heap (models._load_shared); its first trace imports a few more modules
         freeze_heap_once("warm:lm")
-    warm_analyses(rm.obj)
+    if os.environ.get(WARM_ANALYSES_ENV, "1") != "0":
+        warm_analyses(rm.obj)
 
 
 def warm_analyses(lm) -> None:
