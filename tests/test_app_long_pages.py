@@ -220,3 +220,33 @@ def test_the_attention_page_and_the_other_pages_show_the_same_maps(tiny, monkeyp
         for r in ("q", "k", "v", "weights"):
             assert torch.equal(attn[f"{m}.{r}"], pages[f"{m}.{r}"]), (m, r)
     long_views._LONG_TRACES.clear()
+
+
+def test_inside_a_layer_reads_the_attention_pages_trace(tiny, budget, monkeypatch):
+    """Issue 31 §2 (Inside a layer <= 5 s on 2,380 tokens): after the Attention page, Inside a layer runs no forward
+    of its own. It reads the lazy trace that page made (q, k, v and each layer's output: one layer run again on
+    demand), and that layer's every tensor equals the full capture's, bit for bit (step by step at this length)."""
+    import torch
+
+    from model.loaders.lm import LanguageModel
+    from viz.ui import lm_models, long_views, models
+
+    monkeypatch.setattr(long_views, "FULL_BUDGET", budget)  # the Attention page's long views at this budget too
+    models._LONG_TRACES.clear()
+    forwards, real = [], LanguageModel.run_with_trace
+    monkeypatch.setattr(LanguageModel, "run_with_trace", lambda self, *a, **kw: forwards.append(kw) or real(
+        self, *a, **kw))
+    at = run("attention", tiny, "en", TEXT)
+    assert not at.exception and not at.error and at.get("plotly_chart"), shown(at)[:800]
+    assert [kw.get("lazy") for kw in forwards] == [True]
+    at = run("layer", tiny, "en", TEXT, layer="1")
+    assert not at.exception and not at.error and at.get("plotly_chart"), shown(at)[:800]
+    assert len(forwards) == 1  # the page read the Attention page's trace
+    trace = models.get_trace(tiny, TEXT, next_tokens=False)
+    assert trace is models.long_lm_trace(tiny, TEXT) and trace.meta["lazy"]["layers"]
+    _, full = real(lm_models.load(tiny).obj, TEXT, budget_bytes=None)
+    names = [n for n in full.names() if n.startswith("decoder.layers.1.")]
+    assert len(names) >= 18 and all(n in trace for n in names)  # norms, q k v (before RoPE too), maps, FFN, out
+    for n in names:
+        assert torch.equal(trace[n], full[n]), n
+    models._LONG_TRACES.clear()

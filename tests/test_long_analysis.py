@@ -195,9 +195,12 @@ def test_long_figures(traces):
     ov = lg.pooled_overview(lazy, 1, 3, n=16)
     toks = [f"t{i}" for i in range(149)] + ["<b>&\n"]
     fig = FL.overview_figure(ov, toks)
-    cd = np.asarray(fig.data[0].customdata)
-    assert cd.shape == (16, 16, 4) and cd[0, 0].tolist() == [0, ov.q_edges[1], 0, ov.k_edges[1]]
-    assert cd[-1, -1, 1] == cd[-1, -1, 3] == 150
+    # the window of cell (a, b): queries q_edges[a]..q_edges[a+1]-1, keys k_edges[b]..k_edges[b+1]-1 (the heatmap's
+    # meta, not 4 integers a cell: issue 31 §2's payload)
+    qe, ke = fig.data[0].meta["q_edges"], fig.data[0].meta["k_edges"]
+    assert np.asarray(fig.data[0].z).shape == (16, 16) and len(qe) == len(ke) == 17 and fig.data[0].customdata is None
+    assert [qe[0], qe[1], ke[0], ke[1]] == [0, ov.q_edges[1], 0, ov.k_edges[1]]
+    assert qe[-1] == ke[-1] == 150
     w = FL.window_figure(lg.zoom(lazy, 1, 3, 140, 150, 0, 10), 140, 0, toks)
     assert list(w.data[0].y)[0].startswith("140: t140") and len(w.data[0].x) == 10
     view = lg.document_view(lazy, 149, layer=1, head=3)

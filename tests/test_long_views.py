@@ -49,6 +49,36 @@ def test_document_html_shows_the_position_and_the_sources_contexts():
     assert ctx[0] == "⟦ w0⟧ w1 w2 w3…" and ctx[2] == "… w1497 w1498 w1499⟦ w1500⟧ w1501 w1502 w1503…"
 
 
+def test_what_a_head_switch_sends_at_2380_tokens():
+    """Issue 31 §2 (a head switch <= 1 s in the browser at 2,380 tokens): the pooled overview's JSON (what Streamlit
+    sends) stays under 120 kB, its z the pooled numbers in float32 (to the digits the hover shows), the window of a
+    cell in its meta (edges), not 4 integers a cell (278 kB before); the document view's HTML under 100 kB (121 kB
+    before), every token still with its weight in its tooltip."""
+    import json
+
+    import plotly.io as pio
+
+    from model.analysis.long import Overview, block_edges
+
+    T, rng = 2380, np.random.default_rng(0)
+    toks = [f"␣word{i}" for i in range(T)]
+    cells = np.tril(rng.random((128, 128)))
+    cells /= cells.sum(1, keepdims=True)
+    edges = block_edges(T, 128)
+    fig = FL.overview_figure(Overview(cells, edges, edges, 3, 5), toks)
+    sent = pio.to_json(fig, validate=False)  # what st.plotly_chart puts in its message
+    assert len(sent) < 120_000, len(sent)
+    z = fig.data[0].z
+    assert z.dtype == np.float32 and np.array_equal(z, cells.astype(np.float32)) and fig.data[0].customdata is None
+    assert "%{z:.4f}" in fig.data[0].hovertemplate and json.loads(sent)["data"][0]["meta"]["q_edges"] == edges
+    w = rng.random(T)
+    w /= w.sum()
+    view = DocumentView(T - 1, w, [(int(i), float(w[i])) for i in np.argsort(-w)[:10]], 3, 5)
+    page = FL.document_html(toks, view, before=long_views.DOC_BEFORE, after=long_views.DOC_AFTER)
+    assert len(page.encode()) < 100_000, len(page.encode())
+    assert len(shown_positions(page)) > long_views.DOC_BEFORE and f'title="position {T - 1}: weight ' in page
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     return tiny_hf_lm(tmp_path_factory.mktemp("tiny-doc"), "llama")

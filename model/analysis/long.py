@@ -40,12 +40,19 @@ KEEP_TILES_UP_TO = 4096  # head statistics keep each tile's cell matrices for th
 # ---------------------------------------------------------------------- rows of any trace
 
 
+def _meta(trace, key: str):
+    """One entry of a trace's meta (Trace.meta_item: not a copy of all of it, token lists and all)."""
+    return trace.meta_item(key) if hasattr(trace, "meta_item") else trace.meta[key]
+
+
 def _modules(trace) -> list[str]:
-    return [m for m, info in trace.meta["model"]["attention"].items() if info["kind"] == "decoder_self"]
+    return [m for m, info in _meta(trace, "model")["attention"].items() if info["kind"] == "decoder_self"]
 
 
 def n_tokens(trace) -> int:
-    return len(trace.meta["tgt_ids"][0])
+    if isinstance(getattr(trace, "n_tokens", None), int):  # a LazyTrace: its stored q's length
+        return trace.n_tokens
+    return len(_meta(trace, "tgt_ids")[0])
 
 
 def head_rows(trace, layer: int, head: int | None, rows: slice, batch: int = 0, cols: slice | None = None

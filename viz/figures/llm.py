@@ -40,7 +40,8 @@ STAT_ALIASES = {"prev": "previous_token", "dup": "duplicate_token"}  # the short
 
 def lm_modules(trace: Mapping) -> list[str]:
     """The decoder's self-attention modules in layer order (from the model's description in meta)."""
-    desc = (getattr(trace, "meta", None) or {}).get("model", {})
+    desc = (trace.meta_item("model") if hasattr(trace, "meta_item") else (getattr(trace, "meta", None) or {}).get(
+        "model")) or {}
     mods = [m for m, a in desc.get("attention", {}).items() if a.get("kind") == "decoder_self"]
     return sorted((m for m in mods if f"{m}.weights" in trace), key=lambda m: desc["attention"][m]["layer"])
 

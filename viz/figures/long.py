@@ -1,8 +1,8 @@
 """Figures for long inputs (issue 24): pure builders, model.analysis.long's results in, plotly or HTML out.
 
 - `overview_figure(ov, tokens)`: a head's pooled map (keys summed, queries averaged: each row sums to 1),
-  axes labelled by the positions and first/last tokens of each block; each cell's customdata is the
-  window it covers [q0, q1, k0, k1], so a click can zoom there;
+  axes labelled by the positions and first/last tokens of each block; the block edges ride in the heatmap's
+  meta (q_edges, k_edges), so a click on cell (a, b) can find the window it covers;
 - `window_figure(cells, q0, k0, tokens)`: the exact weights of a window, token labels once it is small;
 - `document_html(tokens, view, before=, after=)`: the prompt as text, each token shaded by the weight the
   chosen position puts on it (the document view), the chosen token outlined and in view on render (a long
@@ -44,16 +44,13 @@ def overview_figure(ov, tokens: Sequence[str] | None = None, title: str | None =
     qe, ke = list(ov.q_edges), list(ov.k_edges)
     y, x = _block_labels(qe, tokens), _block_labels(ke, tokens)
     nq, nk = ov.cells.shape
-    # the window a cell covers: q0, q1, k0, k1; the narrowest integer type that holds them, and z in float32
-    # (plotly sends numpy arrays as typed binary: 128 x 128 cells were 390 kB a head switch, issue 31 §2)
-    big = max(qe[-1] if qe else 0, ke[-1] if ke else 0)
-    custom = np.empty((nq, nk, 4), dtype=np.int16 if big < 2**15 else np.int32)
-    custom[..., 0] = np.array(qe[:-1])[:, None]
-    custom[..., 1] = np.array(qe[1:])[:, None]
-    custom[..., 2] = np.array(ke[:-1])[None, :]
-    custom[..., 3] = np.array(ke[1:])[None, :]
+    # z in float32, sent as typed binary (what the page computed, to the last digit the hover shows: .4f). The
+    # window a cell covers is not sent per cell (4 integers a cell were 175 of the figure's 278 kB on every head
+    # switch, issue 31 §2): cell (a, b) covers queries q_edges[a]..q_edges[a+1]-1 and keys k_edges[b]..k_edges[b+1]-1,
+    # the edges in the heatmap's meta, and its hover names them (the block labels).
     fig = go.Figure(go.Heatmap(
-        z=np.asarray(ov.cells, dtype=np.float32), x=x, y=y, customdata=custom, colorscale=WEIGHTS_SCALE, zmin=0,
+        z=np.asarray(ov.cells, dtype=np.float32), x=x, y=y, meta={"q_edges": qe, "k_edges": ke},
+        colorscale=WEIGHTS_SCALE, zmin=0,
         zmax=max(float(np.nanmax(ov.cells)), 1e-9) if ov.cells.size else 1.0,
         colorbar={"title": {"text": t("share of the row"), "side": "right"}, "thickness": 12},
         hovertemplate=(t("queries %{y}") + "<br>" + t("keys %{x}") + "<br>"
@@ -89,11 +86,15 @@ def window_figure(cells: np.ndarray, q0: int, k0: int, tokens: Sequence[str] | N
     return fig
 
 
+SHADE_CSS = ".attention-document span{border-radius:2px;background:rgba(255,127,14,var(--a,0))}"
+
+
 def _shade(w: float, top: float) -> str:
-    """A background for weight w (0 .. top): transparent to a strong orange, by the square root so a
-    small share stays visible beside a sink that takes most of the row."""
+    """The opacity of weight w's background (0 .. top: transparent to a strong orange, SHADE_CSS), by the square
+    root so a small share stays visible beside a sink that takes most of the row: "--a:.123", the one style a
+    token's span carries (the document view repeats it for every token: 1,000 tokens a redraw, issue 31 §2)."""
     a = 0.0 if top <= 0 else min(1.0, (max(w, 0.0) / top) ** 0.5)
-    return f"rgba(255, 127, 14, {a:.3f})"
+    return f"--a:{a:.3f}".replace(":0.", ":.")
 
 
 def _segments(n: int, position: int, sources: Sequence[int], before: int | None, after: int | None,
@@ -133,6 +134,7 @@ def document_html(tokens: Sequence[str], view, max_chars: int | None = None, bef
     segments = _segments(n, view.position, [i for i, _ in view.top], before, after, context)
     gap = ('<div class="attention-gap" style="color:#888;font-style:italic;text-align:center;margin:0.3rem 0">'
            '{}</div>')
+    tip_of = t("position {i}: weight {w}")  # translated once, filled per token (1,000 tokens a redraw)
     parts, last = [], 0
     for s0, s1 in segments:
         if s0 > last:
@@ -141,10 +143,10 @@ def document_html(tokens: Sequence[str], view, max_chars: int | None = None, bef
         for i in range(s0, s1):
             text = _piece_html(tokens[i])
             if i < w.size:
-                style = f"background:{_shade(float(w[i]), top)};border-radius:2px"
+                style = _shade(float(w[i]), top)
                 if i == view.position:
                     style += ";outline:2px solid #1f77b4"
-                tip = html.escape(t("position {i}: weight {w}", i=i, w=num(w[i])), quote=True)
+                tip = html.escape(tip_of.format(i=i, w=num(w[i])), quote=True)
                 anchor = ' id="attention-position"' if i == view.position else ""
                 parts.append(f'<span{anchor} title="{tip}" style="{style}">{text}</span>')
             else:
@@ -156,7 +158,8 @@ def document_html(tokens: Sequence[str], view, max_chars: int | None = None, bef
                                               n=f"{n - last:,}", pos=view.position))))
     body = "".join(parts)
     # column-reverse: a scroll box starts at its end, where the chosen position is; the one child keeps the order
-    return ('<div class="attention-document" style="display:flex;flex-direction:column-reverse;max-height:28rem;'
+    return (f'<style>{SHADE_CSS}</style>'
+            '<div class="attention-document" style="display:flex;flex-direction:column-reverse;max-height:28rem;'
             'overflow-y:auto;padding:0.5rem;border:1px solid #ddd;border-radius:4px">'
             '<div style="white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.7;font-size:0.95rem">'
             f'{body}</div></div>')

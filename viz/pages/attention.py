@@ -23,7 +23,7 @@ if is_real_model(sel) and "lm" in capabilities(sel.name):  # a long prompt: the 
         st.stop()
     long = long_trace(sel, key="attn")
     if long is not None:
-        render_long_attention(long, long.meta["tgt_tokens"], key="attn")
+        render_long_attention(long, long.meta_item("tgt_tokens"), key="attn")  # (not .meta: a copy of it all)
         st.stop()
 sel, trace = require_trace(sel, via_transformers=True)  # via transformers: the weights' views, a sentence for the rest
 out = trace.meta.get("target", "")

@@ -23,7 +23,8 @@ st.title(t("Inside a layer"))
 st.caption(t("What happens after attention. Every sublayer (self-attention, cross-attention, feed-forward) is "
              "wrapped in a residual connection and a LayerNorm (Add & Norm). Pick a layer, a sublayer and a token; "
              "every number below is a tensor the model computed for your input."))
-sel, trace = require_trace()
+# A long prompt: the lazy trace every page shares (one layer run again on demand); no "input → predicted" labels here
+sel, trace = require_trace(next_tokens=False)
 stacks = [s for s in STACKS if FL.layers_of(trace, s)]
 
 

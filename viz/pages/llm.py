@@ -210,11 +210,12 @@ if repeat is None:
     prompt, chat, trace = _prompt_input()
     model_input, input_key, period = prompt, prompt, None
     _language_note(prompt)
-meta = trace.meta
+lazy = hasattr(trace, "attention")  # a LazyTrace (viz/ui/long_views.py): heads computed when shown
+# (a long prompt's: the entries read here, not a copy of its whole meta, token lists and all: 0.1 s a rerun)
+meta = {k: trace.meta_item(k) for k in ("tgt_tokens", "model")} if lazy else trace.meta
 tokens = meta.get("tgt_tokens") or []
 modules = FL.lm_modules(trace)
 n_layers, n_heads = len(modules), meta["model"]["attention"][modules[0]]["n_heads"]
-lazy = hasattr(trace, "attention")  # a LazyTrace (viz/ui/long_views.py): heads computed when shown
 
 
 def tokens_line(toks: list[str], start: int = 0) -> str:

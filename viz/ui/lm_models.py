@@ -323,7 +323,8 @@ class RealModel:
     def describe(self) -> dict:
         return self.obj.model.describe()
 
-    def trace(self, text: str, target: str | None = None, chat: bool = False):
+    def trace(self, text: str, target: str | None = None, chat: bool = False, next_tokens: bool = True,
+              lazy: bool = False):
         """(logits, trace) of `text`; the target is meaningless here (no teacher forcing).
 
         A decoder LM's text too long for a full trace on this server (every attention map of every layer,
@@ -331,14 +332,19 @@ class RealModel:
         q, k, v and each layer's output are kept, a head's map is computed when a page asks for it and a
         layer's other tensors by running that layer again, so every name still reads as in a full trace.
         Its logits are the last position's [1, 1, V]. Over LAZY_BUDGET_BYTES even that is refused
-        (CaptureBudgetError, with the longest length that fits)."""
+        (CaptureBudgetError, with the longest length that fits).
+
+        meta["next_tokens"]: each position's greedy next token (free from a full trace's logits). A lazy trace has
+        the last position's logits only: its others cost an unembedding of every position (~2 s at 2,380 tokens),
+        left out with next_tokens=False (`with_next_tokens` adds them later). lazy=True: a decoder LM's lazy trace
+        at any length (the one every page of a long prompt shares, viz/ui/models.py long_lm_trace)."""
         from model.core import recorder
         from model.core.trace import Trace
 
         if self.family == "decoder_lm":
             lm = self.obj
             T = lm._ids(text, chat).shape[1]  # text or ids; a text over the context length: ContextLengthError
-            if lm.trace_bytes(T) <= recorder.DEFAULT_BUDGET_BYTES:
+            if lm.trace_bytes(T) <= recorder.DEFAULT_BUDGET_BYTES and not lazy:
                 logits, trace = lm.run_with_trace(text, chat=chat, budget_bytes=recorder.DEFAULT_BUDGET_BYTES)
             else:
                 logits, trace = self._lazy(text, T, chat)
@@ -352,11 +358,28 @@ class RealModel:
         if chat:
             meta["chat"] = True
         if self.family in ("decoder_lm", "decoder_lm_adapter"):  # what each position predicts ("input → predicted")
-            best = logits[0].argmax(-1) if logits.shape[1] == trace_len(trace) else self._argmax(trace)
-            meta["next_tokens"] = readable_tokens(self.obj.tokens(best.tolist()), _byte_level(self.obj))
+            if logits.shape[1] == trace_len(trace):
+                meta["next_tokens"] = self._next_tokens(logits[0].argmax(-1))
+            elif next_tokens:
+                meta["next_tokens"] = self._next_tokens(self._argmax(trace))
         if isinstance(trace, LazyTrace):
             return logits, trace.with_meta(meta)  # lazy stays lazy (Trace(trace, meta) would compute every name)
         return logits, Trace(trace, meta)  # the same tensors (views of one block), this meta
+
+    def with_next_tokens(self, trace):
+        """A lazy trace made with next_tokens=False, with meta["next_tokens"] (the same tensors, not copied)."""
+        meta = trace.meta
+        meta["next_tokens"] = self._next_tokens(self._argmax(trace))
+        return trace.with_meta(meta)
+
+    def _next_tokens(self, best: torch.Tensor) -> list[str]:
+        return readable_tokens(self.obj.tokens(best.tolist()), _byte_level(self.obj))
+
+    def lazy_layers_fit(self, T: int) -> bool:
+        """Whether a lazy trace of T tokens that keeps each layer's output too (what `trace` gives a prompt too long
+        for a full trace) fits this server's budget (LAZY_BUDGET_BYTES: SmolLM2 up to ~2,700 tokens)."""
+        budget = max(LAZY_BUDGET_BYTES, recorder.DEFAULT_BUDGET_BYTES)
+        return self.family == "decoder_lm" and self.obj.trace_bytes(T, lazy=True, layers=True) <= budget
 
     def _lazy(self, text, T: int, chat: bool):
         lm = self.obj

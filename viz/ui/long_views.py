@@ -21,45 +21,27 @@ from model.analysis import long as LG
 from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
-from viz.ui.lm_models import EXACT_UP_TO, LONG_RUNS
+from viz.ui import models
+from viz.ui.attention_views import cached_figure
+from viz.ui.lm_models import EXACT_UP_TO  # noqa: F401 - re-exported (viz/pages/llm.py)
 from viz.ui.long_limits import keep_button
-from viz.ui.models import BoundedTraces, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
 FULL_BUDGET = recorder.DEFAULT_BUDGET_BYTES  # the full trace the other views use, at most this
-LONG_BUDGET = 2**30  # a lazy trace (q, k, v of every layer), at most this: SmolLM2 at 8,192 tokens is 0.92 GiB
-LONG_TRACES = 8  # lazy traces kept for all sessions, at most this many and ...
-LONG_TRACES_BYTES = 1280 * 2**20  # ... this many bytes together (SmolLM2: 225 MiB at 2,048 tokens, 0.92 GiB at 8,192)
+# The long prompt's lazy trace lives with the other traces (viz/ui/models.py): one per prompt for every page.
+LONG_BUDGET = models.LONG_BUDGET
+LONG_TRACES, LONG_TRACES_BYTES = models.LONG_TRACES, models.LONG_TRACES_BYTES
+_LONG_TRACES, _make_long_trace = models._LONG_TRACES, models._make_long_trace
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def _long_trace(name: str, text: str, chat: bool, keep: int | None):
-    """The q,k,v-only lazy trace of `text` (its last `keep` tokens), shared by every session (read-only)."""
-    return _LONG_TRACES(name, text, bool(chat), keep)[1]
-
-
-def _make_long_trace(name: str, text: str, chat: bool, keep: int | None):
-    rm = load_ckpt(name)
-    lm = rm.obj
-    ids = lm.encode(text, chat=chat, keep_last=keep)
-    T = ids.shape[1]
-    with LONG_RUNS:  # one long forward at a time on this server (lm_models.LONG_RUNS: clicks do not queue behind five)
-        logits, trace = lm.run_with_trace(ids, lazy=True, fast=T > EXACT_UP_TO, budget_bytes=LONG_BUDGET,
-                                          last_only=True)
-    meta = trace.meta
-    meta["checkpoint"] = name
-    meta["tgt_pieces"] = lm.tokens(ids[0])
-    meta["tgt_tokens"] = rm.readable(meta["tgt_pieces"])
-    return logits, trace.with_meta(meta)
-
-
-# Bounded in bytes, not entries (a class's five 2,048-token prompts: 1.1 GiB; one 8,192-token prompt: 0.9 GiB):
-# with two entries, the soak's five long sessions evicted each other and a head switch ran the forward again.
-_LONG_TRACES = BoundedTraces(LONG_TRACES, LONG_TRACES_BYTES, make=_make_long_trace)
+def _long_trace(name: str, text: str, chat: bool, keep: int | None, n_tokens: int | None = None):
+    """The lazy trace of `text` (its last `keep` tokens), shared by every session and page (read-only)."""
+    return models.long_lm_trace(name, text, chat, keep, n_tokens)
 
 
 _keep_button = keep_button  # the button lives in long_limits (render -> long_limits, never back here)
@@ -94,22 +76,28 @@ def long_trace(sel, key: str = "attn", chat: bool = False, text: str | None = No
     full = lm.trace_bytes(T)
     if full <= FULL_BUDGET:
         return None
-    fit = lm.max_tokens_within(LONG_BUDGET, lazy=True)
-    if T > fit:
+    if lm.trace_bytes(T, lazy=True) > LONG_BUDGET:  # (the longest length that fits: a search, only when said)
+        fit = lm.max_tokens_within(LONG_BUDGET, lazy=True)
         show_error(t("This text is {n} tokens long; this server shows at most {fit} tokens of it (the model's "
                      "queries, keys and values of every layer must fit in {budget}).", n=f"{T:,}",
                      fit=f"{fit:,}", budget=_mib(LONG_BUDGET)))
         _keep_button(fit, key)
         st.stop()
     with st.spinner(t("Running the model on {n} tokens…", n=f"{T:,}")):
-        # q, k and v only (SmolLM2: 225 MiB at 2,048 tokens, 0.92 GiB at 8,192): what this page's views read.
-        # The other pages' lazy trace also keeps each layer's output (lm_models.RealModel.trace); both come
-        # from the same forward (same fast switch), so their q, k, v and every map are the same numbers.
-        trace = _long_trace(sel.name, text, chat, T if keep else None)
-    st.info(t("{n} tokens: every attention map would take {full}. The page keeps the model's queries, keys and "
-              "values ({held}) and computes a head's map when you open it; very long maps are shown pooled, "
-              "with a window of exact cells.", n=f"{T:,}", full=_mib(full), held=_mib(trace.nbytes())),
-            icon="📏")
+        # The one lazy trace of this prompt every page reads (models.long_lm_trace): q, k, v and, up to the
+        # other pages' lazy limit, each layer's output (SmolLM2 at 2,380 tokens: 445 MiB; q, k, v alone at 8,192
+        # tokens: 0.92 GiB). Inside a layer then runs one layer again from it, not a forward of its own.
+        trace = _long_trace(sel.name, text, chat, T if keep else None, T)
+    if (trace.meta_item("lazy") or {}).get("layers"):
+        kept = t("{n} tokens: every attention map would take {full}. The app keeps the model's queries, keys and "
+                 "values and each layer's output ({held}) and computes a head's map when you open it; very long maps "
+                 "are shown pooled, with a window of exact cells.", n=f"{T:,}", full=_mib(full),
+                 held=_mib(trace.nbytes()))
+    else:
+        kept = t("{n} tokens: every attention map would take {full}. The page keeps the model's queries, keys and "
+                 "values ({held}) and computes a head's map when you open it; very long maps are shown pooled, "
+                 "with a window of exact cells.", n=f"{T:,}", full=_mib(full), held=_mib(trace.nbytes()))
+    st.info(kept, icon="📏")
     return trace
 
 CELLS_UP_TO = 512  # a page draws a T × T map cell by cell up to this many tokens (262k cells); beyond, pooled
@@ -170,27 +158,45 @@ def follow_end(key: str, T: int) -> None:
 def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: int | None = None,
                           head: int | None = None) -> None:
     """Layer/head choice (unless the page chose them), the pooled overview with its zoom window, and the
-    document view of `trace` (a LazyTrace of a decoder LM); `tokens` are the readable pieces."""
-    T = LG.n_tokens(trace)
-    follow_end(key, T)
-    mods = trace.modules()
-    n_layers, n_heads = len(mods), trace.n_heads(0)
-    if layer is None or head is None:
-        seed_from_query(f"{key}_long_layer", "layer", 0, int, int_in(0, n_layers - 1))
-        seed_from_query(f"{key}_long_head", "head", 0, int, int_in(0, n_heads - 1))
-        clamp_state(f"{key}_long_layer", 0, n_layers - 1)
-        clamp_state(f"{key}_long_head", 0, n_heads - 1)
-        c1, c2 = st.columns(2)
-        layer = c1.selectbox(t("Layer"), range(n_layers), key=f"{key}_long_layer")
-        head = c2.selectbox(t("Head"), range(n_heads), key=f"{key}_long_head")
-        write_query(layer=layer, head=head)
+    document view of `trace` (a LazyTrace of a decoder LM); `tokens` are the readable pieces.
 
-    # ---- the whole map, pooled, and a window of exact cells
+    Each part is a fragment (issue 31 §2, a change warm <= 1 s in the browser): a zoom window or a document
+    position reruns its own part only, a head switch (on this page's selects) these views only; the sidebar, the
+    prompt's tokenization and the rest of the page are neither redone nor sent again."""
+    follow_end(key, LG.n_tokens(trace))
+    if layer is None or head is None:
+        _head_choice(trace, tokens, key)
+    else:
+        _whole_input(trace, tokens, key, layer, head)
+        _document(trace, tokens, key, layer, head)
+
+
+@st.fragment
+def _head_choice(trace, tokens: list[str], key: str) -> None:
+    """The layer and head selects (the Attention page), then the two views of that head."""
+    n_layers, n_heads = len(trace.modules()), trace.n_heads(0)
+    seed_from_query(f"{key}_long_layer", "layer", 0, int, int_in(0, n_layers - 1))
+    seed_from_query(f"{key}_long_head", "head", 0, int, int_in(0, n_heads - 1))
+    clamp_state(f"{key}_long_layer", 0, n_layers - 1)
+    clamp_state(f"{key}_long_head", 0, n_heads - 1)
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox(t("Layer"), range(n_layers), key=f"{key}_long_layer")
+    head = c2.selectbox(t("Head"), range(n_heads), key=f"{key}_long_head")
+    write_query(layer=layer, head=head)
+    _whole_input(trace, tokens, key, layer, head)
+    _document(trace, tokens, key, layer, head)
+
+
+@st.fragment
+def _whole_input(trace, tokens: list[str], key: str, layer: int, head: int) -> None:
+    """The whole map, pooled, and a window of exact cells."""
+    T = LG.n_tokens(trace)
     st.subheader(t("The whole input"))
     st.caption(t("Each cell is a block of about {b} queries × {b} keys: the weights a query puts on the block's "
                  "keys are summed, then averaged over the block's queries, so every row still sums to 1. Pick a "
                  "window below to see its exact cells.", b=max(1, round(T / OVERVIEW_BLOCKS))))
-    ov = LG.pooled_overview(trace, layer, head, n=OVERVIEW_BLOCKS)
+    # once per trace and head for every session (a zoom or another session's switch back costs nothing)
+    ov = cached_figure(trace, LG.pooled_overview, layer, head, OVERVIEW_BLOCKS, shared=True)
     win = _win(st.query_params.get("win"), T) or (max(0, T - 32), max(0, T - 32), 32)
     c1, c2, c3 = st.columns(3)
     size = c3.select_slider(t("Window size"), ZOOM_SIZES, value=win[2], key=f"{key}_long_size")
@@ -206,7 +212,11 @@ def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: in
     if k0 > q0 + size - 1:
         st.caption(t("Keys after a query are blocked (it cannot see the future): this window is all zeros."))
 
-    # ---- the document view
+
+@st.fragment
+def _document(trace, tokens: list[str], key: str, layer: int, head: int) -> None:
+    """The document view: where one position looks, the text shaded by its weights, and its top sources."""
+    T = LG.n_tokens(trace)
     st.subheader(t("The document view"))
     seed_from_query(f"{key}_long_pos", "pos", T - 1, int, int_in(0, T - 1))
     seed_from_query(f"{key}_long_scope", "scope", "head", valid=lambda v: v in SCOPES)
@@ -217,7 +227,8 @@ def render_long_attention(trace, tokens: list[str], key: str = "attn", layer: in
     scope = c2.segmented_control(t("Weights of"), list(SCOPES), format_func=lambda v: t(SCOPES[v]),
                                  key=f"{key}_long_scope", required=True)
     write_query(pos=pos, scope=scope)
-    view = LG.document_view(trace, pos, None if scope == "model" else layer, head if scope == "head" else None)
+    view = cached_figure(trace, LG.document_view, pos, None if scope == "model" else layer,
+                         head if scope == "head" else None, shared=True)
     show_document(tokens, view, key)
     st.caption(t("Top {n} source tokens of position {pos} (each with a few tokens around it):", n=len(view.top),
                  pos=pos))

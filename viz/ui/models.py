@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import streamlit as st
 
+from model.core import recorder
 from viz.i18n import t
 from viz.ui import lm_models
 from viz.ui.heap import freeze_after_load
@@ -166,6 +167,13 @@ class BoundedTraces:
                 self._flight.clear()  # it held the newest result
         return len(idle)
 
+    def replace(self, key, out) -> None:
+        """Put `out` in place of key's entry (the same tensors under a richer meta: same size), if still held."""
+        with self._lock:
+            if key in self._done:
+                _, size, last = self._done[key]
+                self._done[key] = (out, size, last)
+
     def nbytes(self) -> int:
         with self._lock:
             return sum(e[1] for e in self._done.values())
@@ -220,14 +228,88 @@ def _sweep_every(cache: BoundedTraces) -> None:
 _cached_lm_trace = BoundedTraces(LM_TRACE_ENTRIES, LM_TRACE_BYTES)
 
 
-def get_trace(name: str, text: str, target: str | None = None, chat: bool = False):
+# ---------------------------------------------------------------- long prompts: one lazy trace for every page
+
+LONG_BUDGET = 2**30  # a lazy trace of q, k, v only, at most this: SmolLM2 at 8,192 tokens is 0.92 GiB
+LONG_TRACES = 8  # lazy traces kept for all sessions, at most this many and ...
+LONG_TRACES_BYTES = 2048 * 2**20  # ... this many bytes together: a class's five 2,048-token prompts with each
+                                  # layer's output (~380 MB each); one 8,192-token prompt's q, k, v: 0.92 GiB
+_NEXT_LOCK = threading.Lock()  # one unembedding of every position at a time (RealModel.with_next_tokens)
+
+
+def _make_long_trace(name: str, text: str, chat: bool, keep: int | None, layers: bool):
+    """The lazy trace of `text` (its last `keep` tokens) that every page of a long prompt reads. With `layers`
+    (up to the lazy limit, lm_models.LAZY_BUDGET_BYTES: SmolLM2 ~2,700 tokens) it keeps each layer's output too, so
+    Inside a layer, the Tokens page and the rest run one layer again from it, not a forward of their own (issue 31
+    §2: 6.6-15.3 s after the Attention page); without, q, k and v only (what the Attention page and /llm read)."""
+    rm = _load_shared(name)
+    lm = rm.obj
+    ids = lm.encode(text, chat=chat, keep_last=keep)
+    T = ids.shape[1]
+    if layers:  # each position's next token is left to a page that shows it (_long_for_pages)
+        return rm.trace(text if keep is None else ids, chat=chat and keep is None, next_tokens=False, lazy=True)
+    with lm_models.LONG_RUNS:  # one long forward at a time on this server (clicks do not queue behind five)
+        logits, trace = lm.run_with_trace(ids, lazy=True, fast=T > lm_models.EXACT_UP_TO, budget_bytes=LONG_BUDGET,
+                                          last_only=True)
+    meta = trace.meta
+    meta["checkpoint"] = name
+    meta["tgt_pieces"] = lm.tokens(ids[0])
+    meta["tgt_tokens"] = rm.readable(meta["tgt_pieces"])
+    return logits, trace.with_meta(meta)
+
+
+# Bounded in bytes, not entries (a class's five 2,048-token prompts: 1.9 GB; one 8,192-token prompt: 0.9 GiB):
+# with two entries, the soak's five long sessions evicted each other and a head switch ran the forward again.
+_LONG_TRACES = BoundedTraces(LONG_TRACES, LONG_TRACES_BYTES, make=_make_long_trace)
+
+
+def long_lm_trace(name: str, text: str, chat: bool = False, keep: int | None = None, n_tokens: int | None = None):
+    """The lazy trace of a long prompt (see _make_long_trace), shared by every session and page (read-only).
+    n_tokens: the prompt's length (after `keep`), when the caller has it (else the text is tokenized here)."""
+    rm = _load_shared(name)
+    T = n_tokens or rm.obj.encode(text, chat=chat, keep_last=keep).shape[1]
+    # whether it keeps each layer's output is part of the key: a server whose budget changed never reads the other kind
+    return _LONG_TRACES(name, text, bool(chat), keep, rm.lazy_layers_fit(T))[1]
+
+
+def _long_for_pages(name: str, text: str, chat: bool, next_tokens: bool):
+    """get_trace of a prompt too long for a full trace: the shared long trace, with each position's next token
+    in its meta when the page asks (computed once per prompt: the cache then holds the trace with them)."""
+    key = (name, text, chat, None, True)
+    logits, trace = _LONG_TRACES(*key)
+    if not next_tokens or trace.meta_item("next_tokens") is not None:
+        return trace
+    with _NEXT_LOCK:
+        logits, trace = _LONG_TRACES(*key)  # another session may have added them meanwhile
+        if trace.meta_item("next_tokens") is None:
+            trace = _load_shared(name).with_next_tokens(trace)
+            _LONG_TRACES.replace(key, (logits, trace))
+    return trace
+
+
+def _long_prompt(name: str, text: str, chat: bool) -> bool:
+    """Whether real model `name`'s trace of `text` is the shared long one: too long for a full trace, within
+    the lazy limit of one with each layer's output. (Beyond it, RealModel.trace says the limit.)"""
+    rm = _load_shared(name)
+    if getattr(rm, "family", None) != "decoder_lm":
+        return False
+    T = rm.obj.encode(text, chat=chat).shape[1]  # over the context length: ContextLengthError, as the trace says
+    return rm.obj.trace_bytes(T) > recorder.DEFAULT_BUDGET_BYTES and rm.lazy_layers_fit(T)  # (read now: tests lower it)
+
+
+def get_trace(name: str, text: str, target: str | None = None, chat: bool = False, next_tokens: bool = True):
     """Full trace of checkpoint `name` on `text` (target None = the model's own greedy output; a real
     model's `chat=True` wraps the text in its chat template).
 
-    Cached per (checkpoint, text, target): the same input always gives the same read-only trace.
+    Cached per (checkpoint, text, target): the same input always gives the same read-only trace. A real
+    language model's prompt too long for a full trace gets the lazy trace every page shares (long_lm_trace);
+    next_tokens=False: a page that shows no "input → predicted" labels spares that trace's unembedding of every
+    position (meta["next_tokens"] may then be missing).
     Raises ValueError (and subclasses) for input the model cannot take.
     """
     if lm_models.is_real(name) and name not in session_models():
+        if _long_prompt(name, text, bool(chat)):
+            return _long_for_pages(name, text, bool(chat), next_tokens)
         return _cached_lm_trace(name, text, bool(chat))[1]
     if name in session_models():
         return _session_trace(name, text, target or None)[1]

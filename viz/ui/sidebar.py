@@ -211,10 +211,11 @@ def require_own_family(sel: Selection | None = None) -> Selection | None:
     return sel
 
 
-def require_trace(sel: Selection | None = None, via_transformers: bool = False):
+def require_trace(sel: Selection | None = None, via_transformers: bool = False, next_tokens: bool = True):
     """(Selection, Trace) for the page, or a clear message and `st.stop()` for bad input. A model opened via
     transformers (weights, residuals and logits only) stops here with one sentence unless the page draws from those
-    alone (`via_transformers=True`)."""
+    alone (`via_transformers=True`). next_tokens=False: the page shows no "input → predicted" labels, so a long
+    prompt's shared lazy trace need not unembed every position for it (models.get_trace)."""
     sel = sel or selection()
     if sel is None:
         st.stop()
@@ -232,7 +233,7 @@ def require_trace(sel: Selection | None = None, via_transformers: bool = False):
         notes = [] if isinstance(ckpt, lm_models.RealModel) else [  # byte-level BPE has no [UNK]
             unk_note(ckpt.src_tokenizer.pieces(sel.text), sel.text), target_unk_note(ckpt, sel.target)]
         with st.spinner(t("Running the model…")):
-            trace = get_trace(sel.name, sel.text, sel.target)
+            trace = get_trace(sel.name, sel.text, sel.target, next_tokens=next_tokens)
     except ValueError as e:  # too long, unknown ids, capture over budget, ...
         show_error(e, t("Shorten or change the text in the sidebar."))
         st.stop()
