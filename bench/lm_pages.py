@@ -1,6 +1,7 @@
 """A class that does not wait (issue 26 §3): the language-model pages' times against their targets.
 
     .venv/bin/python bench/lm_pages.py [--parts server,new,generate,long,switch] [--omp-active]
+    (--parts longviews: the long document's pages without the needle section)
 
 Prints one table, each row: what was done, seconds, target, ratio, verdict.
 - server: every lesson and every /phenomena section on its defaults, a new session's script run (AppTest,
@@ -13,7 +14,9 @@ Prints one table, each row: what was done, seconds, target, ratio, verdict.
   the last token, and the first token's latency. Target >= 10 tokens/s.
 - long (issue 31 §2): /phenomena's needle section cold (the grid + its ablation; target <= 30 s quiet), and a
   2,380-token document with a needle in the middle: the Attention page's first view, another head, zoom window
-  and document position (targets <= 1 s warm), Inside a layer's first view (target <= 5 s).
+  and document position (targets <= 1 s warm), the same on /llm, Inside a layer's first view after them (it reads
+  one layer from their trace; target <= 5 s) and, for reference, with no trace held (its own forward). Server side
+  (AppTest); in the browser: bench/long_browser.py.
 - switch: a real browser (Playwright + /usr/bin/chromium) on `streamlit run app.py`: a plain page switch
   through the sidebar, click -> the new page's script finished and drawn, with the server CPU it took.
   Target <= 1.5 s (median).
@@ -148,16 +151,23 @@ TARGET_LAYER_S = 5.0  # Inside a layer's first view of a 2,380-token prompt
 LONG_TOKENS = 2380  # the engineer's 1,800-word document with a needle in the middle (issue 31)
 
 
-def long_part() -> None:
+def long_part(needle: bool = True) -> None:
     """The needle section cold, and the pages on a 2,380-token document: the Attention page's first view, a head
-    switch, a zoom and a document position there; Inside a layer's first view."""
-    from streamlit.testing.v1 import AppTest
+    switch, a zoom and a document position there and on /llm; Inside a layer's first view. needle=False (--parts
+    longviews): the pages only."""
 
     from model import load_model
+
+    lm = load_model("smollm2")
+    if needle:
+        _needle_rows(lm)
+    long_views_part(lm)
+
+
+def _needle_rows(lm) -> None:
     from model.analysis import long as LG
     from model.analysis import shared as AN
 
-    lm = load_model("smollm2")
     lengths = AN.needle_lengths(lm)
     grid, w, c = timed(LG.needle_grid, lm, lengths, AN.NEEDLE_DEPTHS, AN.NEEDLE_KEY)  # not the shared cache: cold
     prompts = [LG.needle_prompt(lm, max(lengths), d, AN.NEEDLE_ABLATE_KEY) for d in AN.NEEDLE_ABLATE_DEPTHS]
@@ -165,6 +175,15 @@ def long_part() -> None:
     row(f"/phenomena needle cold: grid ({len(lengths) * len(AN.NEEDLE_DEPTHS)} prompts of "
         f"{'/'.join(map(str, lengths))} tokens) + ablation of the top {AN.NEEDLE_ABLATE_K} vs 2 controls "
         f"[grid {w:.1f} s]", w + w2, c + c2, TARGET_NEEDLE_S)
+
+
+def long_views_part(lm) -> None:
+    """The pages on a 2,380-token document (issue 31 §2), server side (AppTest)."""
+    from streamlit.testing.v1 import AppTest
+
+    from model.analysis import long as LG
+    from model.analysis import shared as AN
+
     def document(length: int) -> str:
         return lm.tokenizer.decode(LG.needle_prompt(lm, length, 0.5, AN.NEEDLE_KEY).ids[0].tolist())
 
@@ -199,8 +218,25 @@ def long_part() -> None:
     run(at, f"Attention page, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
     at.session_state["attn_long_pos"] = n // 2
     run(at, f"Attention page, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=n // 2)
+    at = page("viz/pages/llm.py")  # /llm: the same trace; its head select is the page's own (a full rerun)
+    run(at, f"/llm, first view of the {n:,}-token document (the trace is there; its per-head statistics)", None)
+    at.session_state["llm_head"] = 4
+    run(at, f"/llm, another head ({n:,} tokens, warm)", TARGET_HEAD_SWITCH_S, head=4)
+    at.session_state["llm_long_q0"] = n // 3
+    at.session_state["llm_long_k0"] = n // 3
+    run(at, f"/llm, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
+    at.session_state["llm_long_pos"] = n // 3
+    run(at, f"/llm, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=n // 3)
+    at = page("viz/pages/layer.py")  # reads one layer from the trace the pages above hold (viz/ui/models.py)
+    run(at, f"Inside a layer, first view of the {n:,}-token document (after the Attention page)", TARGET_LAYER_S)
+    at.session_state["ly_layer"] = 20
+    run(at, f"Inside a layer, another layer ({n:,} tokens)", TARGET_LAYER_S)
+    from viz.ui import models  # the reference: no page has the trace yet, so this page runs the forward itself
+
+    models._LONG_TRACES.clear()
     at = page("viz/pages/layer.py")
-    run(at, f"Inside a layer, first view of the {n:,}-token document", TARGET_LAYER_S)
+    run(at, "Inside a layer, first view with no trace held yet (its own forward, as every visit was before the "
+            "pages shared one)", None)
 
 
 # ---------------------------------------------------------------- a page switch in the browser
@@ -260,11 +296,11 @@ def main() -> None:
     parts = args.parts.split(",")
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    for part in ("server", "new", "generate", "long", "switch"):
+    for part in ("server", "new", "generate", "long", "longviews", "switch"):
         if part in parts:
             print(f"[{part}]", flush=True)
             {"server": server_part, "new": new_part, "generate": generate_part, "long": long_part,
-             "switch": switch_part}[part]()
+             "longviews": lambda: long_part(needle=False), "switch": switch_part}[part]()
     import torch
 
     print(f"\nissue 26 §3 on this machine ({os.cpu_count()} cores, load average {load0:.1f} at the start and "

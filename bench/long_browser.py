@@ -1,7 +1,7 @@
 """A long document in a real browser (issue 31 §2): a head switch, a zoom window and a document position on the
 Attention page and on /llm with SmolLM2 and a 2,380-token prompt, timed from the click to the page drawn.
 
-    .venv/bin/python bench/long_browser.py [--tokens 2380] [--repeats 3] [--pages attention,llm]
+    .venv/bin/python bench/long_browser.py [--tokens 2380] [--repeats 3] [--pages attention,llm] [--reference DIR]
 
 `streamlit run app.py` + Playwright driving Debian's Chromium (/usr/bin/chromium, the tests' arguments). The
 prompt is typed into the sidebar once (its first view is not timed here: bench/lm_pages.py --parts long has it),
@@ -12,7 +12,8 @@ then each change is timed, per change:
 - bytes: websocket bytes the browser received for the change (Streamlit sends every element this way), and
   which figures came with them (their size on the wire, from the delta messages);
 - busy: the main thread's long tasks (> 50 ms) summed, what the redraw cost the browser.
-Target: drawn <= 1 s (median; warm: the trace is computed on the first view).
+Target: drawn <= 1 s (median; warm: the trace is computed on the first view). `--reference DIR` measures another
+copy of the app first in the same run (before/after: `git archive <commit> | tar -x -C DIR`).
 """
 
 from __future__ import annotations
@@ -167,10 +168,11 @@ def type_number(page, label: str, value: int) -> None:
     box.press("Enter")
 
 
-def changes(page, wire: Wire, key: str, n: int, repeats: int) -> dict[str, list[dict]]:
-    """Head switches, zoom windows and document positions on a page drawn with the long prompt."""
+def changes(page, wire: Wire, key: str, n: int, repeats: int, heads: list[int]) -> dict[str, list[dict]]:
+    """Head switches, zoom windows and document positions on a page drawn with the long prompt. `heads`: ones no
+    page opened yet on this server (a head's pooled map is cached for every session once computed)."""
     out: dict[str, list[dict]] = {"head": [], "zoom": [], "position": []}
-    heads = [3, 5, 1, 7, 2, 4][:repeats]
+    heads = heads[:repeats]
     for i, h in enumerate(heads):
         out["head"].append(timed_change(page, wire, lambda h=h: choose(page, "Head", h), FIG_TITLE_JS,
                                         [f"{key}_long_overview", f", head {h}:"]))
@@ -218,26 +220,15 @@ def report(page_name: str, n: int, results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=2380)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--pages", default="attention,llm")
-    args = ap.parse_args()
-    import os
-
+def measure(app_dir: Path, label: str, text: str, n: int, pages: list[str], repeats: int) -> list[str]:
+    """Start `streamlit run app_dir/app.py`, open each page with the long prompt and time its changes."""
     from playwright.sync_api import sync_playwright
 
     import app as bench  # bench/app.py: the server and the browser's arguments
-    from model import load_model
 
-    lm = load_model("smollm2")
-    text = document(lm, args.tokens)
-    n = lm.encode(text).shape[1]
-    load0 = os.getloadavg()[0]
     port = bench.free_port()
-    proc = bench.start_server(ROOT / "app.py", port)
-    SERVER_PID.append(proc.pid)
+    proc = bench.start_server(app_dir / "app.py", port)
+    SERVER_PID[:] = [proc.pid]
     lines = []
     try:
         bench.wait_health(port, timeout=120)
@@ -245,22 +236,48 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
-            for name in args.pages.split(","):
+            for name in pages:
                 path, key = {"attention": ("/", "attn"), "llm": ("/llm", "llm")}[name]
                 ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
                 page = ctx.new_page()
                 page.set_default_timeout(180_000)
                 wire = Wire(page)
                 first = open_long(page, base, path, key, text)
-                print(f"{name}: first view {first:.1f} s (the trace of {n:,} tokens, when not yet computed)",
-                      flush=True)
+                print(f"[{label}] {name}: first view {first:.1f} s (the trace of {n:,} tokens, when not yet "
+                      "computed)", flush=True)
                 page.evaluate(LONG_TASKS_JS)
-                lines += report(name, n, changes(page, wire, key, n, args.repeats))
+                heads = {"attention": [3, 5, 1, 7], "llm": [4, 6, 2, 8]}[name]
+                lines += [f"[{label}] {line}" for line in report(name, n, changes(page, wire, key, n, repeats, heads))]
                 print("\n".join(lines[-3:]), flush=True)
                 ctx.close()
             browser.close()
     finally:
         bench.stop_server(proc)
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=2380)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pages", default="attention,llm")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="another copy of the app to measure first, in the same run (before/after), e.g. "
+                         "`git archive 551e658 | tar -x -C /tmp/before` and --reference /tmp/before")
+    args = ap.parse_args()
+    import os
+
+    from model import load_model
+
+    lm = load_model("smollm2")
+    text = document(lm, args.tokens)
+    n = lm.encode(text).shape[1]
+    load0 = os.getloadavg()[0]
+    lines = []
+    pages = args.pages.split(",")
+    if args.reference:
+        lines += measure(args.reference.resolve(), "before", text, n, pages, args.repeats)
+    lines += measure(ROOT, "after" if args.reference else "this tree", text, n, pages, args.repeats)
     print(f"\nissue 31 §2 in Chromium ({os.cpu_count()} cores, load average {load0:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end)")
     print("\n".join(lines))
