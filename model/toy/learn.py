@@ -38,6 +38,7 @@ meta.json); `load_run()` reads it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -363,7 +364,7 @@ def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None
 def _child_main(s: Settings, conn, nice: int, threads: int, every_s: float) -> None:
     """The child's side of `train_in_child`: train with its own thread count and priority, sending the losses
     (batched, every `every_s` seconds) and each checkpoint (weights as numpy, scores, wall time) to the parent;
-    a "stop" from the parent ends the run after the current step."""
+    a "stop" from the parent ends the run after the current step (at a checkpoint the child waits for the answer)."""
     try:
         if nice:
             os.nice(nice)
@@ -383,7 +384,9 @@ def _child_main(s: Settings, conn, nice: int, threads: int, every_s: float) -> N
             else:
                 return True
             sent[0], last[0] = len(run.loss), time.perf_counter()
-            return not stopped()
+            # At a checkpoint the parent's callback answers before the next step (exactly as `train` in a thread:
+            # False stops after this step, not one or two later on a busy machine); between them, a poll.
+            return conn.recv() != "stop" if kind == "checkpoint" else not stopped()
 
         run = train(s, callback=cb)
         conn.send(("done", run.loss[sent[0]:]))
@@ -449,9 +452,10 @@ def train_in_child(s: Settings, callback: Callable[[Run, str], bool | None] | No
                     run.scores.append(scores)
                 run.seconds.append(seconds)
             go_on = callback is None or callback(run, msg[0] if msg[0] == "checkpoint" else "step") is not False
-            if not go_on and not asked_stop:
-                conn.send("stop")
-                asked_stop = True
+            if msg[0] == "checkpoint" or (not go_on and not asked_stop):  # the child waits for this answer
+                with contextlib.suppress(OSError):  # it may have stopped already (an earlier "stop")
+                    conn.send("go" if go_on else "stop")
+                asked_stop = asked_stop or not go_on
     finally:
         proc.join(timeout=5)
         if proc.is_alive():
