@@ -19,8 +19,12 @@ if "ATTENTION_LAB_TEXTS" not in os.environ:
 # torch caps OMP_NUM_THREADS at the cores it sees (OMP_NUM_THREADS=4 on 2 cores gives 2 threads), so a run
 # at a thread count (.ci/run's second run: OMP_NUM_THREADS=4) would silently test another one: set it here.
 # The tests' float32 tolerances must hold at any thread count (tests/tolerance.py); CI runs two.
+# Under pytest-xdist (the README's `-n 2`) the workers share the cores: each gets its share, not all of them
+# (two workers of two threads each on two cores spend their time waiting for each other).
 if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+elif os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # ---------------------------------------------------------------- skips are failures in CI
 # A skipped test proves nothing. In CI (CI=1, set by .ci/run) a skip fails the run unless the test
