@@ -391,7 +391,8 @@ def test_a_shard_index_naming_files_outside_the_directory_is_refused(sharded, tm
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling 'yarn'"),
+    # YaRN is computed since gpt-oss (issue 32); dynamic NTK scaling is not
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling 'dynamic'"),
     ({"layer_types": ["sliding_attention"]}, "layer_types must list"),
 ])
 def test_configs_we_do_not_compute_exactly_are_refused(saved, tmp_path, change, words):

@@ -10,11 +10,14 @@ Each adds named LMConfig switches (model/families/lm.py), off by default:
     granite      embedding_multiplier, attention_multiplier (query scale), residual_multiplier, logits_scaling
     glm4         sandwich norms (post_self_attn / post_mlp), partial rotary on interleaved pairs, fused gate_up
     smollm3      no_rope_layers: layers that attend without RoPE (nope_layers)
+    gpt_oss      learned attention sinks (attn_sinks: `<attn>.sink`), sliding/full layers, YaRN, a router with a bias
+                 (top-k logits, then softmax), experts with biases and a clamped SwiGLU, q/k/v/o biases
 
 Also: the capture names are what a forward records, hooks act on the new points, a lazy trace gives every name
 bit for bit, describe() says each mechanism, bfloat16 on five families, and an unknown type is refused."""
 
 import json
+import math
 
 import pytest
 import test_families
@@ -36,6 +39,12 @@ MORE = {
                                 logits_scaling=4.0)),
     "glm4": ("glm4", dict(head_dim=16)),
     "smollm3": ("smollm3", dict(num_hidden_layers=3, no_rope_layers=[1, 0, 1])),
+    # YaRN over a trained context of 32 (max_position_embeddings 64 = 2 × 32) with a small base: the ramp between
+    # kept and slowed pairs falls inside d_head 16 (pairs 0..3 blend); layer 0 slides (W = 8), layer 1 is full
+    "gpt_oss": ("gpt_oss", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=W,
+                                rope_parameters={"rope_type": "yarn", "factor": 2.0, "beta_fast": 32.0,
+                                                 "beta_slow": 1.0, "truncate": False,
+                                                 "original_max_position_embeddings": 32, "rope_theta": 50.0})),
 }
 
 
@@ -98,6 +107,9 @@ NEW_POINTS = {  # family -> names its trace must have, and names it must not
               "decoder.layers.0.ffn.gate"], []),
     "smollm3": (["decoder.layers.0.self_attn.q_unrot", "decoder.layers.2.self_attn.k_unrot"],
                 ["decoder.layers.1.self_attn.q_unrot", "decoder.layers.1.self_attn.k_unrot"]),
+    "gpt_oss": (["decoder.layers.0.self_attn.sink", "decoder.layers.1.self_attn.sink", "masks.sliding",
+                 "decoder.layers.1.ffn.router.probs", "decoder.layers.0.ffn.experts.3.out"],
+                ["decoder.layers.0.ffn.gate", "decoder.layers.0.ffn.shared_expert.out", "logits_uncapped"]),
 }
 
 
@@ -140,7 +152,8 @@ def test_weights_recompute_from_q_k_and_the_description(family, loaded):
         k = k.repeat_interleave(a["n_heads"] // a["n_kv_heads"], dim=1)
         s = (q @ k.transpose(-2, -1)) * a["scale"]
         mask = causal_mask(T, window=a["window"])[None, None]
-        torch.testing.assert_close(attention_weights(s, mask), trace[f"{name}.weights"], atol=1e-6, rtol=0)
+        sinks = torch.tensor(a["sinks"]) if a.get("sinks") else None  # gpt-oss: the learned logits, described
+        torch.testing.assert_close(attention_weights(s, mask, sinks), trace[f"{name}.weights"], atol=1e-6, rtol=0)
 
 
 @torch.no_grad()
@@ -182,6 +195,20 @@ def test_the_description_says_each_layers_mechanisms(loaded):
     glm = loaded("glm4").model.describe()
     assert glm["blocks"].items() >= {"norm_position": "sandwich", "post_norms": True, "rope_interleaved": True}.items()
     assert glm["attention"]["decoder.layers.0.self_attn"]["rope"]["rotary_dim"] == 8  # partial_rotary_factor 0.5
+    oss = loaded("gpt_oss").model
+    od = oss.describe()
+    assert od["blocks"]["attn_sinks"] is True and od["blocks"]["norm"] == "rmsnorm_olmo"
+    assert od["blocks"]["moe"] == {
+        "n_experts": 4, "top_k": 2, "d_ff": 96, "norm_topk": False, "shared": False, "shared_d_ff": 0,
+        "shared_gate": False, "layers": [0, 1], "router": "topk_softmax", "bias": True, "swiglu_limit": 7.0,
+        "swiglu_alpha": 1.702}
+    assert [a["window"] for a in od["attention"].values()] == [W, None]
+    for i, a in enumerate(od["attention"].values()):
+        assert a["sinks"] == oss.decoder.layers[i].self_attn.sinks.tolist()  # the live logits
+        assert a["rope"] | {"base": 50.0} == {"base": 50.0, "scaling": "yarn", "factor": 2.0, "rotary_dim": 16,
+                                             "angles": "decoder.rope.angles", "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False, "original_max_len": 32,
+                                             "attention_factor": 0.1 * math.log(2.0) + 1}
     sm = loaded("smollm3").model.describe()
     assert sm["blocks"]["nope_layers"] == [1]
     assert [a["rope"] is None for a in sm["attention"].values()] == [False, True, False]
@@ -288,7 +315,8 @@ MAP_SAYS = {"phi": ["x + Attn(N(x)) + FFN(N(x))", "logits + b"], "starcoder2": [
             "qwen3_moe": ["experts: top 2 of 4", "q/k norm"],
             "cohere": ["x + Attn(N(x)) + FFN(N(x))", "LayerNorm: β = 0", "RoPE (2i, 2i+1)", "logits × 0.5"],
             "granite": ["embedding_multiplier = 6", "x + 0.3·f(x)", "logits ÷ 4", "query scale 0.1"],
-            "glm4": ["sandwich norms", "RoPE (2i, 2i+1)"], "smollm3": ["NoPE: L1"]}
+            "glm4": ["sandwich norms", "RoPE (2i, 2i+1)"], "smollm3": ["NoPE: L1"],
+            "gpt_oss": ["softmax([q·k, s_h]): sink s_h", "softmax(top-k)", "SwiGLU clamp ±7", "sliding (W = 8) × 1"]}
 
 
 @pytest.mark.parametrize("family", list(MORE))
@@ -309,6 +337,10 @@ def test_the_architecture_map_draws_each_mechanism(family, loaded):
             assert (ids_["lm_rope"] == "NoPE") is (layer == 1)
         if family == "granite":
             assert ids_["lm_add1"] == ids_["lm_add2"] == "+ 0.3×" and ids_["lm_unembed"].endswith("÷ 4")
+        if family == "gpt_oss":  # the layer's own learned sink logits on its attention box; YaRN on RoPE's
+            s = lm.model.decoder.layers[layer].self_attn.sinks.detach()
+            assert f"learned sinks s_h from {float(s.min()):.2f} to {float(s.max()):.2f}" in ids_["lm_attn"]
+            assert "YaRN scaling ×2 · q, k × 1.07" in ids_["lm_rope"]
     _, trace = lm.run_with_trace(ids(n=T), names=list(arch.lm_shapes(desc, 1, T)))
     assert {n: tuple(trace[n].shape) for n in trace.names()} == arch.lm_shapes(desc, 1, T)
 
@@ -328,3 +360,120 @@ def test_what_these_families_do_not_compute_exactly_is_refused_in_a_sentence(fam
     with pytest.raises(ModelLoadError, match=words):
         hf.config_from_hf(raw)
     hf.config_from_hf({k: v for k, v in raw.items() if k not in change})  # the same config without it loads
+
+
+# ---------------------------------------------------------------- gpt-oss's mechanisms, each on its own
+
+
+@torch.no_grad()
+def test_gpt_oss_sinks_take_weight_from_every_row(loaded, saved):
+    """Each head's learned logit s_h joins every row's softmax: weights + sink = 1 per row (not weights alone), the
+    sink is exp(s_h) / (exp(s_h) + Σ_visible exp(score)) computed here in float64, blocked keys stay exactly 0, and
+    transformers' own weights leave the same share to the sink (1 − their row sum)."""
+    from tolerance import f32_tol
+
+    ref, _ = saved("gpt_oss")
+    lm = loaded("gpt_oss")
+    x = ids(seed=10)
+    _, tr = lm.run_with_trace(x, names=["*.self_attn.scores", "*.self_attn.mask", "*.self_attn.weights",
+                                        "*.self_attn.sink"])
+    theirs = ref(x, output_attentions=True).attentions
+    for i in range(2):
+        a = f"decoder.layers.{i}.self_attn"
+        w, sink, mask = tr[f"{a}.weights"][0], tr[f"{a}.sink"][0], tr[f"{a}.mask"][0].expand(4, T, T)
+        assert sink.shape == (4, T) and float(sink.min()) > 0
+        torch.testing.assert_close(w.sum(-1) + sink, torch.ones(4, T), atol=f32_tol(1, n=T + 1), rtol=0)
+        assert float((1 - w.sum(-1)).min()) > 1e-5  # a row of weights alone does not sum to 1
+        assert (w[mask] == 0).all()
+        s_h = lm.model.decoder.layers[i].self_attn.sinks.double()[:, None]  # (H, 1)
+        scores = tr[f"{a}.scores"][0].double().masked_fill(mask, float("-inf"))
+        want = 1 / (1 + (scores - s_h[..., None]).exp().sum(-1))  # exp(s) / (exp(s) + Σ exp(score))
+        torch.testing.assert_close(sink.double(), want, atol=f32_tol(1, n=T + 1), rtol=0)
+        torch.testing.assert_close(sink, 1 - theirs[i][0].sum(-1), atol=f32_tol(1, n=T + 1), rtol=0)
+
+
+@torch.no_grad()
+def test_gpt_oss_yarn_frequencies_and_attention_factor_are_transformers(loaded, saved):
+    """YaRN: the lab's frequencies are transformers' inv_freq bit for bit (a blend of plain and ÷ factor pairs), its
+    attention factor m = 0.1·ln 2 + 1 is transformers' attention_scaling, and RoPE turns q and makes it m longer."""
+    ref, _ = saved("gpt_oss")
+    m = loaded("gpt_oss").model
+    assert torch.equal(m.cfg.inv_freq(), ref.model.rotary_emb.inv_freq)
+    assert m.cfg.rope_attention_factor == ref.model.rotary_emb.attention_scaling == 0.1 * math.log(2.0) + 1
+    plain = 1.0 / 50.0 ** (torch.arange(0, 16, 2).float() / 16)
+    ratio = plain / m.cfg.inv_freq()
+    assert ratio[0] == 1 and ratio[-1] == pytest.approx(2.0) and ((ratio > 1.01) & (ratio < 1.99)).any()
+    _, tr = m.run_with_trace(ids(seed=11), names=["decoder.rope.angles", "*.q_unrot", "*.self_attn.q"])
+    assert torch.equal(tr["decoder.rope.angles"], torch.arange(T).float()[:, None] * m.cfg.inv_freq()[None])
+    q, q0 = tr["decoder.layers.1.self_attn.q"], tr["decoder.layers.1.self_attn.q_unrot"]
+    torch.testing.assert_close(q.norm(dim=-1) / q0.norm(dim=-1), torch.full(q.shape[:-1], 1 + 0.1 * math.log(2.0)),
+                               atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_gpt_oss_router_and_clamped_experts(loaded, saved):
+    """The router takes the top-k logits (a bias on it), then a softmax over those k only; `router.probs` holds them
+    at the chosen experts and 0 elsewhere. An expert's output is transformers' clamped SwiGLU of its interleaved
+    gate_up_proj (gate ≤ 7, |up| ≤ 7, (up + 1)·gate·σ(1.702·gate)) with its biases, at the positions routed to it."""
+    ref, _ = saved("gpt_oss")
+    lm = loaded("gpt_oss")
+    x = ids(seed=12)
+    _, tr = lm.run_with_trace(x, names=["decoder.layers.1.*"])
+    R = "decoder.layers.1.ffn.router"
+    logits, top_ids, top_w, probs = (tr[f"{R}.{n}"][0] for n in ("logits", "topk_ids", "topk_weights", "probs"))
+    top = logits.topk(2, dim=-1)
+    assert torch.equal(top_ids, top.indices)
+    torch.testing.assert_close(top_w.double(), top.values.double().softmax(-1), atol=1e-6, rtol=0)
+    assert torch.equal(probs.gather(-1, top_ids), top_w) and int((probs > 0).sum(-1).max()) == 2
+    h = tr["decoder.layers.1.norm2.out"][0].double()  # the FFN's input
+    E = ref.model.layers[1].mlp.experts
+    for e in range(4):
+        gate_up = h @ E.gate_up_proj[e].double() + E.gate_up_proj_bias[e].double()
+        g, u = gate_up[:, ::2].clamp(max=7.0), gate_up[:, 1::2].clamp(-7.0, 7.0)
+        want = ((u + 1) * g * torch.sigmoid(1.702 * g)) @ E.down_proj[e].double() + E.down_proj_bias[e].double()
+        routed = (top_ids == e).any(-1)
+        got = tr[f"decoder.layers.1.ffn.experts.{e}.out"][0]
+        assert routed.any() and (got[~routed] == 0).all()
+        torch.testing.assert_close(got[routed].double(), want[routed], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_gpt_oss_fast_paths_keep_the_sinks(loaded):
+    """The fast path (no fused kernel takes a sink: the same math a block of rows at a time) gives forward's logits
+    to float rounding; a fast lazy trace's sink and weights are the step-by-step ones; generation's fast attention
+    rows (from the new query and the cached keys, trace.last_row) are the step-by-step rows, sink included."""
+    from tolerance import f32_tol
+
+    lm = loaded("gpt_oss")
+    x = ids(seed=13)
+    full, tr = lm.model.run_with_trace(x, names=["*.self_attn.weights", "*.self_attn.sink"])
+    fast, lazy = lm.model.run_with_trace(x, lazy=True, fast=True)
+    torch.testing.assert_close(fast, full, atol=f32_tol(full, n=64), rtol=0)
+    for i in range(2):
+        a = f"decoder.layers.{i}.self_attn"
+        torch.testing.assert_close(lazy[f"{a}.sink"], tr[f"{a}.sink"], atol=f32_tol(1, n=T + 1), rtol=0)
+        torch.testing.assert_close(lazy.row(i, 5), tr[f"{a}.weights"][0, :, 5], atol=f32_tol(1, n=T + 1), rtol=0)
+    slow, quick = lm.generate(x, max_new_tokens=2), lm.generate(x, max_new_tokens=2, fast=True)
+    assert slow.ids == quick.ids
+    for s, q in zip(slow.steps, quick.steps, strict=True):
+        torch.testing.assert_close(q.attention, s.attention, atol=f32_tol(1, n=T + 2), rtol=0)
+        assert float((1 - s.attention.sum(-1)).min()) > 1e-5  # the new row gives the sink its share too
+
+
+@torch.no_grad()
+def test_gpt_oss_bfloat16_checkpoint_equals_transformers_bfloat16(tmp_path):
+    """A checkpoint saved in bfloat16 (as gpt-oss ships its attention and norms) run in bfloat16: the lab's logits and
+    every head's weights equal transformers' eager ones, with its experts both ways (eager loop, grouped_mm). The
+    experts add their bias after the product (x @ W + b) and the RMSNorm multiplies in float32, as transformers."""
+    test_families.build("gpt_oss", torch.bfloat16, MORE).save_pretrained(tmp_path)
+    lm = load_hf_dir(tmp_path, dtype="bfloat16")
+    x = ids(seed=14)
+    logits, trace = lm.run_with_trace(x, names=["*.weights", "logits"])
+    for impl in ("eager", "grouped_mm"):
+        ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16,
+                                                                attn_implementation="eager",
+                                                                experts_implementation=impl)
+        out = ref(x, output_attentions=True)
+        assert rel(logits, out.logits) <= 2 ** -7, (impl, rel(logits, out.logits))
+        for i, w in enumerate(out.attentions):
+            assert rel(trace[f"decoder.layers.{i}.self_attn.weights"], w) <= 2 ** -7, (impl, i)

@@ -208,7 +208,7 @@ def test_an_unknown_architecture_lists_the_supported_ones(tmp_path):
     ({"hidden_size": 32768, "intermediate_size": 131072, "num_hidden_layers": 1000,
       "num_attention_heads": 256, "num_key_value_heads": 256}, "GiB in float32"),
     ({"num_hidden_layers": -3}, "num_hidden_layers must be a positive integer"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling"),  # YaRN opens
 ])
 def test_absurd_or_unsupported_configs_are_refused_before_allocating(tmp_path, change, words):
     import resource

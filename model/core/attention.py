@@ -65,9 +65,13 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
     return s / math.sqrt(q.shape[-1]) if scale is None else s * scale
 
 
-def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor | None = None
+                      ) -> torch.Tensor:
     """softmax(scores + M) over keys, M = -inf where `mask` (B, 1, Lq, Lk) is True: blocked cells get
-    exactly 0, a row with no visible key is all 0 (not NaN). Shared by the forward and the recompute."""
+    exactly 0, a row with no visible key is all 0 (not NaN). Shared by the forward and the recompute.
+    sinks (H,): gpt-oss's learned sink logits (sink_softmax's weights: each row sums to 1 − its sink)."""
+    if sinks is not None:
+        return sink_softmax(scores, mask, sinks)[0]
     if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
         # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
         bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
@@ -76,6 +80,41 @@ def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.
             weights = weights.masked_fill(mask, 0.0)
         return weights
     return _softmax(scores)
+
+
+def sink_softmax(scores: torch.Tensor, mask: torch.Tensor | None,
+                 sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with a learned sink (gpt-oss): each head h has one more logit, sinks[h], that every query row
+    sees beside its keys; the softmax runs over [scores + M, sinks[h]] and the sink's column is then dropped, so
+    a head can give its queries' weight to nothing (the row's weights over real keys sum to 1 − sink).
+    Returns (weights (B, H, Lq, Lk), sink (B, H, Lq): the probability each row gave the sink). As transformers'
+    gpt-oss eager attention: the max subtracted in the scores' dtype, the softmax in that dtype."""
+    if mask is not None and bool(mask.any()):
+        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+        scores = scores + bias  # a blocked key gets exactly 0; the sink is always there, so no row is empty
+    B, H, Lq, _ = scores.shape
+    col = sinks.to(scores.dtype).reshape(1, H, 1, 1).expand(B, H, Lq, 1)
+    combined = torch.cat([scores, col], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = F.softmax(combined, dim=-1, dtype=combined.dtype)
+    return probs[..., :-1], probs[..., -1]
+
+
+def _sink_attention_z(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float | None, sinks: torch.Tensor, cells: int = 1 << 24) -> torch.Tensor:
+    """The fast path's z for a module with sinks (no fused kernel takes a per-head extra logit): the step-by-step
+    math a block of query rows at a time, so no (H, Lq, Lk) tensor is formed for a long prompt."""
+    r = q.shape[1] // k.shape[1]
+    if r != 1:
+        k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    B, H, Lq, _ = q.shape
+    rows = max(1, cells // (B * H * k.shape[2]))
+    out = []
+    for a in range(0, Lq, rows):
+        m = None if mask is None else mask[:, :, a:a + rows]
+        w, _ = sink_softmax(attention_scores(q[:, :, a:a + rows], k, scale), m, sinks)
+        out.append(w @ v)
+    return torch.cat(out, dim=2)
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -121,13 +160,18 @@ class MultiHeadAttention(nn.Module):
     - qk_norm: RMSNorm of q and k before RoPE, "head" (over each head's d_head: Qwen3, Gemma 3) or "full"
       (over the whole projection, before the split into heads: OLMo 2, OLMoE); modules `q_norm`, `k_norm`
       record `<attn>.q_norm.in/.out`, `<attn>.k_norm.in/.out`. `.q_unrot`/`.k_unrot` are after the norm.
+    - sinks (gpt-oss): a learned logit per head (parameter `sinks`, (H,)) joins each row's softmax as one more
+      column and is dropped after it (sink_softmax): `.weights` sum to 1 − `.sink` per row, `.sink` (B, H, Lq)
+      is the probability each query gave the sink, i.e. to no token;
+    - rope_scale: YaRN's attention factor, cos and sin × it (gpt-oss), so `.q`/`.k` are × it after RoPE.
     The sliding window is in the mask the layer is given (causal_mask(..., window=W)).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_kv_heads: int | None = None,
                  d_head: int | None = None, qkv_bias: bool = True, out_bias: bool = True,
                  scale: float | None = None, softcap: float | None = None, qk_norm: str | None = None,
-                 norm_eps: float = 1e-6, norm_style: str = "llama", rope_float32: bool = False):
+                 norm_eps: float = 1e-6, norm_style: str = "llama", rope_float32: bool = False,
+                 sinks: bool = False, rope_scale: float | None = None):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads
         self.n_kv_heads = n_kv_heads or n_heads
@@ -142,6 +186,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.scale, self.softcap, self.qk_norm = scale, softcap, qk_norm
         self.rope_float32 = rope_float32  # OLMo 2 rotates bfloat16 q/k with float32 cos/sin
+        self.rope_scale = rope_scale  # YaRN's attention factor on cos/sin (gpt-oss); None = 1
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None  # gpt-oss: one learned logit per head
         if qk_norm not in (None, "head", "full"):
             raise ValueError(f"qk_norm must be None, 'head' or 'full', got {qk_norm!r}")
         full = qk_norm == "full"
@@ -182,7 +228,7 @@ class MultiHeadAttention(nn.Module):
             q = record(f"{n}.q", self.project(x_q, "q"))  # (B, H, Lq, hs)
         else:  # `.q` is the rotated query, so scores = q·kᵀ/√d_k holds for every family
             q = record(f"{n}.q", apply_rotary(record(f"{n}.q_unrot", self.project(x_q, "q")), angles,
-                                                 self.rope_float32))
+                                                 self.rope_float32, self.rope_scale))
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]  # cross-attention: hooked once, when first computed
         else:
@@ -192,7 +238,7 @@ class MultiHeadAttention(nn.Module):
                 k = hook(f"{n}.k", self.project(x_kv, "k"))  # (B, H_kv, Lk, hs)
             else:
                 k_unrot = hook(f"{n}.k_unrot", self.project(x_kv, "k"))
-                k = hook(f"{n}.k", apply_rotary(k_unrot, angles, self.rope_float32))
+                k = hook(f"{n}.k", apply_rotary(k_unrot, angles, self.rope_float32, self.rope_scale))
                 if cache is not None and "k_unrot" in cache:
                     k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
                 if cache is not None:
@@ -207,7 +253,9 @@ class MultiHeadAttention(nn.Module):
         keep(f"{n}.k", k)
         keep(f"{n}.v", v)
         if not self.training and self.softcap is None and fast_attention_allowed(n):  # the named fast path
-            z = record(f"{n}.z", fused_attention(q, k, v, mask, self.scale))  # (B, H, Lq, hs)
+            z = (fused_attention(q, k, v, mask, self.scale) if self.sinks is None
+                 else _sink_attention_z(q, k, v, mask, self.scale, self.sinks))
+            z = record(f"{n}.z", z)  # (B, H, Lq, hs)
             B, H, Lq, hs = z.shape
             return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))
         if self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
@@ -220,7 +268,12 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = record(f"{n}.mask", mask)
         # + M with M = -inf where blocked: exp(-inf) = 0, so blocked cells get exactly 0.
-        weights = record(f"{n}.weights", attention_weights(scores, mask))
+        if self.sinks is None:
+            weights = record(f"{n}.weights", attention_weights(scores, mask))
+        else:  # gpt-oss: the row's softmax also has the head's sink logit; what it takes is recorded as `.sink`
+            weights, sink = sink_softmax(scores, mask, self.sinks)
+            weights = record(f"{n}.weights", weights)
+            record(f"{n}.sink", sink)
 
         z = record(f"{n}.z", self.dropout(weights) @ v)  # (B, H, Lq, hs)
         B, H, Lq, hs = z.shape
@@ -240,6 +293,7 @@ class MultiHeadAttention(nn.Module):
             q = {f"{n}.q_norm.in": qs, f"{n}.q_norm.out": qs} | q
             kv = {f"{n}.k_norm.in": ks, f"{n}.k_norm.out": ks} | kv
         capped = {f"{n}.scores_capped": (B, H, Lq, Lk)} if self.softcap is not None else {}
+        sink = {f"{n}.sink": (B, H, Lq)} if self.sinks is not None else {}
         return q | kv | {f"{n}.scores": (B, H, Lq, Lk)} | capped | {
-            f"{n}.mask": (B, 1, Lq, Lk), f"{n}.weights": (B, H, Lq, Lk), f"{n}.z": (B, H, Lq, hs),
-            f"{n}.out": (B, Lq, self.w_o.out_features)}
+            f"{n}.mask": (B, 1, Lq, Lk), f"{n}.weights": (B, H, Lq, Lk)} | sink | {
+            f"{n}.z": (B, H, Lq, hs), f"{n}.out": (B, Lq, self.w_o.out_features)}

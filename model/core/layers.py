@@ -15,6 +15,7 @@ from torch import nn
 from model.core.recorder import record, wanted
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+MOE_ROUTERS = ("softmax_topk", "topk_softmax")  # softmax over all experts then top k; top k logits then softmax
 
 
 def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
@@ -27,19 +28,45 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     return pe.float()
 
 
-ROPE_SCALINGS = ("default", "linear", "llama3")
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
+
+
+def yarn_range(dim: int, base: float, original_max_len: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
+               truncate: bool = True) -> tuple[float, float]:
+    """YaRN's ramp (low, high) over the dim/2 pairs: pair i makes original_max_len / (2π base^(2i/dim)) turns over
+    the trained context; pairs below `low` (more than beta_fast turns) keep their speed, pairs above `high` (fewer
+    than beta_slow turns) are divided by the factor (transformers' find_correction_range, same float64 math)."""
+    def dim_of(turns: float) -> float:
+        return (dim * math.log(original_max_len / (turns * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
 
 
 def rope_inv_freq(dim: int, base: float, scaling: str = "default", factor: float = 1.0,
                   low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
-                  original_max_len: int | None = None) -> torch.Tensor:
+                  original_max_len: int | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                  truncate: bool = True) -> torch.Tensor:
     """RoPE frequencies (dim/2,): pair i turns by base^(-2i/dim) per position, in float32 as Hugging Face.
 
     Scaling for long context (transformers' modeling_rope_utils, same formulas):
     - "linear": every frequency / factor (positions squeezed factor times: Gemma 3's global layers);
     - "llama3" (Llama 3.1+): wavelengths longer than original_max_len / low_freq_factor are divided by
-      factor, shorter than original_max_len / high_freq_factor kept, in between a smooth blend."""
+      factor, shorter than original_max_len / high_freq_factor kept, in between a smooth blend;
+    - "yarn" (gpt-oss, Qwen long context): a linear ramp over the pair index between yarn_range's (low, high)
+      mixes the plain frequency (extrapolation, fast pairs) with frequency / factor (interpolation, slow pairs).
+      YaRN's attention factor (cos and sin × m) is applied by apply_rotary, not here."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if scaling == "yarn":  # _compute_yarn_parameters: pos_freqs = base^(2i/dim) in float32
+        pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+        low, high = yarn_range(dim, base, original_max_len, beta_fast, beta_slow, truncate)
+        if low == high:
+            high += 0.001  # as transformers: no division by 0
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        keep = 1 - ramp  # 1: the plain frequency (extrapolation), 0: divided by the factor (interpolation)
+        return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
     if scaling == "linear":
         return inv_freq / factor
     if scaling == "llama3":
@@ -70,21 +97,27 @@ def rotary_angles(n: int, d_head: int, base: float, offset: int = 0, inv_freq: t
     return angles if device is None else angles.to(device)
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False,
+                 scale: float | None = None) -> torch.Tensor:
     """Rotate (B, H, T, hs) by angles (T, r/2). Pairs are (i, i + r/2) ("rotate half", the
     Hugging Face layout; GGUF's interleaved pairs are un-permuted by the loader). Partial rotary
     (GPT-NeoX, r < hs): only the first r dimensions turn, the rest pass through unchanged.
-    in_float32 (OLMo 2): a bfloat16 x is rotated with float32 cos/sin, then cast back."""
+    in_float32 (OLMo 2): a bfloat16 x is rotated with float32 cos/sin, then cast back.
+    scale (YaRN's attention factor m, gpt-oss): cos and sin × m in float32 before the cast, as transformers, so
+    q and k both grow by m and every score by m²."""
     r = 2 * angles.shape[-1]
     if r < x.shape[-1]:
-        return torch.cat((apply_rotary(x[..., :r], angles, in_float32), x[..., r:]), dim=-1)
+        return torch.cat((apply_rotary(x[..., :r], angles, in_float32, scale), x[..., r:]), dim=-1)
     emb = torch.cat((angles, angles), dim=-1)
-    if in_float32 and x.dtype in (torch.bfloat16, torch.float16):
+    if scale is not None:
+        cos, sin = emb.cos() * scale, emb.sin() * scale
+    else:
         cos, sin = emb.cos(), emb.sin()
+    if in_float32 and x.dtype in (torch.bfloat16, torch.float16):
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x * cos + rotated * sin).to(x.dtype)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -187,17 +220,35 @@ class FeedForward(nn.Module):
 
 class Expert(nn.Module):
     """One expert of a mixture: a gated FFN, linear2(act(gate(x)) * linear1(x)), run only on the
-    positions routed to it. It records nothing itself: `MoEFeedForward` records its output."""
+    positions routed to it. It records nothing itself: `MoEFeedForward` records its output.
 
-    def __init__(self, d_model: int, d_ff: int, activation_kind: str = "silu", bias: bool = False):
+    swiglu_limit (gpt-oss): the clamped SwiGLU of transformers' GptOssExperts, with biases on every projection:
+        g = min(gate(x), limit),  u = clamp(linear1(x), -limit, limit)
+        out = linear2((u + 1) · g · sigmoid(alpha · g))"""
+
+    def __init__(self, d_model: int, d_ff: int, activation_kind: str = "silu", bias: bool = False,
+                 swiglu_limit: float | None = None, swiglu_alpha: float = 1.702):
         super().__init__()
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # up
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # down
         self.act = activation(activation_kind)
+        self.limit, self.alpha = swiglu_limit, swiglu_alpha
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (n, D) -> (n, D)
-        return self.linear2(self.act(self.gate(x)) * self.linear1(x))
+        if self.limit is None:
+            return self.linear2(self.act(self.gate(x)) * self.linear1(x))
+        # x @ W + b, the bias added after the product as transformers does (nn.Linear's fused bias rounds once less
+        # in bfloat16)
+        gate = _matmul_bias(x, self.gate).clamp(min=None, max=self.limit)  # from above only: very negative shuts
+        up = _matmul_bias(x, self.linear1).clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return _matmul_bias((up + 1) * glu, self.linear2)
+
+
+def _matmul_bias(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    y = x @ linear.weight.T
+    return y if linear.bias is None else y + linear.bias
 
 
 class MoEFeedForward(nn.Module):
@@ -206,6 +257,11 @@ class MoEFeedForward(nn.Module):
         p = softmax(router(x))                   over the n_experts, in float32 (as Hugging Face)
         the top_k experts by p, weights w = their p (renormalized to sum 1 when norm_topk: Mixtral)
         out = Σ_j w_j · expert_{e_j}(x)  (+ sigmoid(shared_gate(x)) · shared_expert(x): Qwen2-MoE)
+
+    router="topk_softmax" (gpt-oss): the top_k experts by router(x) (a router with a bias), and w = the softmax of
+    those k logits alone, in the model's dtype (transformers' GptOssTopKRouter); `router.probs` then holds w at the
+    chosen experts and 0 elsewhere (the only probabilities the model forms). expert_bias / swiglu_limit: every
+    expert projection has a bias and the SwiGLU is clamped (Expert).
 
     Capture points (<ffn> = decoder.layers.{i}.ffn), each also a hook point:
       <ffn>.router.logits        (B, T, E)   router output
@@ -220,10 +276,16 @@ class MoEFeedForward(nn.Module):
     """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, d_ff: int, activation_kind: str = "silu",
-                 norm_topk: bool = False, shared_d_ff: int = 0, shared_gate: bool = False):
+                 norm_topk: bool = False, shared_d_ff: int = 0, shared_gate: bool = False,
+                 router: str = "softmax_topk", bias: bool = False, swiglu_limit: float | None = None,
+                 swiglu_alpha: float = 1.702):
         super().__init__()
-        self.router = nn.Linear(d_model, n_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(d_model, d_ff, activation_kind) for _ in range(n_experts))
+        if router not in MOE_ROUTERS:
+            raise ValueError(f"router must be one of {MOE_ROUTERS}, got {router!r}")
+        self.router = nn.Linear(d_model, n_experts, bias=bias)
+        self.experts = nn.ModuleList(Expert(d_model, d_ff, activation_kind, bias, swiglu_limit, swiglu_alpha)
+                                     for _ in range(n_experts))
+        self.router_kind = router
         self.shared_expert = (FeedForward(d_model, shared_d_ff, activation_kind, 0.0, bias=False, gated=True)
                               if shared_d_ff else None)
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_d_ff and shared_gate else None
@@ -234,9 +296,15 @@ class MoEFeedForward(nn.Module):
         n = self.name
         B, T, D = x.shape
         logits = record(f"{n}.router.logits", self.router(x))  # (B, T, E)
-        low = logits.dtype in (torch.bfloat16, torch.float16)  # as HF: the router's softmax in float32
-        probs = record(f"{n}.router.probs", torch.softmax(logits, dim=-1, dtype=torch.float32 if low else None))
-        top_w, top_ids = probs.topk(self.top_k, dim=-1)  # (B, T, k)
+        if self.router_kind == "topk_softmax":  # gpt-oss: the k largest logits, then a softmax over those k only
+            top_logits, top_ids = logits.topk(self.top_k, dim=-1)  # (B, T, k)
+            top_w = torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype)
+            probs = record(f"{n}.router.probs", torch.zeros_like(logits).scatter_(-1, top_ids, top_w))
+            top_w = probs.gather(-1, top_ids)  # the same numbers, or a hook's (as a hook on probs acts below)
+        else:
+            low = logits.dtype in (torch.bfloat16, torch.float16)  # as HF: the router's softmax in float32
+            probs = record(f"{n}.router.probs", torch.softmax(logits, dim=-1, dtype=torch.float32 if low else None))
+            top_w, top_ids = probs.topk(self.top_k, dim=-1)  # (B, T, k)
         if self.norm_topk:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_ids = record(f"{n}.router.topk_ids", top_ids)

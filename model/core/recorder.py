@@ -232,7 +232,7 @@ def wanted(name: str) -> bool:
     return (rec is not None and name in rec.wanted) or (hooks is not None and name in hooks)
 
 
-_INSIDE = (".scores", ".mask", ".weights")  # what a fused attention kernel never materializes
+_INSIDE = (".scores", ".mask", ".weights", ".sink")  # what a fused attention kernel never materializes
 
 
 def fast_attention_allowed(module: str) -> bool:

@@ -458,7 +458,19 @@ def compare_traces(
 
 # ---------------------------------------------------------------- lazy traces (long inputs)
 
-LAZY_ROLES = ("scores", "scores_capped", "mask", "weights", "z")  # computed from q, k, v when asked
+LAZY_ROLES = ("scores", "scores_capped", "mask", "weights", "sink", "z")  # computed from q, k, v when asked
+
+
+def _serves(role: str, params: Mapping) -> bool:
+    """Whether a lazy module gives `role`: the capped scores only with a soft-cap, the sink only with sinks."""
+    return ((role != "scores_capped" or params.get("softcap") is not None)
+            and (role != "sink" or bool(params.get("sinks"))))
+
+
+def _sinks(params: Mapping, like: torch.Tensor) -> torch.Tensor | None:
+    """A module's learned sink logits (gpt-oss) as a tensor of the scores' dtype, or None."""
+    s = params.get("sinks")
+    return None if not s else torch.tensor(s, dtype=like.dtype, device=like.device)
 STORED_ROLES = ("q", "k", "v")  # O(T·d) per layer: what a lazy trace keeps of each attention module
 
 
@@ -500,8 +512,7 @@ class LazyTrace(Trace):
         self._modules: dict[str, dict] = lazy["modules"]
         self._order: list[str] = lazy["names"]
         self.budget_bytes: int | None = lazy.get("budget_bytes")
-        self._served = {f"{m}.{r}" for m, p in self._modules.items() for r in LAZY_ROLES
-                        if r != "scores_capped" or p.get("softcap") is not None}
+        self._served = {f"{m}.{r}" for m, p in self._modules.items() for r in LAZY_ROLES if _serves(r, p)}
         if self._modules:
             self._served.add("masks.causal")
         if self._window() and "masks.sliding" in self._order:
@@ -556,6 +567,8 @@ class LazyTrace(Trace):
         module, role = name.rsplit(".", 1)
         q = self._tensors[f"{module}.q"]
         B, H = q.shape[:2]
+        if role == "sink":  # (B, H, T): O(T), computed a block of rows at a time
+            return self._sink(module)
         cells = B * (1 if role == "mask" else H) * T * T
         self._check_budget(cells * (1 if role == "mask" else q.element_size()), name)
         return self._compute(module, role)
@@ -609,8 +622,11 @@ class LazyTrace(Trace):
         if what not in ("weights", "scores"):
             raise ValueError(f"what must be 'weights' or 'scores', got {what!r}")
         scores = scores_of(q, k, params, capped=what == "weights")  # (1, h, R, n_keys)
+        sinks = _sinks(params, scores)
+        if sinks is not None and head is not None:
+            sinks = sinks[head:head + 1]
         out = scores if what == "scores" else attention_weights(scores, self._mask_rows(module, slice(r0, r1),
-                                                                                        n_keys))
+                                                                                        n_keys), sinks)
         out = out[0, :, :, c0:c1]
         return out[0] if head is not None else out
 
@@ -680,6 +696,24 @@ class LazyTrace(Trace):
             mask = mask | (torch.arange(n_keys)[None] <= i - window)
         return mask[None, None]
 
+    def _sink(self, module: str, cells: int = 1 << 22) -> torch.Tensor:
+        """`<module>.sink` (B, H, T): each query row's weight on gpt-oss's learned sink, rows computed in blocks
+        (no (H, T, T) tensor), with the forward's sink_softmax on the forward's scores: the same bits."""
+        from model.core.attention import sink_softmax
+
+        q, k = self._tensors[f"{module}.q"], self._tensors[f"{module}.k"]
+        B, H, T, _ = q.shape
+        r = H // k.shape[1]
+        k = k.repeat_interleave(r, dim=1) if r != 1 else k
+        params = self._modules[module]
+        sinks = _sinks(params, q)
+        out, rows = [], max(1, cells // (B * H * T))
+        for a in range(0, T, rows):
+            b = min(T, a + rows)
+            mask = self._mask_rows(module, slice(a, b)).expand(B, 1, b - a, T)
+            out.append(sink_softmax(scores_of(q[:, :, a:b], k, params, capped=False), mask, sinks)[1])
+        return torch.cat(out, dim=2)
+
     def _compute(self, module: str, role: str) -> torch.Tensor:
         """A whole module's tensor, exactly as MultiHeadAttention.forward computes it."""
         from model.core.attention import attention_weights
@@ -702,7 +736,15 @@ class LazyTrace(Trace):
             scores = softcap(scores, params["softcap"])
             if role == "scores_capped":
                 return scores
-        weights = attention_weights(scores, mask)
+        sinks = _sinks(params, scores)
+        if sinks is not None:
+            from model.core.attention import sink_softmax
+
+            weights, sink = sink_softmax(scores, mask, sinks)
+            if role == "sink":
+                return sink
+        else:
+            weights = attention_weights(scores, mask)
         if role == "weights":
             return weights
         v = self._tensors[f"{module}.v"]
@@ -710,17 +752,25 @@ class LazyTrace(Trace):
 
 
 def recompute_params(info: Mapping, module=None) -> dict:
-    """{"scale", "softcap", "window"} of an attention module as its forward uses them: the module's own
-    switches when the module is given (scale None = divide by √d_head, as the forward does), else its
-    description entry (a "scale" equal to 1/√d_head is that same division)."""
+    """{"scale", "softcap", "window"} (+ "sinks", gpt-oss's learned logits per head, where the module has them) of
+    an attention module as its forward uses them: the module's own switches when the module is given (scale None =
+    divide by √d_head, as the forward does), else its description entry (a "scale" equal to 1/√d_head is that same
+    division)."""
     window = info.get("window")
     if module is not None:
-        return {"scale": getattr(module, "scale", None), "softcap": getattr(module, "softcap", None),
-                "window": window}
+        out = {"scale": getattr(module, "scale", None), "softcap": getattr(module, "softcap", None),
+               "window": window}
+        sinks = getattr(module, "sinks", None)
+        if sinks is not None:
+            out["sinks"] = [float(v) for v in sinks.detach().float().cpu()]
+        return out
     scale = info.get("scale")
     if scale is not None and math.isclose(scale, info["d_head"] ** -0.5, rel_tol=1e-12):
         scale = None
-    return {"scale": scale, "softcap": info.get("softcap"), "window": window}
+    out = {"scale": scale, "softcap": info.get("softcap"), "window": window}
+    if info.get("sinks"):
+        out["sinks"] = list(info["sinks"])
+    return out
 
 
 def scores_of(q: torch.Tensor, k: torch.Tensor, params: Mapping, capped: bool = True) -> torch.Tensor:
@@ -747,6 +797,11 @@ def last_row(q: torch.Tensor, k: torch.Tensor, params: Mapping) -> torch.Tensor:
     mask = None
     if params.get("window"):
         mask = (torch.arange(T) <= T - 1 - params["window"])[None, None, None]
+    sinks = _sinks(params, scores)  # (H,) -> per K/V group (H_kv, r), as the query heads are grouped here
+    if sinks is not None:
+        from model.core.attention import sink_softmax
+
+        return sink_softmax(scores.reshape(1, H, 1, T), mask, sinks)[0].reshape(H, T)
     return attention_weights(scores, mask).reshape(H, T)
 
 
@@ -828,8 +883,8 @@ def run_lazy(model, ids: torch.Tensor, names=None, hooks=None, budget_bytes: int
     with (recorder.hooking(resolved), recorder.fast_attention(fast),
           recorder.capturing(set(wanted), n_bytes + 64 * len(wanted)) as rec):
         out = model(ids, last_only=True) if last_only else model(ids)
-    served = {f"{m}.{r}" for m, p in lazy.items() for r in LAZY_ROLES
-              if r != "scores_capped" or p["softcap"] is not None} | ({"masks.causal"} if lazy else set())
+    served = {f"{m}.{r}" for m, p in lazy.items() for r in LAZY_ROLES if _serves(r, p)} | (
+        {"masks.causal"} if lazy else set())
     served |= {"masks.sliding"} if any(p.get("window") for p in lazy.values()) and "masks.sliding" in shapes else set()
     info = {"config": model.cfg.to_dict(), "model": desc, "tgt_ids": ids.tolist(),
             "mask_convention": "True = blocked (attention not allowed)", "training": model.training,

@@ -36,9 +36,13 @@ switch per mechanism (all off by default):
     residual_multiplier              x + m·Attn(.), x + m·FFN(.) (Granite; modules scale_attn, scale_ffn)
     rope_interleaved                 the checkpoint rotates pairs (2i, 2i+1) (Cohere, GLM-4; reordered at load)
     nope_layers                      layers without RoPE (SmolLM3)
+    attn_sinks                       a learned sink logit per head in every softmax (gpt-oss; `<attn>.sink`)
+    rope_scaling="yarn" (+ rope_beta_fast, rope_beta_slow, rope_truncate, rope_attention_factor)   YaRN (gpt-oss)
+    moe_router, moe_bias, swiglu_limit, swiglu_alpha   top-k then softmax, biased router and experts, clamped
+                                     SwiGLU (gpt-oss)
 
 Extra modules and their capture names: `<layer>.norm_post_attn`, `<layer>.norm_post_ffn` (in/out);
-`<attn>.q_norm`, `<attn>.k_norm` (in/out); `<attn>.scores_capped`; `decoder.rope.angles_local` (the
+`<attn>.q_norm`, `<attn>.k_norm` (in/out); `<attn>.scores_capped`; `<attn>.sink`; `decoder.rope.angles_local` (the
 sliding layers' angles when their base differs); `masks.sliding`; `logits_uncapped`; the MoE points
 of model/core/layers.py's MoEFeedForward. describe() says which layer uses which (model/core/describe.py).
 """
@@ -58,6 +62,7 @@ from model.core.config import DictConfig
 from model.core.describe import SIDES, attention_entry
 from model.core.layers import (
     ACTIVATIONS,
+    MOE_ROUTERS,
     ROPE_SCALINGS,
     FeedForward,
     LayerNorm,
@@ -135,6 +140,16 @@ class LMConfig(DictConfig):
     rope_interleaved: bool = False  # the checkpoint turns pairs (2i, 2i+1) (Cohere, GLM-4): the loader reorders
     #                                 each head's q/k rows to (i, i + r/2), the same rotation, same scores
     nope_layers: tuple[int, ...] | None = None  # layers whose attention has no RoPE at all (SmolLM3)
+    # ---- issue 32: gpt-oss; the defaults change nothing
+    attn_sinks: bool = False  # a learned logit per head joins each softmax row and takes weight from the keys
+    rope_beta_fast: float = 32.0  # yarn only: pairs turning more than this over the trained context keep their speed
+    rope_beta_slow: float = 1.0  # yarn only: pairs turning less than this are slowed by rope_factor
+    rope_truncate: bool = True  # yarn only: the ramp's ends rounded to whole pairs (gpt-oss: False)
+    rope_attention_factor: float | None = None  # yarn: cos and sin × this (q and k × it); None = 1
+    moe_router: str = "softmax_topk"  # "topk_softmax": the top-k logits, then a softmax over them (gpt-oss)
+    moe_bias: bool = False  # the router and every expert projection have a bias (gpt-oss)
+    swiglu_limit: float | None = None  # the experts' clamped SwiGLU (gpt-oss): gate <= limit, |up| <= limit
+    swiglu_alpha: float = 1.702  # ... and glu = gate · sigmoid(alpha · gate), (up + 1) · glu
 
     def __post_init__(self) -> None:
         for f in ("layer_types", "moe_layers", "nope_layers"):  # JSON gives lists; a frozen config must stay hashable
@@ -180,6 +195,9 @@ class LMConfig(DictConfig):
                                               or not self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
             raise ValueError("llama3 RoPE scaling needs rope_original_max_len and "
                              "rope_high_freq_factor > rope_low_freq_factor > 0")
+        if self.rope_scaling == "yarn" and (self.rope_original_max_len is None
+                                            or not self.rope_beta_fast > 0 or not self.rope_beta_slow > 0):
+            raise ValueError("yarn RoPE scaling needs rope_original_max_len and rope_beta_fast, rope_beta_slow > 0")
         if self.rotary_dim is not None and (self.rotary_dim <= 0 or self.rotary_dim % 2
                                             or self.rotary_dim > self.head_dim):
             raise ValueError(f"rotary_dim must be even and in (0, d_head={self.head_dim}], got {self.rotary_dim!r}")
@@ -232,6 +250,14 @@ class LMConfig(DictConfig):
             if self.positional != "rotary" or any(not 0 <= i < self.n_layers for i in self.nope_layers):
                 raise ValueError(f"nope_layers must be layer indices below {self.n_layers} of a rotary model, "
                                  f"got {self.nope_layers!r}")
+        if self.moe_router not in MOE_ROUTERS:
+            raise ValueError(f"moe_router must be one of {MOE_ROUTERS}, got {self.moe_router!r}")
+        for f in ("rope_attention_factor", "swiglu_limit", "swiglu_alpha"):
+            v = getattr(self, f)
+            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"{f} must be a positive number or None, got {v!r}")
+        if self.attn_sinks and self.attn_softcap is not None:
+            raise ValueError("attn_sinks with attn_softcap: no family caps the scores of a softmax with sinks")
 
     def layer_type(self, i: int) -> str:
         """"full" or "sliding" (its attention sees only the last sliding_window positions)."""
@@ -258,6 +284,10 @@ class LMConfig(DictConfig):
         if rope["scaling"] == "llama3":
             rope |= {"low_freq_factor": self.rope_low_freq_factor, "high_freq_factor": self.rope_high_freq_factor,
                      "original_max_len": self.rope_original_max_len}
+        if rope["scaling"] == "yarn":
+            rope |= {"beta_fast": self.rope_beta_fast, "beta_slow": self.rope_beta_slow,
+                     "truncate": self.rope_truncate, "original_max_len": self.rope_original_max_len,
+                     "attention_factor": self.rope_attention_factor or 1.0}
         return rope
 
     def inv_freq(self, local: bool = False) -> torch.Tensor:
@@ -266,7 +296,8 @@ class LMConfig(DictConfig):
         if local and self.rope_local_base is not None:
             return rope_inv_freq(dim, self.rope_local_base)
         return rope_inv_freq(dim, self.rope_base, self.rope_scaling, self.rope_factor, self.rope_low_freq_factor,
-                             self.rope_high_freq_factor, self.rope_original_max_len)
+                             self.rope_high_freq_factor, self.rope_original_max_len, self.rope_beta_fast,
+                             self.rope_beta_slow, self.rope_truncate)
 
     @property
     def kv_heads(self) -> int:
@@ -281,12 +312,13 @@ class LMConfig(DictConfig):
         D, F, V, hs = self.d_model, self.d_ff, self.vocab_size, self.head_dim
         H, Hkv = self.n_heads, self.kv_heads
         attn = D * hs * (2 * H + 2 * Hkv) + (hs * (H + 2 * Hkv) if self.qkv_bias else 0) + (D if self.out_bias else 0)
-        attn += {None: 0, "head": 2 * hs, "full": (H + Hkv) * hs}[self.qk_norm]
+        attn += {None: 0, "head": 2 * hs, "full": (H + Hkv) * hs}[self.qk_norm] + (H if self.attn_sinks else 0)
         ffn = (3 if self.ffn == "gated" else 2) * D * F + ((2 if self.ffn == "gated" else 1) * F + D
                                                           if self.ffn_bias else 0)
         if self.ffn == "none":  # attention-only: no FFN and no norm before/after it
             ffn = 0
         moe = (self.n_experts * (3 * D * self.moe_d_ff + D) + 3 * D * self.moe_shared_d_ff
+               + (self.n_experts * (2 * self.moe_d_ff + D + 1) if self.moe_bias else 0)
                + (D if self.moe_shared_gate and self.moe_shared_d_ff else 0))
         norm = D * (2 if self.norm == "layernorm" and self.norm_bias else 1)
         n_norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_position] // (2 if self.ffn == "none" else 1)
@@ -369,14 +401,16 @@ class LMBlock(nn.Module):
         self.self_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, 0.0, n_kv_heads=cfg.kv_heads, d_head=cfg.head_dim, qkv_bias=cfg.qkv_bias,
             out_bias=cfg.out_bias, scale=cfg.query_scale, softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm,
-            norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg), rope_float32=cfg.rope_float32)
+            norm_eps=cfg.norm_eps, norm_style=_rms_style(cfg), rope_float32=cfg.rope_float32, sinks=cfg.attn_sinks,
+            rope_scale=cfg.rope_attention_factor if cfg.uses_rope(i) and cfg.rope_of(i)["scaling"] == "yarn" else None)
         self.norm_post_attn = _norm(cfg) if post else None
         self.norm2 = _norm(cfg) if pre and cfg.ffn != "none" and not cfg.shared_norm else None
         if cfg.ffn == "none":  # attention-only (Elhage et al. 2021): the block is x + Attn(Norm1(x))
             self.ffn = None
         elif cfg.is_moe(i):
             self.ffn = MoEFeedForward(cfg.d_model, cfg.n_experts, cfg.moe_top_k, cfg.moe_d_ff, cfg.activation,
-                                      cfg.moe_norm_topk, cfg.moe_shared_d_ff, cfg.moe_shared_gate)
+                                      cfg.moe_norm_topk, cfg.moe_shared_d_ff, cfg.moe_shared_gate, cfg.moe_router,
+                                      cfg.moe_bias, cfg.swiglu_limit, cfg.swiglu_alpha)
         else:
             self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, 0.0, cfg.ffn_bias, gated=cfg.ffn == "gated")
         self.norm_post_ffn = _norm(cfg) if post and cfg.ffn != "none" else None
@@ -666,6 +700,10 @@ class DecoderLM(nn.Module):
                 softcap=c.attn_softcap, window=c.sliding_window if sliding else None,
                 rope=c.rope_of(i) if c.uses_rope(i) else None, qk_norm=c.qk_norm is not None,
                 qk_norm_over=c.qk_norm, layer_type=c.layer_type(i))
+            if c.attn_sinks:  # gpt-oss: the learned logits (live numbers): q, k and this entry give the weights
+                sinks = self.decoder.layers[i].self_attn.sinks
+                attention[f"decoder.layers.{i}.self_attn"]["sinks"] = (
+                    None if sinks.is_meta else [float(v) for v in sinks.detach().float().cpu()])
         blocks = {"positional": c.positional, "norm": c.norm, "norm_first": c.norm_position != "post",
                   "ffn": c.ffn, "activation": c.activation, "tied_embeddings": c.tie_embeddings, "d_model": c.d_model,
                   "d_ff": c.d_ff, "vocab_size": c.vocab_size, "norm_position": c.norm_position,
@@ -679,13 +717,16 @@ class DecoderLM(nn.Module):
                 "generator_bias": c.generator_bias or None, "logit_scale": c.logit_scale,
                 "logits_scaling": c.logits_scaling, "embed_multiplier": c.embed_multiplier,
                 "residual_multiplier": c.residual_multiplier, "rope_interleaved": c.rope_interleaved or None,
-                "nope_layers": list(c.nope_layers) if c.nope_layers else None}
+                "nope_layers": list(c.nope_layers) if c.nope_layers else None, "attn_sinks": c.attn_sinks or None}
         blocks |= {k: v for k, v in more.items() if v is not None}
         if c.n_experts:
             blocks["moe"] = {"n_experts": c.n_experts, "top_k": c.moe_top_k, "d_ff": c.moe_d_ff,
                              "norm_topk": c.moe_norm_topk, "shared": c.moe_shared_d_ff > 0,
                              "shared_d_ff": c.moe_shared_d_ff, "shared_gate": c.moe_shared_gate,
                              "layers": [i for i in range(c.n_layers) if c.is_moe(i)]}
+            if c.moe_router != "softmax_topk" or c.moe_bias or c.swiglu_limit is not None:  # gpt-oss's experts
+                blocks["moe"] |= {"router": c.moe_router, "bias": c.moe_bias, "swiglu_limit": c.swiglu_limit,
+                                  "swiglu_alpha": c.swiglu_alpha}
         return {"family": "decoder_lm", "stacks": {"decoder": {"layers": c.n_layers, "tokens": SIDES["decoder"]}},
                 "attention": attention, "blocks": blocks}
 

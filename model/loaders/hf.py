@@ -13,6 +13,7 @@ the same shape (nothing missing, nothing left over).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -66,28 +67,53 @@ def _rope(hf: Mapping, params, where: str = "") -> dict:
         raise ModelLoadError("config.json: rope_parameters / rope_scaling must be JSON objects")
     p = {**(legacy or {}), **params}
     kind = p.get("rope_type") or p.get("type") or "default"
-    if kind not in ("default", "linear", "llama3"):
+    if kind not in ("default", "linear", "llama3", "yarn"):
         raise ModelLoadError(f"config.json: RoPE scaling {kind!r}{where} is not supported; supported: default, "
-                             "linear, llama3")
+                             "linear, llama3, yarn")
     theta = p.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
     if not isinstance(theta, int | float) or isinstance(theta, bool) or not 0 < theta < 1e12:
         raise ModelLoadError(f"config.json: rope_theta must be a positive number, got {theta!r}")
     out = {"rope_base": float(theta), "rope_scaling": kind}
     try:
-        if kind != "default":
+        if kind not in ("default", "yarn"):
             out["rope_factor"] = float(p["factor"])
         if kind == "llama3":
             out |= {"rope_low_freq_factor": float(p["low_freq_factor"]),
                     "rope_high_freq_factor": float(p["high_freq_factor"]),
                     "rope_original_max_len": int(p.get("original_max_position_embeddings")
                                                  or hf.get("max_position_embeddings"))}
-    except (KeyError, TypeError, ValueError):
+        if kind == "yarn":
+            out |= _yarn(hf, p)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise ModelLoadError(f"config.json: RoPE scaling {kind!r} lacks its factors ({p!r})") from None
     prf = p.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
     if not isinstance(prf, int | float) or not 0 < prf <= 1:
         raise ModelLoadError(f"config.json: partial_rotary_factor must be in (0, 1], got {prf!r}")
     out["partial"] = float(prf)
     return out
+
+
+def _yarn(hf: Mapping, p: Mapping) -> dict:
+    """YaRN's LMConfig fields, as transformers 5.24's _compute_yarn_parameters reads them: the factor (or the
+    context ratio), the ramp's betas and truncation, and the attention factor m on cos/sin (given, or from the
+    factor and mscale / mscale_all_dim: 0.1·mscale·ln(factor) + 1)."""
+    original = int(p.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+                   or hf.get("max_position_embeddings"))  # transformers' standardize_rope_params, same order
+    factor = p.get("factor")
+    factor = float(factor) if factor is not None else hf["max_position_embeddings"] / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m = p.get("attention_factor")
+    if m is None:
+        ms, ms_all = p.get("mscale"), p.get("mscale_all_dim")
+        m = mscale(factor, ms) / mscale(factor, ms_all) if ms and ms_all else mscale(factor)
+    if not factor > 0 or not float(m) > 0 or original <= 0:
+        raise ValueError("non-positive YaRN factor")
+    return {"rope_factor": factor, "rope_original_max_len": original, "rope_attention_factor": float(m),
+            "rope_beta_fast": float(p.get("beta_fast") or 32), "rope_beta_slow": float(p.get("beta_slow") or 1),
+            "rope_truncate": bool(p.get("truncate", True))}
 
 
 def _layer_types(kind: str, hf: Mapping, n_layers: int, window: int | None) -> tuple[str, ...] | None:
@@ -175,7 +201,8 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     partial = rope.pop("partial")
     rotary_dim = int(hs * partial) if partial < 1 else None
     window = hf.get("sliding_window") if kind in ("mistral", "phi3", "mixtral", "qwen2", "qwen3", "qwen2_moe",
-                                                  "gemma2", "gemma3_text", "starcoder2", "qwen3_moe") else None
+                                                  "gemma2", "gemma3_text", "starcoder2", "qwen3_moe",
+                                                  "gpt_oss") else None
     if kind == "smollm3":  # its layer_types name the sliding layers, used only with use_sliding_window
         window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
@@ -184,7 +211,7 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
     if layer_types is not None and "sliding" not in layer_types:
         layer_types = None
     window = window if layer_types is not None else None
-    bias = bool(hf.get("attention_bias", kind == "gpt_neox"))
+    bias = bool(hf.get("attention_bias", kind in ("gpt_neox", "gpt_oss")))
     qkv_bias, out_bias = {"qwen2": (True, False), "qwen2_moe": (bool(hf.get("qkv_bias", True)), False)}.get(
         kind, (bias, bias))
     tie_default = gemma or kind in ("starcoder2", "cohere", "smollm3")
@@ -219,8 +246,9 @@ def _rotary_family(kind: str, hf: Mapping) -> tuple[dict, dict, str]:
         switches |= dict(norm="layernorm", norm_eps=float(hf.get("layer_norm_eps", 1e-5)), ffn="plain",
                          ffn_bias=True, parallel_residual=bool(hf.get("use_parallel_residual", True)))
     switches |= _more_families(kind, hf, n_layers)
-    if kind in ("qwen2_moe", "olmoe", "mixtral", "qwen3_moe"):
-        n_exp = _int(hf, "num_local_experts" if kind == "mixtral" or (kind == "qwen3_moe" and "num_local_experts" in hf)
+    if kind in ("qwen2_moe", "olmoe", "mixtral", "qwen3_moe", "gpt_oss"):
+        n_exp = _int(hf, "num_local_experts" if kind in ("mixtral", "gpt_oss")
+                     or (kind == "qwen3_moe" and "num_local_experts" in hf)
                      else "num_experts")  # Qwen3-MoE: transformers 5 saves num_local_experts, the Hub's num_experts
         switches |= dict(n_experts=n_exp, moe_top_k=_int(hf, "num_experts_per_tok"),
                          moe_norm_topk=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)))
@@ -280,6 +308,11 @@ def _more_families(kind: str, hf: Mapping, n_layers: int) -> dict:
                                  f"got {flags!r}")
         nope = tuple(i for i, f in enumerate(flags) if not f)
         return dict(nope_layers=nope or None)
+    if kind == "gpt_oss":  # sinks; every layer a mixture: top-k logits then softmax, biases, clamped SwiGLU;
+        # RMSNorm × weight in float32, then cast (GptOssRMSNorm: "main diff with Llama"), as OLMo 2's
+        return dict(norm="rmsnorm_olmo", attn_sinks=True, moe_router="topk_softmax", moe_bias=True,
+                    swiglu_limit=positive("swiglu_limit") if "swiglu_limit" in hf else 7.0,
+                    swiglu_alpha=positive("swiglu_alpha") if "swiglu_alpha" in hf else 1.702)
     return {}
 
 
@@ -307,7 +340,7 @@ def check_fits(cfg: LMConfig, dtype: torch.dtype = torch.float32) -> None:
 
 
 # Tensors split at load (HF stores them fused): our pseudo-names end in one of these.
-SPLITS = (".w_qkv", ".w_qkv_heads", ".gate_up", ".experts_gate_up", ".experts_down")
+SPLITS = (".w_qkv", ".w_qkv_heads", ".gate_up", ".experts_gate_up", ".experts_down", ".oss_gate_up", ".oss_down")
 
 
 def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
@@ -355,6 +388,10 @@ def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
                     for theirs, ours in (("gate_proj", "gate"), ("up_proj", "linear1"), ("down_proj", "linear2"),
                                          ("w1", "gate"), ("w3", "linear1"), ("w2", "linear2")):
                         parts[f"{moe}.experts.{e}.{theirs}"] = f"ffn.experts.{e}.{ours}"
+        if kind == "gpt_oss":  # sinks; a router with a bias; experts as 3-D parameters (E, D, 2F) interleaved
+            parts |= {"self_attn.sinks": "self_attn.sinks", "mlp.router": "ffn.router",
+                      "mlp.experts.gate_up_proj": "ffn.oss_gate_up", "mlp.experts.gate_up_proj_bias": "ffn.oss_gate_up",
+                      "mlp.experts.down_proj": "ffn.oss_down", "mlp.experts.down_proj_bias": "ffn.oss_down"}
         prefix = "layers"
     for i in range(cfg.n_layers):
         for theirs, ours in parts.items():
@@ -362,6 +399,8 @@ def key_map(kind: str, cfg: LMConfig) -> dict[str, str]:
                 m[f"{prefix}.{i}.{theirs}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
             if theirs.endswith(("experts.gate_up_proj", "experts.down_proj")):  # bare parameters
                 m[f"{prefix}.{i}.{theirs}"] = f"decoder.layers.{i}.{ours}.weight"
+            if theirs.endswith(("_proj_bias", ".sinks")):  # gpt-oss's bare parameters
+                m[f"{prefix}.{i}.{theirs}"] = f"decoder.layers.{i}.{ours}" + (".bias" if "bias" in theirs else "")
     m.setdefault("lm_head.weight", "generator.weight")
     return m
 
@@ -392,6 +431,13 @@ def _split(ours: str, t: torch.Tensor, cfg: LMConfig) -> list[tuple[str, torch.T
                 for n, c in zip(("gate", "linear1"), t[e].chunk(2, dim=0), strict=True)]
     if fused == "experts_down":  # (E, D, F)
         return [(f"{base}.experts.{e}.linear2.weight", t[e]) for e in range(t.shape[0])]
+    if fused == "oss_gate_up":  # gpt-oss: x @ W[e] + b[e], W (E, D, 2F) and b (E, 2F); columns gate, up interleaved
+        w = t if p == "bias" else t.transpose(1, 2)  # (E, 2F, D): nn.Linear's (out, in)
+        return [(f"{base}.experts.{e}.{n}.{p}", w[e, j::2]) for e in range(t.shape[0])
+                for j, n in enumerate(("gate", "linear1"))]
+    if fused == "oss_down":  # (E, F, D) and (E, D)
+        w = t if p == "bias" else t.transpose(1, 2)
+        return [(f"{base}.experts.{e}.linear2.{p}", w[e]) for e in range(t.shape[0])]
     raise AssertionError(ours)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 # Decoder-only model types, each tested against transformers (tests/test_families.py, test_hf_fidelity.py).
 LM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox",
             "qwen2_moe", "olmoe", "mixtral", "gpt2", "phi", "starcoder2", "qwen3_moe", "cohere",
-            "granite", "glm4", "smollm3")
+            "granite", "glm4", "smollm3", "gpt_oss")
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # -> model.loaders.minilm.PretrainedEncoder
 
 # Tensors a checkpoint may hold that are not parameters of ours (buffers HF used to save).

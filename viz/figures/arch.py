@@ -245,8 +245,16 @@ def lm_mechanisms(blocks: Mapping) -> list[str]:
     """Issue 32's mechanisms in notation (no prose: the same in every language), where the description has them:
     one norm for both sublayers of a parallel block (Phi, Cohere), LayerNorm without a bias, the unembedding's bias,
     logits × logit_scale (Cohere) or ÷ logits_scaling (Granite), Granite's embedding and residual multipliers,
-    interleaved RoPE pairs (Cohere, GLM-4), layers without RoPE (SmolLM3)."""
+    interleaved RoPE pairs (Cohere, GLM-4), layers without RoPE (SmolLM3), gpt-oss's learned attention sinks, its
+    router (top-k logits, then a softmax over them) and clamped SwiGLU experts."""
     out = []
+    if blocks.get("attn_sinks"):
+        out.append("softmax([q·k, s_h]): sink s_h")
+    moe = blocks.get("moe") or {}
+    if moe.get("router") == "topk_softmax":
+        out.append("softmax(top-k)")
+    if moe.get("swiglu_limit") is not None:
+        out.append(f"SwiGLU clamp ±{moe['swiglu_limit']:g}")
     if blocks.get("shared_norm"):
         out.append("x + Attn(N(x)) + FFN(N(x))")
     if blocks.get("norm_bias") is False:
@@ -276,7 +284,8 @@ def layer_facts(desc: Mapping, layer: int) -> dict:
     plain = scale is None or abs(scale * info.get("d_head", 1) ** 0.5 - 1) < 1e-6
     rope = info.get("rope") or {}
     return {"window": info.get("window"), "softcap": info.get("softcap"), "scale": None if plain else scale,
-            "rope_base": rope.get("base"), "scaling": rope.get("scaling", "default"), "factor": rope.get("factor")}
+            "rope_base": rope.get("base"), "scaling": rope.get("scaling", "default"), "factor": rope.get("factor"),
+            "attention_factor": rope.get("attention_factor"), "sinks": info.get("sinks")}
 
 
 def layer_types(desc: Mapping) -> str:
@@ -381,6 +390,9 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
     extra = []
     if lf["window"]:
         extra.append(t("sliding window W = {w}", w=lf["window"]))
+    if lf["sinks"]:  # gpt-oss: this layer's learned sink logits, one per head (live numbers)
+        lo, hi = min(lf["sinks"]), max(lf["sinks"])
+        extra.append(t("learned sinks s_h from {lo} to {hi}", lo=f"{lo:.2f}", hi=f"{hi:.2f}"))
     if extra:
         attn += " · " + " · ".join(extra)
     ffn = (t("SwiGLU FFN: down({act}(gate·x) ⊙ up·x), d_ff = {f}", act=act, f=f["d_ff"]) if f["gated"]
@@ -422,8 +434,10 @@ def lm_blocks(desc: Mapping, layer: int = 0) -> list[Block]:
         labels["lm_rope"] = (t("RoPE: rotates q and k by position") if f["rotary_dim"] >= f["dh"]
                              else t("RoPE on {r} of {d} dims", r=f["rotary_dim"], d=f["dh"]))  # partial rotary
         if lf["scaling"] != "default":
-            kind = t("linear") if lf["scaling"] == "linear" else "Llama 3"
+            kind = {"linear": t("linear"), "yarn": "YaRN"}.get(lf["scaling"], "Llama 3")
             labels["lm_rope"] += " · " + t("{kind} scaling ×{x}", kind=kind, x=f"{lf['factor']:g}")
+            if lf["attention_factor"] not in (None, 1.0):  # YaRN: cos and sin × m
+                labels["lm_rope"] += f" · q, k × {lf['attention_factor']:.3g}"
     else:
         labels["lm_pos"] = t("+ learned position embedding")
     if f["rotary"] and layer in (b.get("nope_layers") or []):  # SmolLM3: this layer's q and k are not turned

@@ -274,16 +274,18 @@ def plain_scale(info: Mapping) -> float:
 
 def mechanisms(info: Mapping) -> dict:
     """What one attention module does beyond 2017, from its description entry: {"scale": the real query scale,
-    "scale_is_plain": whether it is 1/√d_head, "softcap", "window", "qk_norm"}."""
+    "scale_is_plain": whether it is 1/√d_head, "softcap", "window", "qk_norm", "sinks" (gpt-oss's learned sink
+    logit per head, or None)}."""
     scale = float(info.get("scale") or plain_scale(info))
     return {"scale": scale, "scale_is_plain": bool(np.isclose(scale, plain_scale(info), rtol=1e-6)),
-            "softcap": info.get("softcap"), "window": info.get("window"), "qk_norm": bool(info.get("qk_norm"))}
+            "softcap": info.get("softcap"), "window": info.get("window"), "qk_norm": bool(info.get("qk_norm")),
+            "sinks": info.get("sinks") or None}
 
 
 def is_modern(info: Mapping) -> bool:
     """Whether an attention module's score pipeline differs from softmax(QKᵀ/√d_k + M)."""
     m = mechanisms(info)
-    return not m["scale_is_plain"] or bool(m["softcap"]) or bool(m["window"]) or m["qk_norm"]
+    return not m["scale_is_plain"] or bool(m["softcap"]) or bool(m["window"]) or m["qk_norm"] or bool(m["sinks"])
 
 
 def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
@@ -325,7 +327,8 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
         panels.append((capped, t("soft-cap: {c}·tanh(s/{c})", c=F_num(m["softcap"]))))
     panels.append((np.where(blocked, np.nan, last), t("+ M (dark = −∞)") if not m["window"]
                    else t("+ M, window {w} (dark = −∞)", w=m["window"])))
-    titles = [p[1] for p in panels] + [t("softmax → weights")]
+    titles = [p[1] for p in panels] + [t("softmax → weights") if not m["sinks"] else
+                                       t("softmax with sink s_h = {s} → weights", s=f"{m['sinks'][head]:.4g}")]
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.035)
     r = float(np.nanmax(np.abs(qk))) or 1.0  # one colour range for every score panel: the steps shrink visibly
     for c, (z, _title) in enumerate(panels, start=1):
@@ -556,17 +559,27 @@ def softcap_summary(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def scaling_name(kind: str) -> str:
-    """A RoPE scaling's name for the page ("linear", "llama3" as Llama 3 calls it)."""
-    return {"linear": t("linear"), "llama3": "Llama 3"}.get(kind, kind)
+    """A RoPE scaling's name for the page ("linear", "llama3" as Llama 3 calls it, "yarn" as YaRN)."""
+    return {"linear": t("linear"), "llama3": "Llama 3", "yarn": "YaRN"}.get(kind, kind)
 
 
 def rope_inv_freq(dim: int, base: float, scaling: str = "default", factor: float = 1.0,
                   low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
-                  original_max_len: float | None = None) -> np.ndarray:
+                  original_max_len: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                  truncate: bool = True) -> np.ndarray:
     """RoPE frequencies (dim/2,) in float64, as transformers' modeling_rope_utils: plain base^(−2i/dim);
     "linear": all / factor; "llama3": wavelengths 2π/θ longer than original_max_len / low_freq_factor divided by
-    factor, shorter than original_max_len / high_freq_factor kept, a smooth blend between."""
+    factor, shorter than original_max_len / high_freq_factor kept, a smooth blend between; "yarn": pairs that
+    turn more than beta_fast times over original_max_len kept, fewer than beta_slow times divided by factor, a
+    linear ramp over the pair index between."""
     inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if scaling == "yarn":
+        from model.core.layers import yarn_range  # the same (low, high) as the model: plain Python floats
+
+        low, high = yarn_range(dim, base, int(original_max_len), beta_fast, beta_slow, truncate)
+        high = high + 0.001 if low == high else high
+        keep = 1 - np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        return inv / factor * (1 - keep) + inv * keep
     if scaling == "linear":
         return inv / factor
     if scaling == "llama3":
@@ -588,7 +601,8 @@ def inv_freq_of(rope: Mapping, d_head: int, scaled: bool = True) -> np.ndarray:
         return rope_inv_freq(dim, float(rope["base"]))
     return rope_inv_freq(dim, float(rope["base"]), rope.get("scaling", "default"), float(rope.get("factor") or 1.0),
                          float(rope.get("low_freq_factor") or 1.0), float(rope.get("high_freq_factor") or 4.0),
-                         rope.get("original_max_len"))
+                         rope.get("original_max_len"), float(rope.get("beta_fast") or 32.0),
+                         float(rope.get("beta_slow") or 1.0), bool(rope.get("truncate", True)))
 
 
 def rope_scaling_figure(plain: np.ndarray, scaled: np.ndarray, original_max_len: float | None = None) -> go.Figure:
@@ -658,4 +672,34 @@ def router_choice_figure(probs: np.ndarray, topk_ids: np.ndarray, topk_w: np.nda
     fig.update_layout(title=t("the router's choice for “{tok}”", tok=show_token(token)), height=320,
                       margin=dict(l=50, r=20, t=50, b=40), xaxis=dict(title=t("expert"), type="category"),
                       yaxis=dict(title=t("router probability"), rangemode="tozero"))
+    return fig
+
+
+# ---------------------------------------------------------------------- attention sinks (gpt-oss)
+
+
+def sink_figure(sinks: Sequence[float], sink: np.ndarray, head: int, labels: Sequence[str]) -> go.Figure:
+    """Learned attention sinks. Left: one layer's sink logit s_h per head (the chosen head orange). Right: on this
+    prompt, what each query of the chosen head gave the sink (softmax over [q·k, s_h]: the weight on no token),
+    and what its weights over the tokens sum to, 1 − that.
+    sinks: (H,) the layer's learned logits; sink: (T,) the chosen head's `<attn>.sink` row."""
+    H = len(sinks)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65], horizontal_spacing=0.12,
+                        subplot_titles=(t("learned sink logit s_h per head"),
+                                        t("head {h}: each query's weight on the sink", h=head)))
+    fig.add_trace(go.Bar(x=[str(h) for h in range(H)], y=np.asarray(sinks, dtype=np.float64),
+                         marker_color=["#ff7f0e" if h == head else "#9467bd" for h in range(H)], showlegend=False,
+                         hovertemplate=t("head %{x}<br>s_h = %{y:.4f}") + "<extra></extra>"), row=1, col=1)
+    sink = np.asarray(sink, dtype=np.float64)
+    x = list(labels)
+    fig.add_trace(go.Scatter(x=x, y=sink, mode="lines+markers", name=t("sink"), line=dict(color="#9467bd"),
+                             hovertemplate="%{x}<br>" + t("sink %{y:.4f}") + "<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=1 - sink, mode="lines", name=t("the tokens (1 − sink)"),
+                             line=dict(color="#1f77b4", dash="dot"),
+                             hovertemplate="%{x}<br>" + t("tokens %{y:.4f}") + "<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title_text=t("head"), type="category", row=1, col=1)
+    fig.update_yaxes(title_text="s_h", row=1, col=1)
+    fig.update_xaxes(title_text=t("query token"), type="category", row=1, col=2, **every_tick(x))
+    fig.update_yaxes(title_text=t("share of the row's softmax"), range=[0, 1.02], row=1, col=2)
+    fig.update_layout(height=380, margin=dict(l=50, r=20, t=60, b=60), legend=dict(orientation="h", y=-0.3))
     return fig

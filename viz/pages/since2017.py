@@ -34,9 +34,9 @@ KV_TOKENS = 8192  # the context length the KV-cache bytes are given at
 st.title(t("What changed since 2017"))
 st.caption(t("Today's language models are still the decoder of “Attention Is All You Need”, with five blocks "
              "replaced. Each section below shows one, with the live tensors of a modern model beside the lab's "
-             "2017-style toy model.") + " " + t("Sections 6–10 add what the 2024–2026 families brought (sliding "
-                                              "windows, q/k norm, soft-capping, RoPE scaling, mixtures of experts), "
-                                              "drawn on a model that has them."))
+             "2017-style toy model.") + " " + t("Sections 6–11 add what the 2024–2026 families brought (sliding "
+                                              "windows, q/k norm, soft-capping, RoPE scaling, mixtures of experts, "
+                                              "learned attention sinks), drawn on a model that has them."))
 sel = selection()
 if sel is None:
     st.stop()
@@ -476,6 +476,11 @@ else:
                   n_s=int(np.isclose(ratio, float(rope.get("factor") or 1)).sum()),
                   n_b=int((~np.isclose(ratio, 1) & ~np.isclose(ratio, float(rope.get("factor") or 1))).sum()),
                   d=f"{diff:.1e}"))
+    m = float(rope.get("attention_factor") or 1.0)
+    if rope["scaling"] == "yarn" and m != 1.0:  # YaRN: cos and sin × m, so q and k × m and every score × m²
+        st.markdown(t("YaRN also multiplies cos and sin by m = {m} (0.1·ln(factor) + 1), so q and k come out of RoPE "
+                      "m times longer and every score q·k is m² = {m2} times larger: the softmax is sharpened to make "
+                      "up for the slower pairs.", m=F.num(m, 4), m2=F.num(m * m, 4)))
 
 st.header(t("10. Mixture of experts: a router picks the FFN"))
 st.markdown(t("In a mixture-of-experts layer the one feed-forward network becomes E experts. A router scores them "
@@ -518,3 +523,29 @@ else:
                         "token).", g=f"{float(FM._arr(trace[g])[0, pos, 0]):.3f}") if g in trace
                       else t("A shared expert runs on every token as well."))
     st.markdown(msg)
+
+st.header(t("11. Attention sinks: a learned place to put nothing"))
+st.markdown(t("A softmax row must give all its weight to the keys, so a head with nothing to read parks it on some "
+              "token (often the first: an attention sink). gpt-oss gives each head h one more logit s_h, learned, that "
+              "every query sees beside its keys: the weights come from softmax([q·k₁, …, q·kₙ, s_h]) and the sink's "
+              "share is dropped, so a row's weights over the tokens sum to 1 − sink, and a head can attend to "
+              "nothing."))
+sinks_l = info_l.get("sinks")
+if not sinks_l:
+    st.info(t("{model} has no learned sinks: each row's weights over the tokens sum to 1, as in 2017.",
+              model=lm_label), icon="🧩")
+else:
+    sink_row = FM._arr(trace[f"{A}.sink"])[0, head].astype(np.float64)  # (T,): this head's weight on the sink
+    show_figure(FM.sink_figure(sinks_l, sink_row[rows], head, labels[rows]), key="s17_sinks")
+    if long:
+        window_caption(t("Right, the queries"))
+    wsum = None
+    if not long:  # the row sums of the head's weights, as the trace holds them: 1 − sink, to float rounding
+        wsum = FM._arr(trace[f"{A}.weights"])[0, head].astype(np.float64).sum(-1)
+    st.markdown(t("Layer {l}: the learned sink logits of its {H} heads range from {lo} to {hi}; head {h}'s is {s}. On "
+                  "this prompt head {h} gives the sink from {a} to {b} of a query's weight (mean {mean}); at "
+                  "“{tok}” {here}, so its weights over the tokens sum to {rest}.", l=layer, H=len(sinks_l),
+                  lo=F.num(float(min(sinks_l)), 4), hi=F.num(float(max(sinks_l)), 4), h=head,
+                  s=F.num(float(sinks_l[head]), 4), a=f"{sink_row.min():.1%}", b=f"{sink_row.max():.1%}",
+                  mean=f"{sink_row.mean():.1%}", tok=F.show_token(tokens[pos]), here=f"{sink_row[pos]:.1%}",
+                  rest=F.num(float(wsum[pos]) if wsum is not None else 1 - float(sink_row[pos]), 4)))

@@ -243,6 +243,8 @@ def _scale_note(info) -> str:
         parts.append(t("sees only the last {w} keys (sliding window)", w=m["window"]))
     if m["qk_norm"]:
         parts.append(t("normalises q and k first"))
+    if m["sinks"]:
+        parts.append(t("gives part of each row to a learned sink, so its weights over the keys sum to 1 − sink"))
     return " " + t("This layer {what}: the Score pipeline and Masks views show how.", what=t(", ").join(parts))
 
 
