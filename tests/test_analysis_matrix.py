@@ -4,7 +4,8 @@ The residual decomposition's own invariants (DLA, lens, routes, norm-based) are 
 the other analyses run on the same tiny random models of every wiring (pre-norm, sandwich, post-norm, parallel,
 mixtures of experts, attention-only) and each is checked by a property that holds exactly:
 
-- head statistics: every row of every attention map sums to 1, so the sink share and pattern scores lie in [0, 1];
+- head statistics: every row of every attention map sums to 1 (gpt-oss's learned sinks: weights + sink = 1), so the
+  sink share and pattern scores lie in [0, 1];
 - induction: the repeated sequence's second half is the first; top-k ablation knocks out exactly k heads and the
   control as many others;
 - blocking token 0 everywhere: KL >= 0, and 0 when no head is blocked (an empty set of heads);
@@ -21,6 +22,7 @@ import pytest
 import test_residual
 import torch
 from test_residual import FAMS, V, ids
+from tolerance import f32_tol
 
 from model.analysis import flow, patching, phenomena
 
@@ -41,6 +43,21 @@ def test_head_statistics_induction_and_ablation(family, models):
     ab = phenomena.ablate_top_induction(m, res, k=2, n_controls=2)
     assert len(ab.heads) == 2 and all(len(c) == 2 and not set(c) & set(ab.heads) for c in ab.controls)
     assert np.isfinite(ab.ablated) and np.isfinite(ab.control).all()
+
+
+@pytest.mark.parametrize("family", FAMS)
+@torch.no_grad()
+def test_rows_sum_to_one_or_to_one_with_the_learned_sink(family, models):
+    """Every row of every attention map is a softmax over the keys (sum 1), or, where the model has learned sinks
+    (gpt-oss), over the keys and the sink: then weights + sink = 1 and the weights alone sum to less."""
+    m = models(family)
+    sinks = bool(m.describe()["blocks"].get("attn_sinks"))
+    _, tr = m.run_with_trace(ids(), names=["*.self_attn.weights"] + (["*.self_attn.sink"] if sinks else []))
+    for name, info in m.describe()["attention"].items():
+        w = tr[f"{name}.weights"].double().sum(-1)
+        sink = tr[f"{name}.sink"].double() if info.get("sinks") else torch.zeros_like(w)
+        assert (f"{name}.sink" in tr) is bool(info.get("sinks"))
+        torch.testing.assert_close(w + sink, torch.ones_like(w), atol=f32_tol(1, n=T + 1), rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMS)
