@@ -6,7 +6,7 @@ the model's description with the live tensors:
   M; the mask view with the window beside the look-ahead mask;
 - Architecture map: sandwich norms, q/k norm, the layer's window; the MoE router and experts;
 - What changed since 2017: sliding windows (the live reach and a token 5,000 back), q/k norm, soft-capping, RoPE
-  scaling, MoE routing; a one-sentence note where the model lacks the mechanism;
+  scaling, MoE routing, gpt-oss's learned attention sinks; a one-sentence note where the model lacks the mechanism;
 - Inside a layer: the sandwich, post-norm (OLMo 2) and parallel-residual (GPT-NeoX) wirings recompose each layer
   exactly; MoE routing in the FFN tab.
 
@@ -59,6 +59,10 @@ FAMILIES = {
                                 logits_scaling=4.0)),
     "glm4": ("glm4", dict(head_dim=16)),
     "smollm3": ("smollm3", dict(num_hidden_layers=3, no_rope_layers=[1, 0, 1])),
+    # gpt-oss: learned attention sinks, YaRN (trained context 128 = 256 / 2), experts; layer 0 slides (W = 4)
+    "gpt_oss": ("gpt_oss", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=W,
+                                rope_parameters={"rope_type": "yarn", "factor": 2.0, "truncate": False,
+                                                 "original_max_position_embeddings": 128, "rope_theta": 150000.0})),
 }
 
 
@@ -307,6 +311,33 @@ def test_since2017_draws_moe_routing(served):
     np.testing.assert_allclose(plotly_array(choice["data"][0]["y"]), trace[f"{R}.probs"][0, 3].numpy(), atol=1e-6)
     chosen = [int(e) for e in trace[f"{R}.topk_ids"][0, 3]]
     assert f"goes to experts {chosen[0]}, {chosen[1]}" in body
+
+
+def test_since2017_and_the_map_draw_gpt_oss_sinks(served):
+    """gpt-oss's learned attention sinks with live numbers: /since2017's section 11 draws the layer's sink logit per
+    head (the model's parameters) and the head's weight on the sink per query (the trace's `.sink`, whose
+    complement is the row sum of `.weights`), in en and zh (no English left); the map's attention box gives the
+    layer's range of sink logits, its RoPE box YaRN's factor; the models without sinks say so in one sentence."""
+    label = served("gpt_oss")
+    trace = trace_of(label)
+    model = lm_models.load(label).obj.model
+    at = run_page(label, "since2017", layer=1, head=2, pos=5)
+    body = texts(at)
+    fig = figure_with(at, "learned sink logit s_h per head")
+    sinks = model.decoder.layers[1].self_attn.sinks.detach().double().numpy()
+    np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), sinks, rtol=1e-6)
+    row = trace["decoder.layers.1.self_attn.sink"][0, 2].double().numpy()
+    np.testing.assert_allclose(plotly_array(fig["data"][1]["y"]), row, rtol=1e-6)
+    w = trace["decoder.layers.1.self_attn.weights"][0, 2].double().numpy()
+    np.testing.assert_allclose(w.sum(-1) + row, 1.0, atol=1e-6)
+    assert "11. Attention sinks" in body and f"head 2's is {sinks[2]:.4g}" in body
+    assert f"sum to {1 - row[5]:.4g}" in body or f"sum to {w[5].sum():.4g}" in body
+    assert "YaRN also multiplies cos and sin by m = 1.069" in body
+    zh = run_page(label, "since2017", "zh", layer=1, head=2)
+    assert "11. 注意力汇聚点" in texts(zh) and not english_in_zh(zh), english_in_zh(zh)
+    labels = titles(figure_with(run_page(label, "architecture", layer=1), "sink s_h")).replace("<br>", " ")
+    assert f"learned sinks s_h from {sinks.min():.2f} to {sinks.max():.2f}" in labels and "YaRN scaling ×2" in labels
+    assert "has no learned sinks" in texts(run_page(served("qwen2moe"), "since2017"))
 
 
 def test_reach_back_through_sliding_layers():
