@@ -21,7 +21,7 @@ weights from its recorded q and k (`<attn>.q` is after q/k norm and RoPE, so the
     "softcap": float | None, scores -> softcap · tanh(scores / softcap), after the scale, before the mask
     "window":  int | None, sliding window W: the query at position p sees keys p-W+1 .. p (blocked when
                p - j >= W, as Hugging Face's sliding_window_overlay); None = plain causal
-    "rope":    None, or {"base", "scaling" ("default" | "linear" | "llama3"), "factor", ("low_freq_factor",
+    "rope":    None, or {"base", "scaling" ("default" | "linear" | "llama3" | "yarn"), "factor", ("low_freq_factor",
                "high_freq_factor", "original_max_len" for llama3), "rotary_dim" (< d_head: partial rotary,
                only the first rotary_dim dims turn), "angles" (the capture name of this layer's angles:
                "decoder.rope.angles" or, for Gemma 3's local layers, "decoder.rope.angles_local")}
@@ -46,6 +46,14 @@ Issue 32's mechanisms are in "blocks" only where the model has them (absent othe
     "rope_interleaved": True   the checkpoint turns pairs (2i, 2i+1) (Cohere, GLM-4); the loader reordered each
                                head's q/k dims to the lab's (i, i + r/2), so `.q`/`.k` hold them in that order
     "nope_layers": [i, ...]    layers that attend without RoPE (SmolLM3): their entry's "rope" is None
+    "attn_sinks": True         learned attention sinks (gpt-oss): each attention entry then has
+                               "sinks": [s_0, ..., s_{H-1}], the head's learned logit, so that
+                               weights, sink = softmax([q·kᵀ × scale + M, s_h]) split at the last column
+                               (model/core/attention.sink_softmax; `<attn>.sink` is the last column)
+    "moe" gains "router" ("topk_softmax": the top-k logits, then a softmax over them), "bias" (router and experts),
+    "swiglu_limit", "swiglu_alpha" (the experts' clamped SwiGLU) where the model has them (gpt-oss)
+and a "rope" entry of scaling "yarn" has "factor", "beta_fast", "beta_slow", "truncate", "original_max_len" and
+"attention_factor" (cos and sin × it: `.q` and `.k` are that much longer after RoPE).
 """
 
 from __future__ import annotations
