@@ -39,7 +39,7 @@ TEXT = "The cat sat on the mat. The dog ran in the park. Attention relates every
 CELLS, ROWS, BLOCKS = 32, 16, 8  # the page's thresholds, lowered: pooled beyond 32 tokens, 16-token windows
 MAX_SPEC = 40_000  # bytes of one figure's JSON on these tiny models (SmolLM2 at 2,048 tokens: ≤ 0.25 MB)
 HEADERS = ("1. Positions", "2. Grouped-query", "3. RMSNorm", "4. SwiGLU", "5. Pre-LN", "6. Sliding windows",
-           "7. q/k norm", "8. Soft-capping", "9. RoPE scaling", "10. Mixture of experts")
+           "7. q/k norm", "8. Soft-capping", "9. RoPE scaling", "10. Mixture of experts", "11. Attention sinks")
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +220,22 @@ def test_moe_long_prompt_draws_the_windows_routing(built, monkeypatch):
     assert (loads.sum(1) == 2 * T).all()
     choice = figure_with(at, "the router's choice")
     np.testing.assert_allclose(plotly_array(choice["data"][0]["y"]), trace[f"{R}.probs"][0, pos].numpy(), atol=1e-6)
+
+
+def test_gpt_oss_long_prompt_draws_the_windows_sinks(built, monkeypatch):
+    """gpt-oss's section 11 on a lazy trace: the chosen head's weight on the sink for the window of queries, from the
+    trace's `.sink` (computed a block of rows at a time, never every head's T × T), beside the layer's logits."""
+    label = built("gpt_oss")
+    trace = long_trace(monkeypatch, label)
+    T, pos = LG.n_tokens(trace), 3
+    at = run_page(label, "en", layer=1, head=1, pos=pos)
+    every_section(at, "en")
+    bounded(at, T)
+    fig = figure_with(at, "each query's weight on the sink")
+    sink = trace["decoder.layers.1.self_attn.sink"][0, 1].double().numpy()
+    np.testing.assert_allclose(plotly_array(fig["data"][1]["y"]), sink[:ROWS], rtol=1e-6)
+    assert list(fig["data"][1]["x"]) == F.token_labels(trace.meta["tgt_tokens"], T)[:ROWS]
+    assert f"from {sink.min():.1%} to {sink.max():.1%} of a query's weight" in texts(at)
 
 
 def test_long_prompt_helpers_equal_their_whole_matrix_forms():
