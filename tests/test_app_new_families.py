@@ -338,6 +338,13 @@ def test_since2017_and_the_map_draw_gpt_oss_sinks(served):
     labels = titles(figure_with(run_page(label, "architecture", layer=1), "sink s_h")).replace("<br>", " ")
     assert f"learned sinks s_h from {sinks.min():.2f} to {sinks.max():.2f}" in labels and "YaRN scaling ×2" in labels
     assert "has no learned sinks" in texts(run_page(served("qwen2moe"), "since2017"))
+    # Inside a layer's one-query steps: p_i are the trace's weights, the sink takes the rest of the row
+    steps = FL.query_steps(trace, "decoder.layers.1.self_attn", 2, 5)
+    assert float(steps["sink"]) == pytest.approx(float(row[5]), abs=1e-7)
+    assert steps["weights"].sum() + float(steps["sink"]) == pytest.approx(1.0, abs=1e-6)
+    fig = FL.query_figure(steps, "q", [str(i) for i in range(len(steps["weights"]))])
+    assert f"softmax with the sink s_h = {sinks[2]:.4g} → p_i (sums to 1 − {float(row[5]):.4g})" in titles(
+        fig.to_plotly_json())
 
 
 def test_reach_back_through_sliding_layers():

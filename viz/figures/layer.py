@@ -606,6 +606,10 @@ def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str
         else:
             extra["capped"] = F.arr(trace[f"{name}.scores_capped"])[b, head, query]
         extra["softcap"] = np.array(float(info["softcap"]))
+    if info.get("sinks"):  # gpt-oss: the head's learned sink logit joins the softmax and takes its share of the row
+        extra["sink_logit"] = np.array(float(info["sinks"][head]))
+        extra["sink"] = (np.array(1.0 - float(np.asarray(p, np.float64).sum())) if lazy or f"{name}.sink" not in trace
+                         else np.array(float(F.arr(trace[f"{name}.sink"])[b, head, query])))
     last = extra.get("capped", scaled)
     z = p @ v if lazy else F.arr(trace[f"{name}.z"])[b, head, query]
     return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, last), "blocked": blocked,
@@ -642,7 +646,9 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
            else t("2. × the model's scale {s} (not 1/√d_k)", s=f"{scale:.4g}"))
     three = (t("3. soft-cap {c}·tanh(s/{c}), + M  (−∞ where blocked)", c=f"{float(steps['softcap']):.4g}")
              if "capped" in steps else t("3. + M  (−∞ where blocked)"))
-    titles = [t("1. q·k_i  (query {q} against every key)", q=q_token), two, three, t("4. softmax → p_i (sums to 1)"),
+    four = (t("4. softmax with the sink s_h = {s} → p_i (sums to 1 − {sink})", s=f"{float(steps['sink_logit']):.4g}",
+              sink=f"{float(steps['sink']):.4g}") if "sink" in steps else t("4. softmax → p_i (sums to 1)"))
+    titles = [t("1. q·k_i  (query {q} against every key)", q=q_token), two, three, four,
               t("5. z = Σ p_i v_i  ({d} dimensions; each colour is one key's p_i v_i)", d=d_k)]
     fig = make_subplots(rows=5, cols=1, subplot_titles=titles, vertical_spacing=0.07,
                         row_heights=[0.18, 0.18, 0.18, 0.18, 0.28])
