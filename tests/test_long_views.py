@@ -79,6 +79,30 @@ def test_what_a_head_switch_sends_at_2380_tokens():
     assert len(shown_positions(page)) > long_views.DOC_BEFORE and f'title="position {T - 1}: weight ' in page
 
 
+def test_the_views_cache_leaves_the_figure_cache_alone():
+    """Pooled maps and document views are kept for every session (a zoom, a switch back: nothing recomputed), in
+    a bounded cache of their own: a class clicking through heads and positions never pushes /llm's per-head
+    statistics out of the shared figure cache (recomputed: ~10 s at 2,380 tokens)."""
+    from viz.ui import attention_views as AV
+
+    class Trace:  # any object a weak reference can point to
+        pass
+
+    trace = Trace()
+
+    def statistics(tr):
+        return object()
+
+    def pooled(tr, head):
+        return [head]
+
+    stats = AV.cached_figure(trace, statistics, shared=True)
+    views = [long_views.shared_view(trace, pooled, h) for h in range(long_views.VIEWS_KEPT + 40)]
+    assert AV.cached_figure(trace, statistics, shared=True) is stats
+    assert long_views.shared_view(trace, pooled, long_views.VIEWS_KEPT + 39) is views[-1]
+    assert len(long_views._VIEWS) <= long_views.VIEWS_KEPT
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     return tiny_hf_lm(tmp_path_factory.mktemp("tiny-doc"), "llama")

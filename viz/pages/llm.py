@@ -243,15 +243,25 @@ seed_from_query("llm_head", "head", 0, int, int_in(0, n_heads - 1))
 seed_from_query("llm_view", "view", "heads", valid=lambda v: v in VIEWS)
 clamp_state("llm_layer", 0, n_layers - 1)
 clamp_state("llm_head", 0, n_heads - 1)
-c1, c2, c3 = st.columns([3, 1, 1])
-view = c1.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang), key="llm_view",
-                            required=True)
-if view == "lens":  # the lens reads every layer at once: a Layer/Head select would do nothing there
-    layer, head = st.session_state["llm_layer"], st.session_state["llm_head"]
-else:
-    layer = c2.selectbox(t("Layer"), range(n_layers), key="llm_layer")
-    head = c3.selectbox(t("Head"), range(n_heads), key="llm_head")
-write_query(view=view, layer=layer, head=head)
+
+
+@st.fragment
+def views() -> None:
+    """The View, Layer and Head controls and the chosen view. A fragment (issue 31 §2, a head switch <= 1 s in the
+    browser on a 2,380-token prompt): another head, view or statistic reruns this part only; the sidebar, the prompt
+    box, its tokenization and its token list are neither redone nor sent again. The views read layer and head (and
+    view) as the page's names, as they did before this was a fragment."""
+    global view, layer, head
+    c1, c2, c3 = st.columns([3, 1, 1])
+    view = c1.segmented_control(t("View"), list(VIEWS), format_func=lambda v: t(VIEWS[v], lang=lang),
+                                key="llm_view", required=True)
+    if view == "lens":  # the lens reads every layer at once: a Layer/Head select would do nothing there
+        layer, head = st.session_state["llm_layer"], st.session_state["llm_head"]
+    else:
+        layer = c2.selectbox(t("Layer"), range(n_layers), key="llm_layer")
+        head = c3.selectbox(t("Head"), range(n_heads), key="llm_head")
+    write_query(view=view, layer=layer, head=head)
+    {"heads": heads_view, "generate": generate_view, "lens": lens_view}[view]()
 
 
 # ---------------------------------------------------------------- heads
@@ -310,7 +320,8 @@ def heads_view() -> None:
     if not (scores == scores).any():  # all NaN: nothing to draw
         st.info(t("This prompt repeats no token, so no head can show this score here: the duplicate-token and "
                   "induction scores look at a token's earlier copies."), icon="🔁")
-        st.button(t("Use a prompt that repeats itself"), on_click=_use_repeated)
+        if st.button(t("Use a prompt that repeats itself"), on_click=_use_repeated):
+            st.rerun()  # the whole page: the prompt box and its tokens (outside this fragment) change too
     else:
         fig = FL.head_overview(scores, stat, layer, head)
         show_figure(fig, key="llm_overview", filename=f"{sel.name}-{stat}")
@@ -494,4 +505,4 @@ def lens_view() -> None:
     st.markdown(lens_sentence(LL.settles(lens), tops[-1][-1], float(probs[-1, -1])))
 
 
-{"heads": heads_view, "generate": generate_view, "lens": lens_view}[view]()
+views()

@@ -15,6 +15,10 @@ when shown), so memory grows like the prompt, not its square.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
+
 import streamlit as st
 
 from model.analysis import long as LG
@@ -22,7 +26,6 @@ from model.core import recorder
 from viz.figures import long as FLONG
 from viz.i18n import N_, t
 from viz.ui import models
-from viz.ui.attention_views import cached_figure
 from viz.ui.lm_models import EXACT_UP_TO  # noqa: F401 - re-exported (viz/pages/llm.py)
 from viz.ui.long_limits import keep_button
 from viz.ui.render import show_error, show_figure
@@ -111,7 +114,29 @@ STATS_CELLS = 2800 * 2800 // 2  # per-head statistics read at most about this ma
                                # 2,800 tokens (the other pages' lazy limit); a longer prompt's over its last rows,
                                # each over all its keys (cost ~ rows x T)
 STATS_MIN_ROWS = 256
+VIEWS_KEPT = 64  # pooled maps (128 x 128 float64: 131 kB) and document views (T floats) kept for all sessions
 SCOPES = {"head": N_("this head"), "layer": N_("this layer's mean over heads"), "model": N_("the model's mean")}
+
+
+_VIEWS: OrderedDict = OrderedDict()  # (id(trace), build, args) -> (weakref to the trace, result)
+_VIEWS_LOCK = threading.Lock()
+
+
+def shared_view(trace, build, *args):
+    """`build(trace, *args)` (a pooled map, a document view: pure functions of the trace), kept for every session
+    in a bounded LRU of its own (not the figure cache: a class's clicks through heads and positions must not push
+    /llm's per-head statistics out of it). An entry refers to its trace weakly and serves that very object only."""
+    key = (id(trace), build.__name__, args)
+    with _VIEWS_LOCK:
+        hit = _VIEWS.get(key)
+    if hit is None or hit[0]() is not trace:
+        hit = (weakref.ref(trace), build(trace, *args))
+    with _VIEWS_LOCK:
+        _VIEWS[key] = hit
+        _VIEWS.move_to_end(key)
+        while len(_VIEWS) > VIEWS_KEPT:
+            _VIEWS.popitem(last=False)
+    return hit[1]
 
 
 def stats_first_query(T: int) -> int:
@@ -196,7 +221,7 @@ def _whole_input(trace, tokens: list[str], key: str, layer: int, head: int) -> N
                  "keys are summed, then averaged over the block's queries, so every row still sums to 1. Pick a "
                  "window below to see its exact cells.", b=max(1, round(T / OVERVIEW_BLOCKS))))
     # once per trace and head for every session (a zoom or another session's switch back costs nothing)
-    ov = cached_figure(trace, LG.pooled_overview, layer, head, OVERVIEW_BLOCKS, shared=True)
+    ov = shared_view(trace, LG.pooled_overview, layer, head, OVERVIEW_BLOCKS)
     win = _win(st.query_params.get("win"), T) or (max(0, T - 32), max(0, T - 32), 32)
     c1, c2, c3 = st.columns(3)
     size = c3.select_slider(t("Window size"), ZOOM_SIZES, value=win[2], key=f"{key}_long_size")
@@ -227,8 +252,8 @@ def _document(trace, tokens: list[str], key: str, layer: int, head: int) -> None
     scope = c2.segmented_control(t("Weights of"), list(SCOPES), format_func=lambda v: t(SCOPES[v]),
                                  key=f"{key}_long_scope", required=True)
     write_query(pos=pos, scope=scope)
-    view = cached_figure(trace, LG.document_view, pos, None if scope == "model" else layer,
-                         head if scope == "head" else None, shared=True)
+    view = shared_view(trace, LG.document_view, pos, None if scope == "model" else layer,
+                       head if scope == "head" else None)
     show_document(tokens, view, key)
     st.caption(t("Top {n} source tokens of position {pos} (each with a few tokens around it):", n=len(view.top),
                  pos=pos))
