@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.core.layers import RMSNorm, apply_rotary
-from model.core.recorder import fast_attention_allowed, hook, keep, record
+from model.core.layers import RMSNorm, apply_rotary, tensor_version
+from model.core.recorder import fast_attention_allowed, hook, keep, record, recording
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -72,14 +72,32 @@ def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None, sinks: to
     sinks (H,): gpt-oss's learned sink logits (sink_softmax's weights: each row sums to 1 − its sink)."""
     if sinks is not None:
         return sink_softmax(scores, mask, sinks)[0]
-    if mask is not None and bool(mask.any()):  # none blocked (a new token's row): + 0 changes nothing
-        # The additive M is (B, 1, Lq, Lk), H times smaller than the scores: cheaper than masked_fill.
-        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+    bias, empty_row = _additive_mask(mask, scores.dtype, scores.device)
+    if bias is not None:  # none blocked (a new token's row): + 0 changes nothing
         weights = _softmax(scores + bias)
-        if bool(mask.all(dim=-1).any()):  # a row with no visible key: softmax gives NaN; make it 0
+        if empty_row:  # a row with no visible key: softmax gives NaN; make it 0
             weights = weights.masked_fill(mask, 0.0)
         return weights
     return _softmax(scores)
+
+
+def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype, device) -> tuple[torch.Tensor | None, bool]:
+    """The additive M of a bool mask (B, 1, Lq, Lk): 0 where visible, -inf where blocked (None when nothing is
+    blocked), and whether some row has no visible key. The additive M is H times smaller than the scores: cheaper
+    than masked_fill. Built once per mask tensor and kept on it: a forward hands the same mask to every layer of
+    a kind (as Hugging Face builds its additive mask once per forward); the same numbers as building it each time."""
+    if mask is None:
+        return None, False
+    key = (dtype, device, tensor_version(mask))  # an in-place change of the mask invalidates the memo
+    memo = getattr(mask, "_lab_additive", None)
+    if memo is not None and memo[0] == key:
+        return memo[1], memo[2]
+    bias, empty_row = None, False
+    if bool(mask.any()):
+        bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(mask, float("-inf"))
+        empty_row = bool(mask.all(dim=-1).any())
+    mask._lab_additive = (key, bias, empty_row)
+    return bias, empty_row
 
 
 def sink_softmax(scores: torch.Tensor, mask: torch.Tensor | None,
@@ -89,8 +107,8 @@ def sink_softmax(scores: torch.Tensor, mask: torch.Tensor | None,
     a head can give its queries' weight to nothing (the row's weights over real keys sum to 1 − sink).
     Returns (weights (B, H, Lq, Lk), sink (B, H, Lq): the probability each row gave the sink). As transformers'
     gpt-oss eager attention: the max subtracted in the scores' dtype, the softmax in that dtype."""
-    if mask is not None and bool(mask.any()):
-        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+    bias, _ = _additive_mask(mask, scores.dtype, scores.device)
+    if bias is not None:
         scores = scores + bias  # a blocked key gets exactly 0; the sink is always there, so no row is empty
     B, H, Lq, _ = scores.shape
     col = sinks.to(scores.dtype).reshape(1, H, 1, 1).expand(B, H, Lq, 1)
@@ -239,11 +257,14 @@ class MultiHeadAttention(nn.Module):
             else:
                 k_unrot = hook(f"{n}.k_unrot", self.project(x_kv, "k"))
                 k = hook(f"{n}.k", apply_rotary(k_unrot, angles, self.rope_float32, self.rope_scale))
-                if cache is not None and "k_unrot" in cache:
-                    k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
-                if cache is not None:
-                    cache["k_unrot"] = k_unrot
-                keep(f"{n}.k_unrot", k_unrot)
+                if cache is not None:  # the cache keeps each call's new part, joined when recorded (nothing
+                    parts = cache.setdefault("k_unrot", [])  # else reads it) or every 64 parts: not a cat per token
+                    parts.append(k_unrot)
+                    if len(parts) > 1 and (recording(f"{n}.k_unrot") or len(parts) >= 64):
+                        parts[:] = [torch.cat(parts, dim=2)]
+                    k_unrot = parts[0] if len(parts) == 1 else None
+                if k_unrot is not None:
+                    keep(f"{n}.k_unrot", k_unrot)
             v = hook(f"{n}.v", self.split_heads(self.w_v(x_kv)))
             if cache is not None and not static_kv and "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)
@@ -275,7 +296,7 @@ class MultiHeadAttention(nn.Module):
             weights = record(f"{n}.weights", weights)
             record(f"{n}.sink", sink)
 
-        z = record(f"{n}.z", self.dropout(weights) @ v)  # (B, H, Lq, hs)
+        z = record(f"{n}.z", (self.dropout(weights) if self.training else weights) @ v)  # (B, H, Lq, hs)
         B, H, Lq, hs = z.shape
         return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))  # concat heads, then W^O
 

@@ -108,11 +108,7 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False
     r = 2 * angles.shape[-1]
     if r < x.shape[-1]:
         return torch.cat((apply_rotary(x[..., :r], angles, in_float32, scale), x[..., r:]), dim=-1)
-    emb = torch.cat((angles, angles), dim=-1)
-    if scale is not None:
-        cos, sin = emb.cos() * scale, emb.sin() * scale
-    else:
-        cos, sin = emb.cos(), emb.sin()
+    cos, sin = _cos_sin(angles, scale)
     if in_float32 and x.dtype in (torch.bfloat16, torch.float16):
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -121,6 +117,25 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor, in_float32: bool = False
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """t's in-place change counter (an inference-mode tensor has none: -1), for memos kept on a tensor."""
+    return -1 if t.is_inference() else t._version
+
+
+def _cos_sin(angles: torch.Tensor, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of [angles, angles] (T, r), × scale if given. Computed once per angles tensor and kept on it:
+    a forward hands the same angles to every layer, which rotates q and k (Hugging Face also computes them once
+    per forward), so 2 x n_layers calls share one cos/sin; same numbers as computing them each time."""
+    key = (scale, tensor_version(angles))  # an in-place change of the angles invalidates the memo
+    memo = getattr(angles, "_lab_cos_sin", None)
+    if memo is not None and memo[0] == key:
+        return memo[1], memo[2]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = (emb.cos() * scale, emb.sin() * scale) if scale is not None else (emb.cos(), emb.sin())
+    angles._lab_cos_sin = (key, cos, sin)
+    return cos, sin
 
 
 class LayerNorm(nn.LayerNorm):

@@ -221,8 +221,10 @@ def _apply_hooks(name: str, tensor: torch.Tensor, fns: list[Hook]) -> torch.Tens
     return tensor
 
 
-def recording() -> bool:
-    return _RECORDER.get() is not None
+def recording(name: str | None = None) -> bool:
+    """True inside `capturing`; with a name, only when that name is recorded."""
+    rec = _RECORDER.get()
+    return rec is not None and (name is None or name in rec.wanted)
 
 
 def wanted(name: str) -> bool:
