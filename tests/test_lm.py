@@ -110,6 +110,32 @@ def test_scores_are_rotated_q_dot_k_over_sqrt_dk_with_shared_kv_heads():
 
 
 @torch.no_grad()
+def test_one_kv_head_gives_the_bits_of_its_copies():
+    """Multi-query attention (one K/V head, Gemma 3 270M/1B, Falcon): the forward reads the K/V head as a stride-0 view,
+    not H copies; its scores and z are the copies' bits, so a lazy trace (which recomputes from the copies) and a
+    cached decode step agree with the full trace as before."""
+    lm = make(LLAMA | {"n_kv_heads": 1})
+    for B in (1, 2):  # one sequence: the view; a batch: copies
+        _one_kv_head_bits(lm, ids(B=B))
+
+
+def _one_kv_head_bits(lm, x):
+    from model.core.attention import attention_scores
+
+    _, full = lm.run_with_trace(x, names="decoder.layers.1.self_attn.*")
+    _, lazy = lm.run_with_trace(x, lazy=True)
+    p, H = "decoder.layers.1.self_attn", lm.cfg.n_heads
+    k, v = full[f"{p}.k"].repeat_interleave(H, dim=1), full[f"{p}.v"].repeat_interleave(H, dim=1)
+    assert torch.equal(full[f"{p}.scores"], attention_scores(full[f"{p}.q"], k))
+    assert torch.equal(full[f"{p}.z"], full[f"{p}.weights"] @ v)
+    for role in ("scores", "weights", "z"):
+        assert torch.equal(lazy[f"{p}.{role}"], full[f"{p}.{role}"]), role
+    cache = lm.new_cache()
+    steps = [lm(x[:, :4], cache=cache)] + [lm(x[:, t:t + 1], cache=cache, offset=t) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), lm(x), atol=f32_tol(1, n=64), rtol=0)
+
+
+@torch.no_grad()
 def test_rotary_scores_depend_on_relative_position_only():
     """RoPE: the score of the same (query, key) vectors placed at (i, j) depends only on i - j."""
     hs = 8

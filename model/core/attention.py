@@ -279,7 +279,12 @@ class MultiHeadAttention(nn.Module):
             z = record(f"{n}.z", z)  # (B, H, Lq, hs)
             B, H, Lq, hs = z.shape
             return record(f"{n}.out", self.w_o(z.transpose(1, 2).reshape(B, Lq, H * hs)))
-        if self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
+        if self.n_kv_heads == 1 and self.n_heads > 1 and k.shape[0] == 1:  # one K/V head for all (multi-query),
+            # one sequence (generation, a page's trace): a stride-0 view, not H copies; matmul folds (1, H) to H
+            # as a view and runs the copies' per-head products (same bits), without copying the whole cache per
+            # token (transformers' repeat_kv copies it). With B > 1 the fold would copy in another layout: copies.
+            k, v = k.expand(-1, self.n_heads, -1, -1), v.expand(-1, self.n_heads, -1, -1)
+        elif self.n_kv_heads != self.n_heads:  # grouped-query: each K/V head serves r query heads in a row
             r = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
 
