@@ -85,6 +85,12 @@ POOL_IDLE_SECONDS = 1.0  # ...and this long: then their memory goes back to the 
                          # back a second after its sessions' traces are freed; malloc_trim can't see them)
 
 
+# A private anonymous mapping, not Python's default shared one: the block is never shared with another process,
+# and a fresh block page-faults ~30% faster (plain anonymous pages, not shared memory's: 92 vs 128 ms for a
+# 172 MiB trace, bench/families.py's Qwen3 at 128 tokens). Windows' mmap has no flags.
+_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
+
+
 class _Block:
     """One anonymous memory mapping holding a whole trace: each recorded tensor is copied into it.
 
@@ -136,7 +142,7 @@ class _Pool:
             fits = [i for i, (_, m) in enumerate(self.free) if n <= len(m) <= n + n // 4]  # little waste
             if fits:
                 return self.free.pop(min(fits, key=lambda i: len(self.free[i][1])))[1]
-        return mmap.mmap(-1, n)
+        return mmap.mmap(-1, n, **_PRIVATE)
 
     def give(self, block: mmap.mmap) -> None:
         with self.lock:
