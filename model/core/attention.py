@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.core.layers import RMSNorm, apply_rotary, tensor_version
-from model.core.recorder import fast_attention_allowed, hook, keep, record, recording
+from model.core.recorder import fast_attention_allowed, hook, keep, record
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -257,14 +257,13 @@ class MultiHeadAttention(nn.Module):
             else:
                 k_unrot = hook(f"{n}.k_unrot", self.project(x_kv, "k"))
                 k = hook(f"{n}.k", apply_rotary(k_unrot, angles, self.rope_float32, self.rope_scale))
-                if cache is not None:  # the cache keeps each call's new part, joined when recorded (nothing
-                    parts = cache.setdefault("k_unrot", [])  # else reads it) or every 64 parts: not a cat per token
-                    parts.append(k_unrot)
-                    if len(parts) > 1 and (recording(f"{n}.k_unrot") or len(parts) >= 64):
-                        parts[:] = [torch.cat(parts, dim=2)]
-                    k_unrot = parts[0] if len(parts) == 1 else None
-                if k_unrot is not None:
-                    keep(f"{n}.k_unrot", k_unrot)
+                # The cache holds tensors only: patching and /flow's causal check expand every entry to a batch
+                # (a list of parts here broke them).
+                if cache is not None and "k_unrot" in cache:
+                    k_unrot = torch.cat([cache["k_unrot"], k_unrot], dim=2)
+                if cache is not None:
+                    cache["k_unrot"] = k_unrot
+                keep(f"{n}.k_unrot", k_unrot)
             v = hook(f"{n}.v", self.split_heads(self.w_v(x_kv)))
             if cache is not None and not static_kv and "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)
