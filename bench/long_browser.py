@@ -6,7 +6,9 @@ Attention page and on /llm with SmolLM2 and a 2,380-token prompt, timed from the
 `streamlit run app.py` + Playwright driving Debian's Chromium (/usr/bin/chromium, the tests' arguments). The
 prompt is typed into the sidebar once (its first view is not timed here: bench/lm_pages.py --parts long has it),
 then each change is timed, per change:
-- script: click -> the server's script run finished, as the browser sees it (data-test-script-state);
+- script: click (on the option, or Enter in a number box: opening the list and typing come first, off the clock) ->
+  the server's script run finished, as the browser sees it (data-test-script-state);
+- server's run: click -> the server's script_finished message received (its run, both ways on the wire);
 - drawn: click -> what was asked is on the page (the figure or caption names the new head / window / position)
   and the browser's main thread has been idle for QUIET_MS (the end of its last long task: plotly's redraws);
 - bytes: websocket bytes the browser received for the change (Streamlit sends every element this way), and
@@ -61,13 +63,28 @@ class Wire:
     """Websocket bytes the page receives, and the plotly figures among them (their spec's size, by key)."""
 
     def __init__(self, page):
-        self.bytes, self.frames = 0, []
+        self.bytes, self.frames, self.times = 0, [], []
         page.on("websocket", lambda ws: ws.on("framereceived", self._add))
 
     def _add(self, payload) -> None:
         data = payload if isinstance(payload, bytes) else payload.encode()
         self.bytes += len(data)
         self.frames.append(data)
+        self.times.append(time.perf_counter())
+
+    def finished_at(self, mark: tuple[int, int]) -> float:
+        """When the first script_finished message after `mark` arrived (perf_counter; nan if none)."""
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        for data, at in zip(self.frames[mark[1]:], self.times[mark[1]:], strict=True):
+            msg = ForwardMsg()
+            try:
+                msg.ParseFromString(data)
+            except Exception:  # noqa: BLE001
+                continue
+            if msg.WhichOneof("type") == "script_finished":
+                return at
+        return float("nan")
 
     def mark(self) -> tuple[int, int]:
         return self.bytes, len(self.frames)
@@ -100,6 +117,7 @@ def settle(page, t0: float = 0.0, timeout: int = 600_000) -> None:
 
 
 SERVER_PID: list[int] = []  # the server's pid (its CPU seconds per change)
+SERVER_ENV: dict[str, str] = {}  # extra environment for the server (an experiment: OMP_NUM_THREADS=1)
 
 
 def server_cpu() -> float:
@@ -115,9 +133,12 @@ def quiet_server(settle_s: float = 0.3) -> float:
     return quiet_cpu(SERVER_PID[0], settle_s) if SERVER_PID else float("nan")
 
 
-def timed_change(page, wire: Wire, act, shown_js: str, arg) -> dict:
-    """Run `act()` (a click or an input) and time it: script finished, content shown, browser idle."""
+def timed_change(page, wire: Wire, act, shown_js: str, arg, prepare=None) -> dict:
+    """Run `act()` (a click, an Enter) and time it: script finished, content shown, browser idle. `prepare()`
+    runs before the clock starts (opening a select, typing a number: the reader's time, not the app's)."""
     settle(page)
+    if prepare is not None:
+        prepare()
     c0 = quiet_server()  # background work (the warm-up's analyses, a sweep) finished first
     mark = wire.mark()
     t0 = page.evaluate("() => { window.__alScriptDone = null; return performance.now(); }")
@@ -130,6 +151,7 @@ def timed_change(page, wire: Wire, act, shown_js: str, arg) -> dict:
           window.__alScriptDone = performance.now();
       });
       obs.observe(app, {attributes: true}); window.__alObs && window.__alObs.disconnect(); window.__alObs = obs; }""")
+    clicked = time.perf_counter()
     act()
     try:
         page.wait_for_function(shown_js, arg=arg, polling="raf", timeout=120_000)
@@ -146,7 +168,7 @@ def timed_change(page, wire: Wire, act, shown_js: str, arg) -> dict:
     n_bytes, figs, kinds = wire.since(mark)
     return {"script": out["script"] / 1000, "shown": (shown - t0) / 1000,
             "drawn": max(out["end"], shown - t0) / 1000, "busy": out["busy"] / 1000, "bytes": n_bytes, "figs": figs,
-            "kinds": kinds, "server_cpu": server_cpu() - c0}
+            "kinds": kinds, "server_cpu": server_cpu() - c0, "server": wire.finished_at(mark) - clicked}
 
 
 FIG_TITLE_JS = """([key, text]) => [...document.querySelectorAll('.st-key-' + key + ' .js-plotly-plot')].some(
@@ -154,18 +176,26 @@ FIG_TITLE_JS = """([key, text]) => [...document.querySelectorAll('.st-key-' + ke
 TEXT_JS = """([text]) => document.body.innerText.includes(text)"""
 
 
-def choose(page, label: str, value: int) -> None:
-    """Pick `value` in the main area's select labelled `label`."""
+def open_select(page, label: str, value: int) -> None:
+    """Open the main area's select labelled `label` and filter its list to `value` (a long list shows only some
+    options); `pick` then clicks it."""
     box = page.get_by_test_id("stMainBlockContainer").get_by_role("combobox", name=label, exact=True).first
     box.click()
-    page.keyboard.type(str(value))  # the list filters to it (a long list shows only some options)
+    page.keyboard.type(str(value))
+    page.get_by_role("option", name=str(value), exact=True).wait_for()
+
+
+def pick(page, value: int) -> None:
     page.get_by_role("option", name=str(value), exact=True).click()
 
 
-def type_number(page, label: str, value: int) -> None:
-    box = page.get_by_test_id("stMainBlockContainer").get_by_label(label, exact=True).first
-    box.fill(str(value))
-    box.press("Enter")
+def fill_number(page, label: str, value: int) -> None:
+    """Type `value` into the number input labelled `label` (not sent yet: `enter` sends it)."""
+    page.get_by_test_id("stMainBlockContainer").get_by_label(label, exact=True).first.fill(str(value))
+
+
+def enter(page, label: str) -> None:
+    page.get_by_test_id("stMainBlockContainer").get_by_label(label, exact=True).first.press("Enter")
 
 
 def changes(page, wire: Wire, key: str, n: int, repeats: int, heads: list[int]) -> dict[str, list[dict]]:
@@ -174,14 +204,17 @@ def changes(page, wire: Wire, key: str, n: int, repeats: int, heads: list[int]) 
     out: dict[str, list[dict]] = {"head": [], "zoom": [], "position": []}
     heads = heads[:repeats]
     for i, h in enumerate(heads):
-        out["head"].append(timed_change(page, wire, lambda h=h: choose(page, "Head", h), FIG_TITLE_JS,
-                                        [f"{key}_long_overview", f", head {h}:"]))
+        out["head"].append(timed_change(page, wire, lambda h=h: pick(page, h), FIG_TITLE_JS,
+                                        [f"{key}_long_overview", f", head {h}:"],
+                                        prepare=lambda h=h: open_select(page, "Head", h)))
         q0 = n // 2 + 37 * (i + 1)
-        out["zoom"].append(timed_change(page, wire, lambda q0=q0: type_number(page, "First query", q0), FIG_TITLE_JS,
-                                        [f"{key}_long_window", f"queries {q0}–"]))
+        out["zoom"].append(timed_change(page, wire, lambda: enter(page, "First query"), FIG_TITLE_JS,
+                                        [f"{key}_long_window", f"queries {q0}–"],
+                                        prepare=lambda q0=q0: fill_number(page, "First query", q0)))
         pos = n // 2 + 53 * (i + 1)
-        out["position"].append(timed_change(page, wire, lambda pos=pos: type_number(page, "Position", pos), TEXT_JS,
-                                            [f"source tokens of position {pos}"]))
+        out["position"].append(timed_change(page, wire, lambda: enter(page, "Position"), TEXT_JS,
+                                            [f"source tokens of position {pos}"],
+                                            prepare=lambda pos=pos: fill_number(page, "Position", pos)))
     return out
 
 
@@ -209,13 +242,14 @@ def report(page_name: str, n: int, results: dict[str, list[dict]]) -> list[str]:
         figs = runs[-1]["figs"]
         sent = ", ".join(f"{k} {b / 1024:.0f} kB" for k, b in figs) or "none"
         cpu = statistics.median(r["server_cpu"] for r in runs)
+        server = statistics.median(r["server"] for r in runs)
         kinds = ", ".join(f"{k} {b / 1024:.0f}" for k, b in sorted(runs[-1]["kinds"].items(), key=lambda kv: -kv[1])
                           if b >= 1024)
         ok = "ok" if med <= TARGET_S else "MISSED"
         each = ", ".join(f"{r['drawn']:.2f}" for r in runs)
-        lines.append(f"{page_name:9s} {what:8s} {n:,} tokens: drawn {med:5.2f} s (script {script:.2f} s, server "
-                     f"CPU {cpu:.2f} s, browser busy {busy:.2f} s, {kb:5.0f} kB received; figures sent: {sent}; "
-                     f"kB by element: {kinds})  target <= {TARGET_S:g} s "
+        lines.append(f"{page_name:9s} {what:8s} {n:,} tokens: drawn {med:5.2f} s (server's run {server:.2f} s, "
+                     f"CPU {cpu:.2f} s; script state {script:.2f} s; browser busy {busy:.2f} s, {kb:5.0f} kB received; "
+                     f"figures sent: {sent}; kB by element: {kinds})  target <= {TARGET_S:g} s "
                      f"ratio {med / TARGET_S:.2f} {ok}  [each: {each}]")
     return lines
 
@@ -227,7 +261,7 @@ def measure(app_dir: Path, label: str, text: str, n: int, pages: list[str], repe
     import app as bench  # bench/app.py: the server and the browser's arguments
 
     port = bench.free_port()
-    proc = bench.start_server(app_dir / "app.py", port)
+    proc = bench.start_server(app_dir / "app.py", port, env=SERVER_ENV)
     SERVER_PID[:] = [proc.pid]
     lines = []
     try:

@@ -1,9 +1,13 @@
 """Long inputs on a language model (issue 24 §3): the views a page shows when a prompt is too long to keep
-every attention map. The trace is lazy (model/core/trace.py: q, k, v per layer; a head's weights computed
-when shown), so memory grows like the prompt, not its square.
+every attention map. The trace is lazy (model/core/trace.py: q, k, v per layer, and each layer's output up to the
+other pages' lazy limit; a head's weights computed when shown), so memory grows like the prompt, not its square; it
+is the one trace every page of this prompt reads (viz/ui/models.long_lm_trace).
 
-    from viz.ui.long_views import render_long_attention
-    render_long_attention(sel, lm, trace, key="attn")
+    from viz.ui.long_views import long_trace, render_long_attention
+    trace = long_trace(sel, key="attn")          # None: a full trace fits, the page's usual views run
+    render_long_attention(trace, trace.meta_item("tgt_tokens"), key="attn")
+
+Each part is a Streamlit fragment: a zoom window or a document position reruns that part only (issue 31 §2).
 
 - a head's whole map, pooled (keys summed, queries averaged: each row still sums to 1), beside a zoom
   window of exact cells (its corner and size in the URL: `win=q0,k0,size`; token labels once small);
