@@ -532,8 +532,9 @@ st.markdown(t("A softmax row must give all its weight to the keys, so a head wit
               "nothing."))
 sinks_l = info_l.get("sinks")
 if not sinks_l:
-    st.info(t("{model} has no learned sinks: each row's weights over the tokens sum to 1, as in 2017.",
-              model=lm_label), icon="🧩")
+    # a fact about this model's softmax, not a view the page cannot draw: a caption, not the page's "lacks" notice
+    st.caption(t("{model} has no learned sinks: each row's weights over the tokens sum to 1, as in 2017.",
+                 model=lm_label))
 else:
     sink_row = FM._arr(trace[f"{A}.sink"])[0, head].astype(np.float64)  # (T,): this head's weight on the sink
     show_figure(FM.sink_figure(sinks_l, sink_row[rows], head, labels[rows]), key="s17_sinks")
