@@ -209,24 +209,20 @@ def long_views_part(lm) -> None:
         row(what + (f" ERRORS: {errors[:1]}" if errors else ""), time.perf_counter() - t0, time.process_time() - c0,
             target)
 
-    at = page("viz/pages/attention.py")
-    run(at, f"Attention page, first view of a {n:,}-token document (lazy trace)", None)
-    at.session_state["attn_long_head"] = 3
-    run(at, f"Attention page, another head ({n:,} tokens, warm)", TARGET_HEAD_SWITCH_S, head=3)
-    at.session_state["attn_long_q0"] = n // 2
-    at.session_state["attn_long_k0"] = n // 2
-    run(at, f"Attention page, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
-    at.session_state["attn_long_pos"] = n // 2
-    run(at, f"Attention page, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=n // 2)
-    at = page("viz/pages/llm.py")  # /llm: the same trace; its head select is the page's own (a full rerun)
-    run(at, f"/llm, first view of the {n:,}-token document (the trace is there; its per-head statistics)", None)
-    at.session_state["llm_head"] = 4
-    run(at, f"/llm, another head ({n:,} tokens, warm)", TARGET_HEAD_SWITCH_S, head=4)
-    at.session_state["llm_long_q0"] = n // 3
-    at.session_state["llm_long_k0"] = n // 3
-    run(at, f"/llm, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
-    at.session_state["llm_long_pos"] = n // 3
-    run(at, f"/llm, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=n // 3)
+    # the Attention page, then /llm on the same trace (its head select is the page's own: a full rerun)
+    for file, title, first, head_key, head, key, where in (
+            ("attention", "Attention page", "first view of a {n:,}-token document (lazy trace)",
+             "attn_long_head", 3, "attn", n // 2),
+            ("llm", "/llm", "first view of the {n:,}-token document (the trace is there; its per-head statistics)",
+             "llm_head", 4, "llm", n // 3)):
+        at = page(f"viz/pages/{file}.py")
+        run(at, f"{title}, {first.format(n=n)}", None)
+        at.session_state[head_key] = head
+        run(at, f"{title}, another head ({n:,} tokens, warm)", TARGET_HEAD_SWITCH_S, head=head)
+        at.session_state[f"{key}_long_q0"] = at.session_state[f"{key}_long_k0"] = where
+        run(at, f"{title}, another zoom window ({n:,} tokens)", TARGET_HEAD_SWITCH_S)
+        at.session_state[f"{key}_long_pos"] = where
+        run(at, f"{title}, another document position ({n:,} tokens)", TARGET_HEAD_SWITCH_S, pos=where)
     at = page("viz/pages/layer.py")  # reads one layer from the trace the pages above hold (viz/ui/models.py)
     run(at, f"Inside a layer, first view of the {n:,}-token document (after the Attention page)", TARGET_LAYER_S)
     at.session_state["ly_layer"] = 20

@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config, items):
     @pytest.mark.slow themselves."""
     for item in items:
         module = getattr(item, "module", None)
-        if item.get_closest_marker("browser") or (module is not None and "AppTest" in vars(module)):
+        runs_app = module is not None and any(n in vars(module) for n in ("AppTest", "open_page", "model_page"))
+        if item.get_closest_marker("browser") or runs_app:
             item.add_marker(pytest.mark.slow)
 
 
@@ -86,6 +87,39 @@ def open_page(file: str | None = None, *, query: dict | None = None, state: dict
         at.switch_page(file)
         at.run()
     return at
+
+
+def model_page(label: str, name: str, lang: str = "en", *, state: dict | None = None, timeout: float = 300,
+               **query) -> "AppTest":  # noqa: F821 - imported below: conftest loads before Streamlit is needed
+    """One page (viz/pages/<name>.py) opened by a link to the language model `label` in `lang`, with the session
+    state set first; fails on any exception or error element."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.query_params.update({"checkpoint": label, "lang": lang, **{k: str(v) for k, v in query.items()}})
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    at.switch_page(f"viz/pages/{name}.py")
+    at.run()
+    assert not at.exception, (name, lang, [e.value for e in at.exception])
+    assert not at.error, (name, lang, [e.value for e in at.error])
+    return at
+
+
+@pytest.fixture(scope="module")
+def loaded(saved):
+    """family -> the lab's model loaded from the module's `saved` (family -> (transformers model, its folder)), each
+    loaded once per module (tests/test_families.py, tests/test_families_more.py)."""
+    from model.loaders.hf import load_hf_dir
+
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = load_hf_dir(saved(family)[1])
+        return cache[family]
+
+    return get
 
 
 def figures(at) -> list[dict]:

@@ -24,8 +24,7 @@ import json
 
 import pytest
 import torch
-from conftest import APP, tiny_bpe_tokenizer
-from streamlit.testing.v1 import AppTest
+from conftest import model_page, tiny_bpe_tokenizer
 from test_i18n import english_in_zh
 from tolerance import f32_tol
 
@@ -272,16 +271,6 @@ def served(made):
     return label
 
 
-def run_page(label: str, page: str, lang: str = "en", **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update({"checkpoint": label, "lang": lang, **{k: str(v) for k, v in query.items()}})
-    at.switch_page(f"viz/pages/{page}.py")
-    at.run()
-    assert not at.exception, (page, lang, [e.value for e in at.exception])
-    assert not at.error, (page, lang, [e.value for e in at.error])
-    return at
-
-
 def infos(at) -> str:
     return "\n".join(str(e.value) for kind in ("info", "markdown", "caption") for e in at.get(kind))
 
@@ -297,7 +286,7 @@ SAID = {"en": "runs via transformers, not one of the lab's own families",
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_every_page_opens_on_an_adapter_model(served, lang):
     for page in PAGES:
-        at = run_page(served, page, lang)
+        at = model_page(served, page, lang)
         if page in SAYS:
             assert SAID[lang] in infos(at), page
             assert not at.get("plotly_chart"), page
@@ -305,7 +294,7 @@ def test_every_page_opens_on_an_adapter_model(served, lang):
             assert at.get("plotly_chart") and SAID[lang] not in infos(at), page
         if lang == "zh" and page in ("architecture", "attention", "llm", "qk"):
             assert not english_in_zh(at), (page, english_in_zh(at))
-    said = infos(run_page(served, "qk", lang))
+    said = infos(model_page(served, "qk", lang))
     words = {"en": ("(via transformers, started with the server)", "each head's v and output z, q, k and the scores",
                     "but not the norms inside a layer"),
              "zh": ("（经 transformers 运行，随服务器启动）", "每个头的 v 和输出 z、q、k 和分数",
@@ -317,14 +306,14 @@ def test_every_page_opens_on_an_adapter_model(served, lang):
 @pytest.mark.parametrize("view, draws", [("heads", True), ("model", True), ("pipeline", False), ("masks", False),
                                          ("qkvz", False), ("sqrt", False)])
 def test_attention_views_draw_weights_or_say_what_is_missing(served, view, draws):
-    at = run_page(served, "attention", view=view)
+    at = model_page(served, "attention", view=view)
     assert (SAID["en"] in infos(at)) is not draws
 
 
 def test_language_model_page_draws_the_lens_and_says_via_transformers(served, made):
     from model.analysis import logit_lens as LL
 
-    at = run_page(served, "llm", view="lens")
+    at = model_page(served, "llm", view="lens")
     assert at.get("plotly_chart") and "Via transformers: falcon" in infos(at) and "a falcon model" in infos(at)
     lm = lm_models.load(served).obj
     ids = lm.encode(PROMPT)
@@ -332,7 +321,7 @@ def test_language_model_page_draws_the_lens_and_says_via_transformers(served, ma
     logits, _ = lm.run_with_trace(ids, names="logits")
     assert (lens.top_ids[-1] == logits[0].argmax(-1).numpy()).all()  # the lens's last row is the model's own answer
     for view in ("heads", "generate"):
-        assert "Via transformers" in infos(run_page(served, "llm", "en", view=view))
+        assert "Via transformers" in infos(model_page(served, "llm", "en", view=view))
 
 
 def test_the_labs_own_families_never_import_transformers(tmp_path):
@@ -389,7 +378,7 @@ def test_a_config_that_describes_fewer_layers_than_the_weights_is_refused(tmp_pa
 
 
 def test_generation_on_the_language_model_page(served):
-    at = run_page(served, "llm", view="generate")
+    at = model_page(served, "llm", view="generate")
     next(b for b in at.button if b.label == "Generate").click().run()
     assert not at.exception and not at.error
     want = lm_models.load(served).obj.generate(PROMPT, max_new_tokens=int(at.number_input(key="llm_max").value))

@@ -6,7 +6,7 @@ packages (the README's test command), so nothing here skips. Slow: the real mode
 from __future__ import annotations
 
 import pytest
-from conftest import APP
+from conftest import model_page
 from streamlit.testing.v1 import AppTest
 
 pytestmark = pytest.mark.slow
@@ -17,13 +17,7 @@ ZH_PROMPT = "我爱机器学习，今天天气很好。"
 
 
 def page(name: str, lang: str, **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update({"checkpoint": "gemma3", "lang": lang, **query})
-    at.switch_page(f"viz/pages/{name}.py")
-    at.run()
-    assert not at.exception, (name, lang, [e.value for e in at.exception])
-    assert not at.error, (name, lang, [e.value for e in at.error])
-    return at
+    return model_page("gemma3", name, lang, timeout=TIMEOUT, **query)
 
 
 def texts(at) -> str:

@@ -23,7 +23,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import APP, plotly_array, tiny_hf_lm
+from conftest import model_page, plotly_array, tiny_hf_lm
 from streamlit.testing.v1 import AppTest
 from test_app_new_families import W, figure_with, save_family, texts
 from test_i18n import english_in_zh
@@ -79,14 +79,7 @@ def long_trace(monkeypatch, label: str, lazy: bool = True):
 
 
 def run_page(label: str, lang: str, **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update({"checkpoint": label, "lang": lang, **{k: str(v) for k, v in query.items()}})
-    at.session_state["source_text"] = TEXT
-    at.switch_page("viz/pages/since2017.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
+    return model_page(label, "since2017", lang, state={"source_text": TEXT}, **query)
 
 
 def bounded(at, T: int) -> list[dict]:

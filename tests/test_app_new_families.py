@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import APP, figures, plotly_array, tiny_bpe_tokenizer
-from streamlit.testing.v1 import AppTest
+from conftest import figures, model_page, plotly_array, tiny_bpe_tokenizer
 from test_i18n import english_in_zh
 
 from viz.figures import arch as FA
@@ -95,16 +94,6 @@ def trace_of(label: str):
     return lm_models.load(label).trace(lm_models.EXAMPLES["decoder_lm"])[1]
 
 
-def run_page(label: str, page: str, lang: str = "en", **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update({"checkpoint": label, "lang": lang, **{k: str(v) for k, v in query.items()}})
-    at.switch_page(f"viz/pages/{page}.py")
-    at.run()
-    assert not at.exception, (page, lang, [e.value for e in at.exception])
-    assert not at.error, (page, lang, [e.value for e in at.error])
-    return at
-
-
 def titles(fig: dict) -> str:
     """A figure's title and subplot titles, as one string."""
     layout = fig["layout"]
@@ -131,7 +120,7 @@ def texts(at) -> str:
 def test_every_page_opens(served, family, lang):
     label = served(family)
     for page in PAGES:
-        at = run_page(label, page, lang)
+        at = model_page(label, page, lang)
         if lang == "zh" and page in ("since2017", "architecture", "layer", "attention"):
             assert not english_in_zh(at), (page, english_in_zh(at))
 
@@ -142,11 +131,11 @@ def test_every_page_opens_on_post_norm_and_parallel_blocks(served, family):
     on OLMo 2 and drew wrong routes on both (issue 30)."""
     label = served(family)
     for page in PAGES:
-        run_page(label, page, "en")
+        model_page(label, page, "en")
     said = {"olmo2": ("a norm follows each sublayer", "每个子层的输出在加入残差流之前先经过一个归一化"),
             "neox": ("join the stream in one sum", "在同一次求和中加入残差流")}[family]
-    assert said[0] in texts(run_page(label, "flow", "en"))  # the page says which wiring the terms come from
-    assert said[1] in texts(run_page(label, "flow", "zh"))
+    assert said[0] in texts(model_page(label, "flow", "en"))  # the page says which wiring the terms come from
+    assert said[1] in texts(model_page(label, "flow", "zh"))
 
 
 @pytest.mark.parametrize("family", ["phi", "cohere", "granite", "glm4", "smollm3"])
@@ -155,20 +144,20 @@ def test_every_page_opens_on_the_newer_families(served, family):
     (Phi, Cohere asked for norm3), /since2017 on a layer without RoPE (SmolLM3) and its FFN on a shared norm."""
     label = served(family)
     for page in PAGES:
-        run_page(label, page, "en")
+        model_page(label, page, "en")
     for layer in range(2):
-        run_page(label, "layer", "en", layer=layer, sub="ffn")
-        run_page(label, "since2017", "en", layer=layer)
+        model_page(label, "layer", "en", layer=layer, sub="ffn")
+        model_page(label, "since2017", "en", layer=layer)
     if family == "smollm3":
-        assert "(NoPE)" in texts(run_page(label, "since2017", "en", layer=1))
-        assert "（NoPE）" in texts(run_page(label, "since2017", "zh", layer=1))
+        assert "(NoPE)" in texts(model_page(label, "since2017", "en", layer=1))
+        assert "（NoPE）" in texts(model_page(label, "since2017", "zh", layer=1))
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen2moe", "olmo2", "neox"])
 def test_every_analysis_view_opens(served, family):
     label = served(family)
     for page, query in VIEWS:
-        at = run_page(label, page, "en", **query)
+        at = model_page(label, page, "en", **query)
         if page == "flow":  # the routes graph and the methods are drawn, not refused
             assert figures(at), (family, query)
 
@@ -176,7 +165,7 @@ def test_every_analysis_view_opens(served, family):
 def test_flow_on_a_sandwich_model_draws_routes_through_heads(served):
     """Gemma 3 (a norm after each sublayer): the page drew "0 through attention heads" when it took the heads'
     terms before that norm; with the decomposition the heads carry their real share."""
-    at = run_page(served("gemma3"), "flow", "en", tau=0.01)
+    at = model_page(served("gemma3"), "flow", "en", tau=0.01)
     caption = next(str(c.value) for c in at.caption if "through attention heads" in str(c.value))
     import re
 
@@ -193,7 +182,7 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
     info = trace.meta["model"]["attention"]["decoder.layers.0.self_attn"]
     assert info["window"] == W and info["softcap"] is None and info["qk_norm"]  # Gemma 3: its config's cap unused
     assert info["scale"] == pytest.approx(24 ** -0.5)
-    at = run_page(label, "attention", view="pipeline", layer=0, head=1)
+    at = model_page(label, "attention", view="pipeline", layer=0, head=1)
     assert "scales by 0.2041, not 1/√d_k" in texts(at) and "sliding window" in texts(at)
     fig = figure_with(at, "× scale 0.2041")
     assert "(not 1/√d_k = 0.25)" in titles(fig) and f"window {W}" in titles(fig)
@@ -209,18 +198,18 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
     np.testing.assert_allclose(plotly_array(heat[-1]["z"]), trace[f"{name}.weights"][0, 1].numpy(), atol=1e-6)
     assert figure_with(at, "‖q‖ per token")  # the q/k norm step
 
-    at = run_page(label, "attention", view="masks", layer=0)
+    at = model_page(label, "attention", view="masks", layer=0)
     fig = figure_with(at, f"sliding window, W = {W} (masks.sliding)")
     masks = [plotly_array(d["z"]) for d in fig["data"][:3]]
     np.testing.assert_array_equal(masks[1], trace["masks.sliding"].numpy().astype(np.float32))
     np.testing.assert_array_equal(masks[2], trace[f"{name}.mask"][0, 0].numpy().astype(np.float32))
-    at = run_page(label, "attention", view="masks", layer=1)  # the global layer: the 2017 mask view
+    at = model_page(label, "attention", view="masks", layer=1)  # the global layer: the 2017 mask view
     assert not [f for f in figures(at) if "masks.sliding" in titles(f)]
     # the soft-cap step, on Gemma 2 (which applies it)
     label = served("gemma2")
     trace = trace_of(label)
     assert trace.meta["model"]["attention"][f"{name}"]["softcap"] == 3.0
-    at = run_page(label, "attention", view="pipeline", layer=0, head=1)
+    at = model_page(label, "attention", view="pipeline", layer=0, head=1)
     heat = [d for d in figure_with(at, "× scale 0.2041")["data"] if d["type"] == "heatmap"]
     scores = trace[f"{name}.scores"][0, 1].double().numpy()
     capped = plotly_array(heat[2]["z"])
@@ -232,17 +221,17 @@ def test_attention_pipeline_uses_gemmas_scale_softcap_and_window(served):
 
 
 def test_architecture_map_is_drawn_from_the_description(served):
-    at = run_page(served("gemma3"), "architecture", layer=0)
+    at = model_page(served("gemma3"), "architecture", layer=0)
     fig = figure_with(at, "sandwich norms")
     labels = titles(fig).replace("<br>", " ")
     for part in ("q/k RMSNorm", "RMSNorm after attention", "RMSNorm after the FFN", f"sliding window W = {W}",
                  "query scale 0.2041", "sliding (W = 4) × 1, full × 1", "Token embedding × √d"):
         assert part in labels, part
     assert "soft-cap" not in labels  # Gemma 3 does not cap its scores; Gemma 2 does:
-    assert "soft-cap ±3" in titles(figure_with(run_page(served("gemma2"), "architecture", layer=0), "sandwich norms"))
+    assert "soft-cap ±3" in titles(figure_with(model_page(served("gemma2"), "architecture", layer=0), "sandwich norms"))
     ids = [c[0] for c in next(d for d in fig["data"] if d.get("customdata"))["customdata"]]
     assert {"lm_qknorm", "lm_post1", "lm_post2"} <= set(ids) <= set(FA.LM_BY_ID)
-    at = run_page(served("qwen2moe"), "architecture")
+    at = model_page(served("qwen2moe"), "architecture")
     labels = titles(figure_with(at, "experts: top 2 of 4")).replace("<br>", " ")
     assert "Router → top 2" in labels and "Mixture of experts: top 2 of 4" in labels and "shared expert" in labels
 
@@ -262,7 +251,7 @@ def test_architecture_shapes_of_the_new_families_are_the_traces(served):
 def test_since2017_draws_gemmas_mechanisms(served):
     label = served("gemma3")
     trace = trace_of(label)
-    at = run_page(label, "since2017", layer=0, head=0)
+    at = model_page(label, "since2017", layer=0, head=0)
     body = texts(at)
     for header in ("6. Sliding windows", "7. q/k norm", "8. Soft-capping", "9. RoPE scaling", "10. Mixture of experts"):
         assert header in body
@@ -279,7 +268,7 @@ def test_since2017_draws_gemmas_mechanisms(served):
     q_in = trace["decoder.layers.0.self_attn.q_norm.in"][0, 0].double().numpy()
     np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), np.linalg.norm(q_in, axis=-1), rtol=1e-5)
     # Soft-capping: the live scores on the curve 3·tanh(s/3), on Gemma 2 (Gemma 3 does not cap its scores).
-    fig = figure_with(run_page(served("gemma2"), "since2017", layer=0, head=0), "soft-cap c = 3")
+    fig = figure_with(model_page(served("gemma2"), "since2017", layer=0, head=0), "soft-cap c = 3")
     pts = fig["data"][2]
     np.testing.assert_allclose(plotly_array(pts["y"]), 3 * np.tanh(plotly_array(pts["x"]) / 3), atol=1e-5)
     # RoPE scaling: the global layer's linear ×4, and its live angles are position × the scaled frequencies.
@@ -296,7 +285,7 @@ def test_since2017_draws_gemmas_mechanisms(served):
 def test_since2017_draws_moe_routing(served):
     label = served("qwen2moe")
     trace = trace_of(label)
-    at = run_page(label, "since2017", layer=1, pos=3)
+    at = model_page(label, "since2017", layer=1, pos=3)
     body = texts(at)
     for no in ("uses no sliding window", "does not normalise q and k", "does not cap its scores", "uses plain RoPE"):
         assert no in body
@@ -321,7 +310,7 @@ def test_since2017_and_the_map_draw_gpt_oss_sinks(served):
     label = served("gpt_oss")
     trace = trace_of(label)
     model = lm_models.load(label).obj.model
-    at = run_page(label, "since2017", layer=1, head=2, pos=5)
+    at = model_page(label, "since2017", layer=1, head=2, pos=5)
     body = texts(at)
     fig = figure_with(at, "learned sink logit s_h per head")
     sinks = model.decoder.layers[1].self_attn.sinks.detach().double().numpy()
@@ -333,11 +322,11 @@ def test_since2017_and_the_map_draw_gpt_oss_sinks(served):
     assert "11. Attention sinks" in body and f"head 2's is {sinks[2]:.4g}" in body
     assert f"sum to {1 - row[5]:.4g}" in body or f"sum to {w[5].sum():.4g}" in body
     assert "YaRN also multiplies cos and sin by m = 1.069" in body
-    zh = run_page(label, "since2017", "zh", layer=1, head=2)
+    zh = model_page(label, "since2017", "zh", layer=1, head=2)
     assert "11. 注意力汇聚点" in texts(zh) and not english_in_zh(zh), english_in_zh(zh)
-    labels = titles(figure_with(run_page(label, "architecture", layer=1), "sink s_h")).replace("<br>", " ")
+    labels = titles(figure_with(model_page(label, "architecture", layer=1), "sink s_h")).replace("<br>", " ")
     assert f"learned sinks s_h from {sinks.min():.2f} to {sinks.max():.2f}" in labels and "YaRN scaling ×2" in labels
-    assert "has no learned sinks" in texts(run_page(served("qwen2moe"), "since2017"))
+    assert "has no learned sinks" in texts(model_page(served("qwen2moe"), "since2017"))
     # Inside a layer's one-query steps: p_i are the trace's weights, the sink takes the rest of the row
     steps = FL.query_steps(trace, "decoder.layers.1.self_attn", 2, 5)
     assert float(steps["sink"]) == pytest.approx(float(row[5]), abs=1e-7)
@@ -382,9 +371,9 @@ def test_layer_wiring_recomposes_the_layer(served, family, kind):
 
 
 def test_layer_page_shows_the_models_wiring_and_its_experts(served):
-    at = run_page(served("neox"), "layer", layer=1, sub="ffn")
+    at = model_page(served("neox"), "layer", layer=1, sub="ffn")
     assert figure_with(at, "parallel residual: x + Attn(Norm₁(x)) + FFN(Norm₂(x))")
     assert "side by side from the same input" in texts(at)
-    at = run_page(served("qwen2moe"), "layer", layer=0, sub="ffn", token=2)
+    at = model_page(served("qwen2moe"), "layer", layer=0, sub="ffn", token=2)
     assert figure_with(at, "router probabilities") and figure_with(at, "the router's choice")
     assert "A mixture of experts takes the FFN's place" in texts(at)

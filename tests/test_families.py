@@ -112,18 +112,6 @@ def test_logits_weights_and_greedy_tokens_match_transformers(family, saved):
     assert lm.generate(x, max_new_tokens=4, record=False).ids == want
 
 
-@pytest.fixture(scope="module")
-def loaded(saved):
-    cache = {}
-
-    def get(family):
-        if family not in cache:
-            cache[family] = load_hf_dir(saved(family)[1])
-        return cache[family]
-
-    return get
-
-
 # ---------------------------------------------------------------- capture points of the new mechanisms
 
 NEW_POINTS = {  # family -> names its trace must have (besides the 2017 ones)

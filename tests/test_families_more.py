@@ -57,18 +57,6 @@ def saved(tmp_path_factory):
     return test_families.saved_by(tmp_path_factory, build)
 
 
-@pytest.fixture(scope="module")
-def loaded(saved):
-    cache = {}
-
-    def get(family):
-        if family not in cache:
-            cache[family] = load_hf_dir(saved(family)[1])
-        return cache[family]
-
-    return get
-
-
 def test_every_family_here_is_one_the_loader_opens():
     assert {t for t, _ in MORE.values()} <= set(LM_TYPES)
 

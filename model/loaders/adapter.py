@@ -55,7 +55,7 @@ from model.core.describe import SIDES, attention_entry
 from model.core.trace import Trace
 from model.loaders import adapter_heads as AH
 from model.loaders.hf_common import ModelLoadError, available_bytes
-from model.loaders.lm import LanguageModel, Step, _check_sampling, _choose, make_step
+from model.loaders.lm import LanguageModel, Step
 
 FAMILY = "decoder_lm_adapter"
 INSTALL = "pip install -e '.[any-model]'"
@@ -673,37 +673,24 @@ class AdapterLanguageModel(LanguageModel):
         """LanguageModel.stream through transformers' own KV cache; each step's attention row is transformers'
         output_attentions for the new position ([L, H, T_so_far]). `hooks` (AdapterModel.hook_names) run in every
         step: a hook over positions (a mean) sees the step's positions only, as in the lab's own stream."""
-        _check_sampling(max_new_tokens, temperature, top_k, top_p)
-        ids = self._ids(prompt_or_ids, chat)
-        if ids.shape[0] != 1:
-            raise ValueError(f"generate takes one prompt (batch 1), got a batch of {ids.shape[0]}")
+        ids, room = self._prompt_and_room(prompt_or_ids, chat, max_new_tokens, temperature, top_k, top_p)
         m = self.model
         m._check_ids(ids)
-        gen = torch.Generator().manual_seed(int(seed))
-        room = m.cfg.max_len - ids.shape[1]
-        if room <= 0:
-            raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {m.cfg.max_len}: "
-                             "no room to generate")
-        past, x, offset = None, ids, 0
         import inspect  # transformers 5.x names the KV cache `cache` (4.x: past_key_values, deprecated in 5)
 
         kw = "cache" if "cache" in inspect.signature(m.hf.forward).parameters else "past_key_values"
+        past = None
+
+        def forward(x: torch.Tensor, offset: int):
+            nonlocal past
+            out = m.hf(input_ids=x.to(m._device()), **{kw: past}, use_cache=True, output_attentions=record)
+            past = getattr(out, kw)
+            logits = recorder.hook("logits", out.logits)[0, -1].cpu()
+            return logits, torch.stack([a[0, :, -1].to("cpu", copy=True) for a in out.attentions]) if record else None
+
         with torch.no_grad(), m.hooks(hooks):
-            for _ in range(min(max_new_tokens, room)):
-                out = m.hf(input_ids=x.to(m._device()), **{kw: past}, use_cache=True, output_attentions=record)
-                past = getattr(out, kw)
-                logits = recorder.hook("logits", out.logits)[0, -1].cpu()
-                offset += x.shape[1]
-                probs = torch.softmax(logits.float(), dim=-1)
-                chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
-                attention = torch.stack([a[0, :, -1].to("cpu", copy=True) for a in out.attentions]) if record else None
-                step = make_step(self._piece, chosen, probs, drawn, attention, offset - 1, temperature)
-                if on_step is not None:
-                    on_step(step)
-                yield step
-                if chosen in self.stop_ids:
-                    return
-                x = torch.tensor([[chosen]], dtype=torch.long)
+            yield from self._sample(ids, min(max_new_tokens, room), forward, temperature, top_k, top_p, seed,
+                                    on_step)
 
 
 def _numel(files: list[Path]) -> int:

@@ -202,16 +202,8 @@ class LanguageModel:
         the prompt's T×T weights are never formed), and each step's `attention` row is computed from
         the new query and the cached keys with the forward's own functions (trace.last_row). Logits
         equal the step-by-step ones to float rounding. Ignored (step by step) when `hooks` are given."""
-        _check_sampling(max_new_tokens, temperature, top_k, top_p)
-        ids = self._ids(prompt_or_ids, chat)
-        if ids.shape[0] != 1:
-            raise ValueError(f"generate takes one prompt (batch 1), got a batch of {ids.shape[0]}")
+        ids, room = self._prompt_and_room(prompt_or_ids, chat, max_new_tokens, temperature, top_k, top_p)
         m = self.model
-        gen = torch.Generator().manual_seed(int(seed))  # private: sessions never share a random stream
-        room = m.cfg.max_len - ids.shape[1]
-        if room <= 0:
-            raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {m.cfg.max_len}: "
-                             "no room to generate")
         grabbed: dict[str, torch.Tensor] = {}
         fast = bool(fast) and not hooks
         modules = m.describe()["attention"]
@@ -226,24 +218,52 @@ class LanguageModel:
             return None
 
         mine = recorder.resolve_hooks(names, {n: grab for n in names}) if record else {}
-        cache, offset, x = m.new_cache(), 0, ids
+        cache = m.new_cache()
+
+        def forward(x: torch.Tensor, offset: int):
+            logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1].cpu()  # sampling on the CPU
+            if record and fast:
+                for i, (n, p) in enumerate(zip(names, params, strict=True)):
+                    grabbed[n] = last_row(grabbed[n], cache[i]["k"][0], p)
+            return logits, torch.stack([grabbed.pop(n) for n in names]) if record else None
+
         with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine), recorder.fast_attention(fast):
-            for _ in range(min(max_new_tokens, room)):
-                logits = m(x, cache=cache, offset=offset, last_only=True)[0, -1].cpu()  # sampling on the CPU
-                if record and fast:
-                    for i, (n, p) in enumerate(zip(names, params, strict=True)):
-                        grabbed[n] = last_row(grabbed[n], cache[i]["k"][0], p)
-                offset += x.shape[1]
-                probs = torch.softmax(logits.float(), dim=-1)
-                chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
-                attention = torch.stack([grabbed.pop(n) for n in names]) if record else None
-                step = make_step(self._piece, chosen, probs, drawn, attention, offset - 1, temperature)
-                if on_step is not None:
-                    on_step(step)
-                yield step
-                if chosen in self.stop_ids:
-                    return
-                x = torch.tensor([[chosen]], dtype=torch.long)
+            yield from self._sample(ids, min(max_new_tokens, room), forward, temperature, top_k, top_p, seed,
+                                    on_step)
+
+    def _prompt_and_room(self, prompt_or_ids, chat: bool, max_new_tokens: int, temperature: float, top_k: int,
+                         top_p: float) -> tuple[torch.Tensor, int]:
+        """The checks every stream makes first: the sampling settings, one prompt, and room after it within the
+        model's limit. Returns the prompt's ids [1, T] and how many tokens fit after it."""
+        _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        ids = self._ids(prompt_or_ids, chat)
+        if ids.shape[0] != 1:
+            raise ValueError(f"generate takes one prompt (batch 1), got a batch of {ids.shape[0]}")
+        room = self.model.cfg.max_len - ids.shape[1]
+        if room <= 0:
+            raise ValueError(f"the prompt has {ids.shape[1]} tokens, the model's limit is {self.model.cfg.max_len}: "
+                             "no room to generate")
+        return ids, room
+
+    def _sample(self, ids: torch.Tensor, n: int, forward, temperature: float, top_k: int, top_p: float, seed: int,
+                on_step: Callable[[Step], None] | None) -> Iterator[Step]:
+        """The sampling loop every stream shares: `forward(x, offset)` runs the new ids x at their absolute offset
+        through the model's own KV cache and returns the last position's logits (on the CPU) and its attention row
+        ([L, H, T so far], or None); up to `n` tokens, stopping after a stop token."""
+        gen = torch.Generator().manual_seed(int(seed))  # private: sessions never share a random stream
+        offset, x = 0, ids
+        for _ in range(n):
+            logits, attention = forward(x, offset)
+            offset += x.shape[1]
+            probs = torch.softmax(logits.float(), dim=-1)
+            chosen, drawn = _choose(logits, probs, temperature, top_k, top_p, gen)
+            step = make_step(self._piece, chosen, probs, drawn, attention, offset - 1, temperature)
+            if on_step is not None:
+                on_step(step)
+            yield step
+            if chosen in self.stop_ids:
+                return
+            x = torch.tensor([[chosen]], dtype=torch.long)
 
     def _piece(self, i: int) -> str:
         if self.tokenizer is None:

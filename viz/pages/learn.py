@@ -24,7 +24,7 @@ from model.toy import learn as LR
 from viz.figures import learn as FL
 from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import learn_run as LRUN
-from viz.ui.heap import return_freed_memory
+from viz.ui.heap import training_job
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import switch_model
 from viz.ui.state import seed_from_query, write_query
@@ -126,16 +126,8 @@ class LearnJob:
 
 
 def run_learn_job(job: LearnJob, slot: threading.Lock) -> None:
-    try:
+    with training_job(job, slot):
         LR.train_in_child(job.settings, callback=job.on_event)  # own process: no GIL or core taken from sessions
-    except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
-        job.error = f"{type(e).__name__}: {e}"
-    finally:
-        job.done = True
-        job.elapsed = time.monotonic() - job.started
-        slot.release()
-        return_freed_memory()
-        job.finished.set()
 
 
 def start_learn_job(settings: LR.Settings) -> None:

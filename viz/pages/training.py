@@ -21,7 +21,7 @@ import streamlit as st
 
 from viz.figures import decode as fd
 from viz.i18n import N_, option_labels, t
-from viz.ui.heap import return_freed_memory
+from viz.ui.heap import training_job
 from viz.ui.models import add_session_model, is_real_model
 from viz.ui.render import safe_filename, show_error, show_figure, tokens_of
 from viz.ui.sidebar import selection
@@ -93,17 +93,9 @@ class Job:
 def run_job(job: Job, overrides: dict, batch: int, slot: threading.Lock) -> None:
     from model.toy.train import train  # imported here: the page must draw even if training is unavailable
 
-    try:
+    with training_job(job, slot):
         job.ckpt = train(job.task, overrides, job.steps, batch_size=batch, warmup=job.warmup,
                          film_every=max(1, job.steps // 40), eval_n=100, callback=job.on_step)
-    except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
-        job.error = f"{type(e).__name__}: {e}"
-    finally:
-        job.done = True
-        job.elapsed = time.monotonic() - job.started
-        slot.release()
-        return_freed_memory()  # the run's optimizer and activations are gone: shrink the server
-        job.finished.set()
 
 
 def start_job(task: str, cfg: dict) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import re
 import threading
-import weakref
 from collections import OrderedDict
 from contextlib import nullcontext
 
@@ -34,7 +33,7 @@ from model.core.describe import attention_of, described
 from viz.figures import attention as F
 from viz.figures import modern as FM
 from viz.i18n import N_, current_lang, t
-from viz.ui.models import session_models
+from viz.ui.models import per_trace, session_models
 from viz.ui.render import show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
@@ -175,16 +174,7 @@ def cached_figure(trace, build, *args, shared: bool = False, **kw):
         cache, lock, size = _SHARED, _SHARED_LOCK, SHARED_FIGURES
     else:
         cache, lock, size = st.session_state.setdefault("_al_figures", OrderedDict()), nullcontext(), FIGURE_CACHE
-    with lock:
-        hit = cache.get(key)
-    if hit is None or hit[0]() is not trace:
-        hit = (weakref.ref(trace), build(trace, *args, **kw))
-    with lock:
-        cache[key] = hit
-        cache.move_to_end(key)
-        while len(cache) > size:
-            cache.popitem(last=False)
-    return hit[1]
+    return per_trace(cache, lock, size, key, trace, lambda: build(trace, *args, **kw))
 
 
 def _shared(trace) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
+import time
+from contextlib import contextmanager
 
 _lock = threading.Lock()
 _frozen: set[str] = set()  # the stages already frozen ("start", "lm:smollm2", ...)
@@ -56,3 +58,20 @@ def return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+@contextmanager
+def training_job(job, slot: threading.Lock):
+    """The end of a training run in a server thread (Training, live and /learn): its error is kept for the page to
+    show (a thread would die silently), then the job is marked done, the one-run-at-a-time `slot` released and the
+    run's optimizer and activations given back to the OS, so a classroom server shrinks once the run is over."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - shown on the page instead of dying silently in a thread
+        job.error = f"{type(e).__name__}: {e}"
+    finally:
+        job.done = True
+        job.elapsed = time.monotonic() - job.started
+        slot.release()
+        return_freed_memory()
+        job.finished.set()

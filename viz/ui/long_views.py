@@ -20,7 +20,6 @@ Each part is a Streamlit fragment: a zoom window or a document position reruns t
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 
 import streamlit as st
@@ -130,17 +129,8 @@ def shared_view(trace, build, *args):
     """`build(trace, *args)` (a pooled map, a document view: pure functions of the trace), kept for every session
     in a bounded LRU of its own (not the figure cache: a class's clicks through heads and positions must not push
     /llm's per-head statistics out of it). An entry refers to its trace weakly and serves that very object only."""
-    key = (id(trace), build.__name__, args)
-    with _VIEWS_LOCK:
-        hit = _VIEWS.get(key)
-    if hit is None or hit[0]() is not trace:
-        hit = (weakref.ref(trace), build(trace, *args))
-    with _VIEWS_LOCK:
-        _VIEWS[key] = hit
-        _VIEWS.move_to_end(key)
-        while len(_VIEWS) > VIEWS_KEPT:
-            _VIEWS.popitem(last=False)
-    return hit[1]
+    return models.per_trace(_VIEWS, _VIEWS_LOCK, VIEWS_KEPT, (id(trace), build.__name__, args), trace,
+                            lambda: build(trace, *args))
 
 
 def stats_first_query(T: int) -> int:

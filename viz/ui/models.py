@@ -184,6 +184,22 @@ class BoundedTraces:
         self._flight.clear()
 
 
+def per_trace(cache: OrderedDict, lock, size: int, key, trace, make):
+    """`make()`, kept in the bounded LRU `cache` (at most `size` entries, guarded by `lock`) under `key` for that
+    very trace object: the entry holds the trace weakly (it never keeps one alive), and a new trace that reuses a
+    freed one's id never meets the old trace's result."""
+    with lock:
+        hit = cache.get(key)
+    if hit is None or hit[0]() is not trace:
+        hit = (weakref.ref(trace), make())
+    with lock:
+        cache[key] = hit
+        cache.move_to_end(key)
+        while len(cache) > size:
+            cache.popitem(last=False)
+    return hit[1]
+
+
 def trace_idle_s() -> float:
     """Seconds a cached long-model trace may go unused: $ATTENTION_LAB_TRACE_IDLE_S, else 20 minutes."""
     try:
