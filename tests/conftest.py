@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
     @pytest.mark.slow themselves."""
     for item in items:
         module = getattr(item, "module", None)
-        runs_app = module is not None and any(n in vars(module) for n in ("AppTest", "open_page", "model_page"))
+        runs_app = module is not None and any(n in vars(module) for n in ("AppTest", "model_page"))
         if item.get_closest_marker("browser") or runs_app:
             item.add_marker(pytest.mark.slow)
 

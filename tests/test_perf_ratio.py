@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_RATIO = 1.5  # before the fix: ~5x (125,000 objects over a click's ~25,000)
 
@@ -57,6 +59,7 @@ def probe(warm_lm: bool, late_lm: bool = False) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # three servers' worth of SmolLM2 warm-ups (~1 min): the full suite, not the fast subset
 def test_a_warm_language_model_adds_nothing_to_the_collectors_walk():
     no_lm = probe(warm_lm=False)
     warm = probe(warm_lm=True)

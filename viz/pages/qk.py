@@ -94,7 +94,7 @@ st.caption(t("One head's queries and keys, from a whole batch of inputs, in one 
              "track attention: it shifts all keys by one vector (that adds the same constant to each of a query's "
              "scores) and scales q by a and k by 1/a (q·k unchanged), so every softmax row stays the same. Then a "
              "joint PCA draws both clouds in 2-D."))
-sel = require_own_family(selection())  # q and k: a model via transformers does not give them
+sel = require_own_family(selection())  # batched q/k/weights of every layer: the lab's own families only
 if sel is None:
     st.stop()
 ckpt = sel.ckpt
