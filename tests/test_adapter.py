@@ -24,7 +24,8 @@ import json
 
 import pytest
 import torch
-from conftest import model_page, tiny_bpe_tokenizer
+from conftest import APP, model_page, tiny_bpe_tokenizer
+from streamlit.testing.v1 import AppTest
 from test_i18n import english_in_zh
 from tolerance import f32_tol
 
@@ -276,9 +277,10 @@ def infos(at) -> str:
 
 
 # Pages that need the lab's own family (q/k/v, z, norms, FFN internals, hooks, a toy task) say so in one sentence;
-# Attention (head heatmap, all heads, model view) and Language model (heads overview, generation, logit lens) draw.
-SAYS = ("architecture", "tokens", "layer", "padding", "decoder", "phenomena", "qk", "experiments", "snapshots", "flow")
-DRAWS = ("attention", "llm")
+# Attention (head heatmap, all heads, model view), Language model (heads overview, generation, logit lens) and the
+# Q/K map (where the probe found q and k exact) draw.
+SAYS = ("architecture", "tokens", "layer", "padding", "decoder", "phenomena", "experiments", "snapshots", "flow")
+DRAWS = ("attention", "llm", "qk")  # the Q/K map: where q and k are exact (Falcon: after its own rotary)
 SAID = {"en": "runs via transformers, not one of the lab's own families",
         "zh": "通过 transformers 运行，不是本实验室自己的模型族"}
 
@@ -294,7 +296,7 @@ def test_every_page_opens_on_an_adapter_model(served, lang):
             assert at.get("plotly_chart") and SAID[lang] not in infos(at), page
         if lang == "zh" and page in ("architecture", "attention", "llm", "qk"):
             assert not english_in_zh(at), (page, english_in_zh(at))
-    said = infos(model_page(served, "qk", lang))
+    said = infos(model_page(served, "layer", lang))
     words = {"en": ("(via transformers, started with the server)", "each head's v and output z, q, k and the scores",
                     "but not the norms inside a layer"),
              "zh": ("（经 transformers 运行，随服务器启动）", "每个头的 v 和输出 z、q、k 和分数",
@@ -421,3 +423,51 @@ def test_hooks_of_one_thread_never_reach_another(opened):
     with ThreadPoolExecutor(2) as pool:
         outs = list(pool.map(lambda k: lm.run_with_hooks(ids, hooks=hooks if k % 2 else None), range(16)))
     assert all(torch.equal(o, ablated if k % 2 else plain) for k, o in enumerate(outs))
+
+
+@pytest.mark.parametrize("kind", ["falcon", "opt"])
+def test_the_qk_maps_batch_is_transformers_own_attention(made, opened, kind):
+    """The Q/K map of a model via transformers: the batch of 40 sentences, right-padded in one pass, holds for each
+    sentence transformers' own weights on that sentence alone, and its q·k·scale, under the causal mask, give them
+    back (the picture's premise: nearness in q·k is attention). Falcon rotates q and k, OPT does not."""
+    import numpy as np
+
+    from viz.ui import qk_batch as QB
+
+    lm, ref = opened(kind), made[kind][1]
+    assert QB.draws_q_k(lm)
+    b = QB.lm_batch(lm, "sentences")
+    mods = b.modules("decoder_self")
+    for i in (0, 17, len(b.labels) - 1):
+        ids = lm.encode(b.labels[i])
+        with torch.no_grad():
+            want = ref(ids, output_attentions=True).attentions
+        T = ids.shape[1]
+        causal = np.triu(np.ones((T, T), dtype=bool), 1)
+        for layer, mod in enumerate(mods):
+            a = b.arrays[i]
+            w, q, k = a[f"{mod}.weights"], a[f"{mod}.q"], a[f"{mod}.k"]
+            assert w.shape == (4, T, T)
+            np.testing.assert_allclose(w, want[layer][0].numpy(), rtol=0, atol=f32_tol(1, n=T))
+            scores = q @ np.repeat(k, 4 // k.shape[0], axis=0).transpose(0, 2, 1) * lm.model.heads["scale"][layer]
+            e = np.exp(np.where(causal, -np.inf, scores - scores.max(-1, keepdims=True)))
+            np.testing.assert_allclose(e / e.sum(-1, keepdims=True), w, rtol=0, atol=f32_tol(scores, n=16))
+
+
+def test_the_qk_map_says_why_alibi_is_not_drawn_and_a_long_text_is_refused(made, monkeypatch):
+    """BLOOM adds ALiBi's bias to q·k, so its q/k picture would not be its attention: one sentence, no figure. A
+    text over what the map keeps (no lazy trace via transformers) is said in the UI's words, en and zh."""
+    from viz.ui import qk_batch as QB
+
+    (bloom,) = lm_models.add_server_models([str(made["bloom"][0])])
+    at = model_page(bloom, "qk")
+    assert SAID["en"] in infos(at) and not at.get("plotly_chart") and "the scores (its ALiBi bias is added inside transformers)" in infos(at)
+    (falcon,) = lm_models.add_server_models([str(made["falcon"][0])])
+    monkeypatch.setattr(QB, "FULL_UP_TO", 8)
+    for lang, words in (("en", "too long for the Q/K map"), ("zh", "Q/K 图来说太长了")):
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.query_params.update({"checkpoint": falcon, "lang": lang, "batch": "prompt", "text": PROMPT})
+        at.switch_page("viz/pages/qk.py")
+        at.run()
+        assert not at.exception and not at.get("plotly_chart")
+        assert any(words in str(e.value) and "8" in str(e.value) for e in at.error), [e.value for e in at.error]

@@ -225,8 +225,11 @@ class AdapterModel(torch.nn.Module):
                             and not n.startswith(self.layers_name + ".")), None)  # the model's one, for every layer
         max_len = next((v for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
                         if isinstance(v := getattr(conf, k, None), int) and v > 0), 2048)
+        special = {k: v if isinstance(v := getattr(conf, f"{k}_token_id", None), int) else None
+                   for k in ("bos", "eos", "pad")}  # as LMConfig's: the Q/K map's batches pad and start with them
         self.cfg = SimpleNamespace(n_layers=n_layers, max_len=max_len, vocab_size=None, d_model=None, n_heads=None,
-                                   kv_heads=None, head_dim=None, d_embed=None, model_type=model_type)
+                                   kv_heads=None, head_dim=None, d_embed=None, model_type=model_type,
+                                   **{f"{k}_id": v for k, v in special.items()})
         self.exact_unembed = False
         self.taps: list[AH.Taps | None] = [None] * n_layers
         self.heads = {"qk": None, "v": False, "scores": False, "scale": [], "why": []}  # set by _probe_heads

@@ -28,6 +28,7 @@ from viz.ui.text import md_escape, text_problems
 
 BATCHES = {"sentences": N_("40 sentences"), "repeat": N_("Random tokens, repeated (4 × [BOS] + 50 × 2)"),
            "prompt": N_("the sidebar's text")}
+LM_FAMILIES = ("decoder_lm", "decoder_lm_adapter")  # a model via transformers: where its q and k are exact
 KIND_OF = {v: k for k, v in KIND_IDS.items()}  # URL id -> describe() kind
 SHARED_BATCHES = 3  # a real LM's batch (30 layers of q, k, weights over 40 sentences): ~60 MB
 
@@ -41,9 +42,9 @@ def _build(ckpt, batch: str, text: str | None = None, target: str | None = None,
            ) -> FQ.QKBatch:
     """`text` (and a toy model's `target`): the sidebar's input, for batch "prompt"."""
     if isinstance(ckpt, lm_models.RealModel):
-        if ckpt.family == "decoder_lm":
+        if ckpt.family in LM_FAMILIES:
             readable = lm_models.model_readable(ckpt.obj)
-            if batch == "prompt" and name is not None and QB.is_long(ckpt.obj, text):
+            if batch == "prompt" and name is not None and ckpt.family == "decoder_lm" and QB.is_long(ckpt.obj, text):
                 # the sidebar's trace, shared with the other pages: q and k kept, a head's weights when drawn
                 return QB.trace_batch(ckpt.obj, get_trace(name, text), text, readable)
             return QB.lm_batch(ckpt.obj, batch, readable=readable, text=text)
@@ -94,11 +95,14 @@ st.caption(t("One head's queries and keys, from a whole batch of inputs, in one 
              "track attention: it shifts all keys by one vector (that adds the same constant to each of a query's "
              "scores) and scales q by a and k by 1/a (q·k unchanged), so every softmax row stays the same. Then a "
              "joint PCA draws both clouds in 2-D."))
-sel = require_own_family(selection())  # batched q/k/weights of every layer: the lab's own families only
+sel = selection()
 if sel is None:
     st.stop()
 ckpt = sel.ckpt
-is_lm = isinstance(ckpt, lm_models.RealModel) and ckpt.family == "decoder_lm"
+via_transformers = isinstance(ckpt, lm_models.RealModel) and ckpt.family == "decoder_lm_adapter"
+if via_transformers and not QB.draws_q_k(ckpt.obj):
+    require_own_family(sel)  # one sentence: what this model gives (e.g. ALiBi's q and k) and what it lacks
+is_lm = isinstance(ckpt, lm_models.RealModel) and ckpt.family in LM_FAMILIES
 batches = list(BATCHES) if is_lm else ["sentences", "prompt"]
 
 seed_from_query("qk_batch", "batch", "sentences", valid=lambda v: v in batches)
@@ -116,6 +120,16 @@ batch_id = st.segmented_control(t("Inputs"), batches, key="qk_batch", required=T
 write_query(batch=batch_id if is_lm or batch_id != "sentences" else None)
 if batch_id == "prompt":
     problem = text_problems(sel.text) or (text_problems(sel.target) if sel.target else None)
+    try:
+        too_long = problem is None and via_transformers and QB.is_long(ckpt.obj, sel.text)
+    except ValueError as e:  # over the model's context: said with the longest length and a keep-the-end button
+        show_error(e)
+        st.stop()
+    if too_long:
+        problem = t("This text is too long for the Q/K map of a model that runs via transformers: the map keeps "
+                    "every head's weights, at most {n} tokens on this server, and such a model has no lazy trace to "
+                    "read a longer one from. Shorten the text, or pick one of the lab's own models.",
+                    n=QB.max_full_tokens(ckpt.obj))
     if problem:
         show_error(problem)
         st.stop()

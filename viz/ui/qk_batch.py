@@ -85,6 +85,23 @@ def lm_batch(lm, kind: str = "sentences", readable=None, text: str | None = None
     return QKBatch(desc, labels, tokens, arrays, period)
 
 
+def draws_q_k(lm) -> bool:
+    """Whether this language model's Q/K map is its attention: the lab's own families, or a model via transformers
+    whose q and k are the ones its softmax compares (after its rotary, or it has none), which the adapter's probe at
+    load checked against transformers' weights (model/loaders/adapter.py). Not ALiBi (a bias q·k does not hold), and
+    not q and k before a rotary the lab could not reproduce."""
+    desc = lm.model.describe()
+    return desc.get("via") != "transformers" or desc["blocks"].get("q_k") in ("raw", "rotated")
+
+
+def max_full_tokens(lm) -> int:
+    """The longest prompt whose every head's q, k and weights this server keeps (FULL_UP_TO tokens, or fewer when
+    the capture would pass its budget): a model via transformers has no lazy trace to read beyond it."""
+    modules = [m for m, a in lm.model.describe()["attention"].items() if a["kind"] == "decoder_self"]
+    names = [f"{m}.{r}" for m in modules for r in ("q", "k", "weights")]
+    return min(FULL_UP_TO, lm.model.max_tokens_within(recorder.DEFAULT_BUDGET_BYTES, names))
+
+
 def is_long(lm, text: str) -> bool:
     """Whether a language model's prompt is too long to keep every head's weights (FULL_UP_TO tokens, or the
     capture of q, k and weights over this server's budget): then the page builds `trace_batch`."""
