@@ -15,7 +15,9 @@ save_pretrained (no download), each once per module when a test first asks for i
 - a state-space model (Mamba), a hybrid and an encoder-decoder are refused in one sentence naming the mechanism,
   a truncated weights file with the existing clear error;
 - every page opens on one adapter model in en and zh (AppTest) with no exception and no error element, and the
-  pages that need the lab's own family say so in one sentence.
+  pages that need the lab's own family say so in one sentence;
+- the Q/K map draws a model whose q and k are what its softmax compares (Falcon, OPT: its batch holds transformers'
+  own weights), and says why not for ALiBi (BLOOM) and for a prompt longer than the map keeps.
 """
 
 from __future__ import annotations
