@@ -6,7 +6,7 @@ packages (the README's test command), so nothing here skips. Slow: the real mode
 from __future__ import annotations
 
 import pytest
-from conftest import model_page
+from conftest import model_page, plotly_array
 from streamlit.testing.v1 import AppTest
 
 pytestmark = pytest.mark.slow
@@ -54,3 +54,37 @@ def test_a_chinese_prompt_in_zh_is_chinese_pieces():
     assert line.startswith("`0:<bos>` `1:我` `2:爱` `3:机器学习`") and "\\x" not in line, line  # no byte fallbacks
     assert "第 0 个词元是 `<bos>`" in body
     assert "SentencePiece 片段" in " ".join(e.label for e in at.get("expander"))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_lesson_18_checks_its_answer_against_gemma3s_own_attention(lang):
+    """Lesson 18 (issue 30 §3: what Gemma 3 teaches, with live numbers): its bars are model/analysis/long.horizon's
+    shares, the question's right answer is the bin of the global layers' mean (a wrong one is told so), and the
+    feedback names the global layers."""
+    import json
+
+    import numpy as np
+
+    from model import load_model
+    from model.analysis import shared
+    from viz import lessons as LS
+    from viz.i18n import t
+
+    n = next(i for i, x in enumerate(LS.LESSONS, 1) if x.slug == "horizon")
+    hz = shared.horizon(load_model("gemma3"))
+    right = LS.live_horizon(hz).correct[0]
+    at = page("lessons", lang, lesson=n)
+    bars = [d for d in json.loads(at.get("plotly_chart")[0].proto.spec)["data"] if d["type"] == "bar"]
+    drawn = {x: y for d in bars for x, y in zip(d["x"], plotly_array(d["y"]), strict=True)}
+    assert len(drawn) == 18 and np.allclose(sorted(drawn.values()), sorted(hz.far.mean(1)))
+    layout = json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]
+    assert layout["xaxis"]["categoryarray"] == [t("layer {l}", lang, l=i) for i in range(18)]  # in layer order
+    radio = next(r for r in at.radio if r.key and r.key.startswith("lesson_q_"))
+    assert radio.options == [t(v, lang) for v in ("none: 0%", "under 10%", "10% to 40%", "over 40%")]
+    if lang == "zh":  # AppTest cannot rerun a zh page whose sidebar select shows a translated model label
+        return
+    radio.set_value(next(k for k in LS.HORIZON_BINS if k != right)).run()
+    assert at.warning and not at.success
+    radio = next(r for r in at.radio if r.key and r.key.startswith("lesson_q_"))
+    radio.set_value(right).run()
+    assert at.success and "global layers (5, 11, 17)" in at.success[0].value

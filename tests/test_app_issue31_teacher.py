@@ -23,13 +23,16 @@ def test_the_caption_counts_the_lessons(lang):
     at = open_lessons(lang)
     assert_clean(at)
     cap = at.caption[0].value
-    n, lm = len(LS.LESSONS), [i for i, x in enumerate(LS.LESSONS, 1) if x.source == "lm"]
-    assert n >= 17 and (lm[0], lm[-1]) == (11, 16)
+    n, lm = len(LS.LESSONS), [i for i, x in enumerate(LS.LESSONS, 1) if x.checkpoint == LS.LM_NAME]
+    gemma = [i for i, x in enumerate(LS.LESSONS, 1) if x.checkpoint == LS.HORIZON_NAME]
+    assert n >= 18 and (lm[0], lm[-1]) == (11, 16) and gemma == [18]
     if lang == "en":
         assert cap.startswith(f"{n} short lessons") and f"Lessons {lm[0]}–{lm[-1]} open" in cap, cap
+        assert f"Lesson {gemma[0]} opens Gemma 3 270M" in cap, cap
         assert "Ten" not in cap and "Sixteen" not in cap
     else:
         assert cap.startswith(f"{n} 节") and f"第 {lm[0]}–{lm[-1]} 课" in cap and "十节" not in cap, cap
+        assert f"第 {gemma[0]} 课打开 Gemma 3 270M" in cap, cap
 
 
 def _rem(css: str, selector_part: str) -> float:

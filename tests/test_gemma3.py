@@ -163,3 +163,31 @@ def test_gemma3_ignores_attn_logit_softcapping_as_transformers_does(tmp_path):
     assert (logits - out.logits).abs().max().item() <= 1e-5 * out.logits.abs().max().item()
     for i, w in enumerate(out.attentions):
         assert (trace[f"decoder.layers.{i}.self_attn.weights"] - w).abs().max().item() <= 1e-5
+
+
+def test_the_horizon_is_the_models_own_last_row(lm):
+    """Lesson 18's numbers (model/analysis/long.horizon): the last position's attention from one fast generation step
+    equals the full capture's last row in every layer and head; the 15 sliding layers put exactly 0 at W = 512 or
+    more keys back (their mask), the 3 global layers put a real share there; the lesson's answer is the bin of
+    their mean. 600 tokens keep the full capture small (18 x 4 x 600^2 floats)."""
+    import numpy as np
+    from tolerance import f32_tol
+
+    from model.analysis import long as LG
+    from viz import lessons as LS
+
+    hz = LG.horizon(lm, length=600, depth=0.05)
+    _, tr = lm.model.run_with_trace(hz.prompt.ids, names=["*.self_attn.weights"])
+    T = hz.prompt.length
+    assert hz.window == 512 and hz.kinds.count("sliding") == 15 and hz.full_layers == [5, 11, 17]
+    for i in range(18):
+        last = tr[f"decoder.layers.{i}.self_attn.weights"][0, :, -1].double().numpy()  # [H, T]
+        np.testing.assert_allclose(hz.far[i], last[:, : T - 512].sum(-1), rtol=0, atol=f32_tol(1, n=T))
+        a, b = hz.prompt.needle
+        np.testing.assert_allclose(hz.needle[i], last[:, a:b].sum(-1), rtol=0, atol=f32_tol(1, n=T))
+    assert np.all(hz.far[hz.sliding_layers] == 0.0)  # blocked by the mask: exp(-inf) is exactly 0
+    assert np.all(hz.far[hz.full_layers] > 0.0)
+    live = LS.live_horizon(hz)
+    mean = float(hz.far[hz.full_layers].mean())
+    assert live.correct == (next(k for k, hi in LS.HORIZON_BINS.items() if mean < hi),)
+    assert f"{mean:.0%}" in live.feedback and "5, 11, 17" in live.feedback

@@ -15,7 +15,9 @@ tokens, computed tile by tile from a trace, never H x T x T for the whole stack 
 - needle in a haystack (`needle_prompt`, `needle_trial`, `needle_grid`, `retrieval_scores`,
   `ablate_retrieval`): a pass key hidden at a depth in filler text, asked for at the end; the
   answer's probability by depth x length; retrieval heads (Wu et al. 2024, "Retrieval Head
-  Mechanistically Explains Long-Context Factuality"); their ablation against random heads.
+  Mechanistically Explains Long-Context Factuality"); their ablation against random heads;
+- `horizon`: on a model with sliding-window layers (Gemma 2/3), the share of the last token's attention that each
+  layer puts beyond the window, on a long needle prompt (lesson 18).
 
 Pure torch/numpy; `lm` is a LanguageModel (text needs its tokenizer) or a DecoderLM with ids.
 """
@@ -493,3 +495,44 @@ __all__ = ["DocumentView", "LengthProfile", "NeedleGrid", "NeedlePrompt", "Needl
            "RetrievalAblation", "ablate_retrieval", "block_edges", "document_view",
            "copy_hits", "focus", "head_rows", "head_statistics_tiled", "length_profile", "needle_grid", "needle_prompt",
            "needle_trial", "pooled_overview", "query_rows", "retrieval_scores", "zoom"]
+
+
+# ---------------------------------------------------------------------- the horizon of sliding layers
+
+
+@dataclass
+class Horizon:
+    prompt: NeedlePrompt
+    window: int  # W of the sliding layers: a query there sees the keys p - W + 1 ... p
+    kinds: list[str]  # per layer: "sliding" or "full" (the model's own description)
+    far: np.ndarray  # [L, H]: share of the last position's attention on keys W or more positions back
+    needle: np.ndarray  # [L, H]: share on the sentence holding the pass key
+
+    @property
+    def full_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k != "sliding"]
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == "sliding"]
+
+
+def horizon(lm, length: int = 2000, depth: float = 0.1) -> Horizon:
+    """Where the last token of a `length`-token needle prompt (the pass key at `depth`, far back) looks, layer by
+    layer: the share of its attention row (each head) on keys at least W positions back, and on the pass-key
+    sentence. The row is the model's own (one step of generation with its fused attention: the last row computed
+    from its query and the cached keys, trace.last_row), so a sliding layer's share beyond W is exactly 0 by its
+    mask and a full layer's is whatever the model does."""
+    m = as_decoder(lm)
+    infos = [a for a in m.describe()["attention"].values() if a["kind"] == "decoder_self"]
+    windows = [a.get("window") for a in infos]
+    if not any(windows):
+        raise ValueError("this model has no sliding-window layer: every layer sees the whole text")
+    W = next(w for w in windows if w)
+    prompt = needle_prompt(lm, length, depth)
+    step = next(lm.stream(prompt.ids, max_new_tokens=1, fast=True))
+    rows = step.attention.double().numpy()  # [L, H, T]: the last position's row in every layer and head
+    T = rows.shape[-1]
+    kinds = ["sliding" if w else "full" for w in windows]
+    return Horizon(prompt, int(W), kinds, rows[:, :, : max(0, T - W)].sum(-1),
+                   rows[:, :, prompt.needle[0]:prompt.needle[1]].sum(-1))

@@ -191,6 +191,12 @@ def block_sink(lm, text: str, heads: tuple | None):
                                                                          list(heads)))
 
 
+def horizon(lm, length: int = 2000, depth: float = 0.1):
+    from model.analysis import long as LG
+
+    return cached("horizon", lm, (int(length), float(depth)), lambda: LG.horizon(lm, int(length), float(depth)))
+
+
 def induction(lm, n: int = 50, seed: int = 0):
     from model.analysis import phenomena as PH
 

@@ -487,6 +487,32 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
     return fig
 
 
+def horizon_figure(far: np.ndarray, kinds: Sequence[str], window: int, T: int) -> go.Figure:
+    """Per layer, the share of the last token's attention on keys `window` or more positions back (model/analysis/
+    long.horizon): a bar for the heads' mean and a dot per head; sliding layers (0 by their mask) and full layers
+    in two colours."""
+    far = np.asarray(far, np.float64)
+    layers = [t("layer {l}", l=i) for i in range(len(kinds))]
+    colours = {"sliding": "#9e9e9e", "full": "#d62728"}
+    names = {"sliding": t("sliding layer (W = {w})", w=window), "full": t("global layer")}
+    fig = go.Figure()
+    for kind in ("sliding", "full"):
+        idx = [i for i, k in enumerate(kinds) if (k == "sliding") == (kind == "sliding")]
+        fig.add_trace(go.Bar(x=[layers[i] for i in idx], y=far[idx].mean(1), name=names[kind],
+                             marker_color=colours[kind],
+                             hovertemplate="%{x}: " + t("mean over the heads %{y:.1%}") + "<extra></extra>"))
+        for h in range(far.shape[1]):
+            fig.add_trace(go.Scatter(x=[layers[i] for i in idx], y=far[idx, h], mode="markers", showlegend=False,
+                                     marker=dict(color="#3b3b3b", size=5),
+                                     hovertemplate="%{x} · " + t("head {h}", h=h) + ": %{y:.1%}<extra></extra>"))
+    fig.update_layout(title=t("The last of {T} tokens: share of its attention {w} or more tokens back, per layer",
+                              T=f"{T:,}", w=window),
+                      barmode="overlay", height=380, margin=dict(l=60, r=20, t=60, b=60),
+                      legend=dict(orientation="h", y=-0.25), yaxis=dict(range=[0, 1], tickformat=".0%"),
+                      xaxis=dict(type="category", categoryorder="array", categoryarray=layers))  # layer order
+    return fig
+
+
 # ---- q/k norm
 
 

@@ -23,7 +23,7 @@ from model.toy.tasks import date_fields
 from viz.figures import attention as F
 from viz.figures import decode as FD
 from viz.figures import pretrained as FP
-from viz.i18n import N_, t
+from viz.i18n import N_, current_lang, t
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Lesson:
     question: str  # may hold {placeholders}: `Live.args` fills them
     page: str  # the full page for more
     page_query: dict = field(default_factory=dict)  # URL params that page reads (its widgets' state ids)
-    source: str = "trace"  # what the page loads: trace | decode | bert | lm (lm_compute on LM_NAME) | none
+    source: str = "trace"  # what the page loads: trace | decode | bert | lm (lm_compute on `checkpoint`) | none
     checkpoint: str | None = None
     text: str = ""  # the default input
     param: tuple | None = None  # (kind, label, options, default): a second control (slider)
@@ -324,6 +324,8 @@ def lm_compute(slug: str, lm, text: str):
         return shared.ioi(lm)
     if slug == "lens":
         return shared.logit_lens(lm, text)
+    if slug == "horizon":
+        return shared.horizon(lm)
     if slug == "not-explanation":
         from model.analysis import flow
 
@@ -528,6 +530,31 @@ def live_learn(data, param=None) -> Live:
     return Live(fig, ids, {i: t("step {n}", n=i) for i in ids}, accepted, fb)
 
 
+HORIZON_NAME = "gemma3"  # lesson 18 opens Gemma 3 270M: its sliding and global layers (model/loaders/gemma3.py)
+HORIZON_BINS = {"none": 1e-9, "lt10": 0.10, "10-40": 0.40, "gt40": 1.01}  # upper bounds of the global layers' mean
+
+
+def live_horizon(hz, param=None) -> Live:
+    from viz.figures import modern as FM
+
+    T = hz.prompt.length
+    fig = FM.horizon_figure(hz.far, hz.kinds, hz.window, T)
+    full, sliding = hz.full_layers, hz.sliding_layers
+    mean = float(hz.far[full].mean())
+    labels = {"none": t("none: 0%"), "lt10": t("under 10%"), "10-40": t("10% to 40%"), "gt40": t("over 40%")}
+    correct = next(k for k, hi in HORIZON_BINS.items() if mean < hi)
+    a, b = hz.prompt.needle
+    fb = t("On this {T}-token text the {s} sliding layers put exactly 0 of the last token's attention {w} or more "
+           "tokens back: their mask blocks those keys. The global layers ({layers}) put {lo} to {hi} there ({m} on "
+           "average over their heads), {n} of it on the pass-key sentence (tokens {a}–{b}): whatever Gemma 3 reads "
+           "from further back than {w} tokens, it reads in these {k} layers.",
+           T=f"{T:,}", s=len(sliding), w=hz.window,
+           layers=("、" if current_lang() == "zh" else ", ").join(map(str, full)),
+           lo=f"{hz.far[full].min():.0%}", hi=f"{hz.far[full].max():.0%}", m=f"{mean:.0%}",
+           n=f"{float(hz.needle[full].mean()):.1%}", a=a, b=b - 1, k=len(full))
+    return Live(fig, list(HORIZON_BINS), labels, (correct,), fb, args={"w": hz.window})
+
+
 # ---------------------------------------------------------------- the syllabus
 
 # What "seed 001" means wherever a page names a seed post (st.caption(t(SEEDS_NOTE)) or help=t(SEEDS_NOTE)).
@@ -697,5 +724,18 @@ LESSONS: list[Lesson] = [
            "the map; then train the 1-layer model yourself."),
         N_("At which training step does the best layer-1 head's induction score jump?"),
         "viz/pages/learn.py", source="learn", live=live_learn),
+    Lesson(
+        "horizon", N_("A horizon for attention: sliding and global layers"),
+        N_("In most of Gemma 3's layers a query sees only the last W keys, not the whole text: a sliding window. "
+           "Such a layer costs the same at token 100 and at token 30,000, and its KV cache stops growing at W. "
+           "Every few layers comes a global layer that sees everything before it, and it is the only way a token "
+           "far back can reach the present in one step. Here Gemma 3 270M reads a 2,000-token text with a pass "
+           "key near its start, and each bar is the share of the last token's attention that lands W or more "
+           "tokens back."),
+        N_("Open “What changed since 2017” with Gemma 3 (section 6): how far back can a token reach after each "
+           "layer, and how many layers does a global layer save?"),
+        N_("In the global layers, what share of the last token's attention lands {w} or more tokens back, where "
+           "no sliding layer can look?"),
+        "viz/pages/since2017.py", source="lm", checkpoint=HORIZON_NAME, live=live_horizon),
 ]
 

