@@ -2,8 +2,15 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# OpenMP's wait policy, as the app sets it (viz/ui/warmup.py): PASSIVE unless the runner chose one. With the default policy
+# torch's idle OpenMP threads spin while other work wants the cores: on 2 busy cores the fast subset took 693 s at
+# OMP_NUM_THREADS=2 against 137 s at 4 (issue 38). libgomp reads the variable once, when torch first loads it, so it
+# is set here, above `import torch`: pytest loads this file before anything imports torch (the snapshot plugin,
+# model.testing.snapshot, imports none at load), and pytest-xdist's workers start later and inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from browser_support import browser, page, paths, server  # noqa: F401  (real-browser fixtures)
 
 from model import Transformer, TransformerConfig
@@ -133,9 +140,26 @@ def figures_by_title(at) -> dict[str, dict]:
             for c in at.get("plotly_chart")}
 
 
+_MODULE_START = r"(?:encoder|decoder)\.layers\.\d+\.(?:self|cross)_attn"
+
+
+def title_names(title: str, start: str) -> bool:
+    """Whether a figure's title is the one `start` names. `start` may open with an attention module's capture name
+    ("decoder.layers.1.self_attn · head 3"): the title says the module in words (viz.figures.attention.module_title:
+    "decoder layer 1 · self-attention · head 3") and its subtitle names the capture, so both are checked."""
+    import re
+
+    m = re.match(_MODULE_START, start)
+    if m is None:
+        return title.startswith(start)
+    main, _, sub = title.partition("<br>")
+    module, rest = m.group(), start[m.end():]
+    return (sub.startswith(f"<sup>{module} ·") or sub.startswith(f"<sup>{module}</sup>")) and rest in main
+
+
 def figure_titled(at, part: str) -> dict:
     """The first figure whose title contains `part` (fails listing the titles there are)."""
-    found = [f for k, f in figures_by_title(at).items() if part in k]
+    found = [f for k, f in figures_by_title(at).items() if part in k or title_names(k, part)]
     assert found, list(figures_by_title(at))
     return found[0]
 

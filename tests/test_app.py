@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean, open_page, shown
+from conftest import assert_clean, open_page, shown, title_names
 from streamlit.testing.v1 import AppTest
 
 from model import Trace
@@ -71,7 +71,7 @@ def figures(at: AppTest) -> list[dict]:
 
 
 def figure(at: AppTest, title_start: str) -> dict:
-    found = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").startswith(title_start)]
+    found = [f for f in figures(at) if title_names(f["layout"].get("title", {}).get("text", ""), title_start)]
     titles = [f["layout"].get("title", {}).get("text") for f in figures(at)]
     assert found, f"no figure titled {title_start!r}: {titles}"
     return found[0]

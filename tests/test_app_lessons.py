@@ -124,7 +124,7 @@ def test_full_page_link_opens_the_same_view():
     assert (at.session_state["attn_kind"], at.session_state["attn_view"]) == ("enc", "pipeline")
     assert at.session_state["attn_head"] == 2 and at.session_state["checkpoint"] == "dates"
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
-    assert any(tt.startswith("encoder.layers.0.self_attn · head 2: softmax") for tt in titles), titles
+    assert any(tt.startswith("encoder layer 0 · self-attention · head 2: softmax") for tt in titles), titles
 
 
 def test_lesson_sentence_and_value_are_kept_in_the_link():

@@ -89,8 +89,8 @@ def test_tiny_model_opens_from_a_link_with_its_view(tiny):
     assert at.text_area(key="llm_prompt").value == IOI
     assert at.session_state["llm_layer"] == 2 and at.session_state["llm_head"] == 3
     figs = figures(at)
-    assert "decoder.layers.2.self_attn · head 3 · softmax weights" in figs
-    head_fig = figs["decoder.layers.2.self_attn · head 3 · softmax weights"]
+    assert "layer 2 · self-attention · head 3 · softmax weights" in figs  # the module in words, not its path
+    head_fig = figs["layer 2 · self-attention · head 3 · softmax weights"]
     assert len(head_fig["layout"]["updatemenus"][0]["buttons"]) == 4  # the in-browser head buttons
     # The overview draws model.analysis.phenomena's previous-token score of every (layer, head).
     trace = lm.trace(IOI)[1]
@@ -270,8 +270,8 @@ def test_smollm2_llm_page_en_and_zh():
         at = run({"checkpoint": "smollm2", "lang": lang, "layer": "17", "head": "3"})
         clean(at)
         figs = figures(at)
-        head = figs["decoder.layers.17.self_attn · head 3 · softmax weights" if lang == "en"
-                    else next(k for k in figs if k.startswith("decoder.layers.17.self_attn"))]
+        head = figs["layer 17 · self-attention · head 3 · softmax weights" if lang == "en"
+                    else "第 17 层 · 自注意力 · 头 3 · softmax 权重"]
         assert len(head["layout"]["updatemenus"][0]["buttons"]) == 9
         z = decode(next(f for k, f in figs.items() if f["data"][0].get("customdata") is not None)["data"][0]["z"])
         assert z.shape == (30, 9)

@@ -112,7 +112,7 @@ def test_open_top_head_shows_it_in_the_attention_views(minilm):
     assert not at.exception
     layer, head = at.selectbox(key="pre_layer").value, at.selectbox(key="pre_head").value
     assert (layer, head) in {(5, 11), (3, 1)}
-    assert any(t.startswith(f"encoder.layers.{layer}.self_attn · head {head} · softmax weights") for t in figures(at))
+    assert any(t.startswith(f"layer {layer} · self-attention · head {head} · softmax weights") for t in figures(at))
 
 
 @needs_minilm
@@ -193,9 +193,9 @@ def test_page_at_512_tokens_stays_under_20_mb(minilm):
     assert max(n, page_bytes(at._tree)) < MAX_PAGE_BYTES, f"the page sends {n / 2**20:.1f} MB"
     trace = minilm.run_with_trace(text, names="encoder.layers.0.self_attn.*")[1]
     w = trace["encoder.layers.0.self_attn.weights"][0].numpy()  # (12, 512, 512)
-    head = next(f for t, f in figs.items() if t.startswith("encoder.layers.0.self_attn · head 0 · softmax weights"))
+    head = next(f for t, f in figs.items() if t.startswith("layer 0 · self-attention · head 0 · softmax weights"))
     np.testing.assert_allclose(decode(head["data"][0]["z"]), w[0], atol=1e-6)  # full resolution
-    grid_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · all 12 heads"))
+    grid_title = next(t for t in figs if t.startswith("layer 0 · self-attention · all 12 heads"))
     assert "downsampled 4×: each cell is the max of 4×4" in grid_title
     for h, t in enumerate(figs[grid_title]["data"]):
         z = decode(t["z"])
@@ -203,7 +203,7 @@ def test_page_at_512_tokens_stays_under_20_mb(minilm):
         np.testing.assert_allclose(z, w[h].reshape(128, 4, 128, 4).max(axis=(1, 3)), atol=1e-6)
     assert figs[grid_title]["data"][0]["y"][1].startswith("4–7 ")  # hover: the positions a cell covers
     figs = figures(at)
-    pipe_title = next(t for t in figs if t.startswith("encoder.layers.0.self_attn · head 0: softmax"))
+    pipe_title = next(t for t in figs if t.startswith("layer 0 · self-attention · head 0: softmax"))
     assert "query rows 0–63 of 512" in pipe_title
     np.testing.assert_allclose(decode(figs[pipe_title]["data"][-1]["z"]), w[0, :64], atol=1e-6)
     assert at.selectbox(key="pre_pipe_rows").options[-1] == "rows 448–511 of 512"

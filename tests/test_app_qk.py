@@ -226,7 +226,8 @@ def test_page_on_a_toy_model_with_a_link_reopens_the_picked_query(toy, lang):
     assert at.session_state["qk_head"] == 2 and at.session_state["qk_color"] == "token"
     assert at.query_params["query"] == "3.5"
     qk = _figs(at)[0]
-    assert qk["layout"]["title"]["text"].startswith("decoder.layers.1.cross_attn · ")
+    assert qk["layout"]["title"]["text"].startswith(  # the module in words (viz.figures.attention.module_title)
+        {"en": "decoder layer 1 · cross-attention · ", "zh": "解码器第 1 层 · 交叉注意力 · "}[lang])
     top = next(d for d in qk["data"] if d.get("name") == "_top_keys")
     m = FQ.qk_map(batch, "decoder.layers.1.cross_attn", 2)
     keys = decode(top["customdata"])[:, 0].astype(int).tolist()
@@ -245,7 +246,8 @@ def test_page_on_minilm_draws_its_encoder_heads(lang):
     _ok(at)
     assert at.session_state["qk_kind"] == "enc"
     figs = _figs(at)
-    assert figs[0]["layout"]["title"]["text"].startswith("encoder.layers.2.self_attn · ")
+    assert figs[0]["layout"]["title"]["text"].startswith({"en": "layer 2 · self-attention · ",
+                                                           "zh": "第 2 层 · 自注意力 · "}[lang])  # one stack
     assert len(figs) == 2  # the map and the clarity grid
     if lang == "zh":
         assert not english_in_zh(at)
@@ -310,6 +312,6 @@ def test_page_on_a_gpt2_style_server_model(tmp_path):
     at = open_page(PAGE, query={"checkpoint": label, "layer": 1, "head": 3, "batch": "repeat"})
     _ok(at)
     qk = _figs(at)[0]
-    assert qk["layout"]["title"]["text"].startswith("decoder.layers.1.self_attn · head 3 · ")
+    assert qk["layout"]["title"]["text"].startswith("layer 1 · self-attention · head 3 · ")
     assert "K/V head" not in qk["layout"]["title"]["text"]
     assert any("induction head on the repeated random tokens" in md.value for md in at.markdown)

@@ -38,7 +38,7 @@ def shot(page, name: str) -> None:
 def test_llm_page_link_click_heads_and_copied_link(server, browser, page):
     page.goto(f"{server}/llm?checkpoint=smollm2&prompt={quote(IOI)}&layer=17&head=3&stat=prev")
     wait_drawn(page)
-    assert "decoder.layers.17.self_attn · head 3 · softmax weights" in titles(page), titles(page)
+    assert "layer 17 · self-attention · head 3 · softmax weights" in titles(page), titles(page)
     shot(page, "overview")
     # A click on the overview's cell (layer 11, head 1) opens that head.
     xy = page.evaluate("""() => {
@@ -49,11 +49,11 @@ def test_llm_page_link_click_heads_and_copied_link(server, browser, page):
     page.mouse.click(*xy)
     wait_param(page, "layer", "11")
     assert query(page)["head"] == "1"
-    assert "decoder.layers.11.self_attn · head 1 · softmax weights" in titles(page), titles(page)
+    assert "layer 11 · self-attention · head 1 · softmax weights" in titles(page), titles(page)
     # The head buttons switch heads in the browser; the server (select, URL) follows.
     page.locator(".st-key-llm_head_fig .updatemenu-button").nth(5).click()
     wait_param(page, "head", "5")
-    assert "decoder.layers.11.self_attn · head 5 · softmax weights" in titles(page)
+    assert "layer 11 · self-attention · head 5 · softmax weights" in titles(page)
     shot(page, "head")
     # A copied link, in a fresh context (another user): the same picture.
     before = (titles(page), query(page))

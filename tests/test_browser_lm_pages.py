@@ -33,5 +33,5 @@ def test_clicking_the_lm_attention_block_opens_that_head(server, paths, page):
     page.wait_for_url(lambda url: "attn_kind=dec" in url and "/architecture" not in url, timeout=120_000)
     wait_drawn(page)
     titles = page.evaluate(TITLES)
-    assert any("decoder.layers.17.self_attn · head 3" in t for t in titles), titles
+    assert any("layer 17 · self-attention · head 3" in t for t in titles), titles
     page.screenshot(path=str(SHOTS / "lm-architecture-click.png"), full_page=True)

@@ -41,7 +41,7 @@ def test_click_a_query_then_copied_link_reopens_the_picture(server, browser, pag
     page.goto(f"{server}/qk?checkpoint=dates&qk_kind=cross&layer=1&head=2&color=kind")
     wait_drawn(page)
     before = page.evaluate(MAP)
-    assert before["title"].startswith("decoder.layers.1.cross_attn · head 2") and before["top"] is None
+    assert before["title"].startswith("decoder layer 1 · cross-attention · head 2") and before["top"] is None
     # Click a query point that lies on top (the last drawn of the queries may hide under keys: try a few).
     for i in (30, 60, 90, 120):
         x, y, idx = page.evaluate(POINT, i)
@@ -72,5 +72,5 @@ def test_smollm2_previous_token_head(server, page):
     page.goto(f"{server}/qk?checkpoint=smollm2&layer=16&head=0&color=position")
     wait_drawn(page, timeout=900_000)
     m = page.evaluate(MAP)
-    assert m["title"].startswith("decoder.layers.16.self_attn · head 0") and m["n"] > 400
+    assert m["title"].startswith("layer 16 · self-attention · head 0") and m["n"] > 400
     shot(page, "smollm2-prev")

@@ -68,8 +68,8 @@ def test_a_shared_link_reopens_the_same_view(server, paths, browser, page):
     wait_drawn(page)
     choose_a_view(page)
     before = view_of(page)
-    assert any("decoder.layers.1.self_attn · head 2 · " in t for t in before["titles"]), before
-    assert any("decoder.layers.1.self_attn · head 2: softmax" in t for t in before["titles"]), before
+    assert any("decoder layer 1 · self-attention · head 2 · " in t for t in before["titles"]), before
+    assert any("decoder layer 1 · self-attention · head 2: softmax" in t for t in before["titles"]), before
     fresh = browser.new_context(viewport=page.viewport_size)  # another user: no cookies, no session
     try:
         other = fresh.new_page()
@@ -122,4 +122,4 @@ def test_back_leaves_the_page_in_one_press(server, paths, page):
     page.go_forward()  # and Forward returns to the view as it was left
     at_path(page, paths["attention"])
     wait_drawn(page)
-    assert any("decoder.layers.1.self_attn · head 3 · " in t for t in page.evaluate(TITLES))
+    assert any("decoder layer 1 · self-attention · head 3 · " in t for t in page.evaluate(TITLES))

@@ -353,7 +353,8 @@ def test_read_model_parts(tiny_gguf):
     path, sd = tiny_gguf
     part = G.read_model(path)
     assert not part.from_cache and set(part.tensors) == set(sd)
-    assert part.special_ids == {"bos": 1, "eos": 2, "pad": None, "end": [0, 2]}  # <|endoftext|> ends too
+    # "end" is llama.cpp's list (<|endoftext|> too); the lab stops at the file's eos (LanguageModel.stop_rule)
+    assert part.special_ids == {"bos": 1, "eos": 2, "pad": None, "eot": None, "eom": None, "end": [0, 2]}
     # merges rank "e a" before "t h"; "h e" is not a merge; the control token stays whole
     assert part.tokenizer.encode("the heat<|im_end|>").tokens == ["th", "e", "Ġ", "h", "ea", "t", "<|im_end|>"]
     assert part.chat_template.startswith("{% for m in messages %}")

@@ -140,27 +140,61 @@ def test_k_composition_is_a_ratio_and_the_circuit_pair_rises():
     assert LR.k_composition(LR.init_model(LR.Settings(change="one_layer").config(), 0)) is None
 
 
-def test_a_rerun_from_the_shipped_seed_reproduces_the_first_checkpoints_bit_for_bit():
+RERUN_TO = 8  # the rerun stops at this checkpoint step: 9 checkpoints, 8 training steps, a few seconds
+
+
+@functools.cache
+def rerun() -> LR.Run:
+    """attn2 retrained in this process from the shipped seed up to checkpoint RERUN_TO, at the thread count the
+    shipped run was recorded with (meta.json). Shared by the tests below: the child-process run must equal it bit for
+    bit, since both run on this machine."""
     meta = LR.run_meta()
-    s = LR.Settings(**meta["models"]["attn2"])
-    stored = shipped()["attn2"]
     threads = torch.get_num_threads()
     torch.set_num_threads(meta["threads"])
     try:
-        run = LR.train(s, callback=lambda r, kind: not (kind == "checkpoint" and r.steps[-1] >= 8), score=False)
+        return LR.train(LR.Settings(**meta["models"]["attn2"]), score=False,
+                        callback=lambda r, kind: not (kind == "checkpoint" and r.steps[-1] >= RERUN_TO))
     finally:
         torch.set_num_threads(threads)
-    assert run.steps == stored.steps[:len(run.steps)] and run.steps[-1] == 8
-    for mine, theirs in zip(run.states, stored.states, strict=False):
+
+
+def assert_is_the_shipped_run_to_float16_rounding(run: LR.Run, stored: LR.Run) -> None:
+    """`run` (trained here) is the shipped run (trained on another machine) up to what torch promises across CPUs:
+    nothing bit for bit. The float32 weights carry the CPU's rounding (another kernel splits a sum differently), and
+    where that moves a value across a float16 rounding boundary, the stored float16 value is one float16 step off:
+    measured here (AMD EPYC) at most 7 of 37,760 values per checkpoint, on an Intel Xeon (AVX-512) 9 at step 8, each
+    at most 0.25 of tol(float16) below. A real change (another seed, learning rate, data rule) moves every value."""
+    assert run.steps == stored.steps[:len(run.steps)]
+    for step, mine, theirs in zip(run.steps, run.states, stored.states, strict=False):
         assert mine.keys() == theirs.keys()
-        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
-    assert run.loss == pytest.approx(stored.loss[:8], abs=1e-5)
+        assert all(mine[k].dtype == theirs[k].dtype == torch.float16 for k in mine)
+        n = sum(v.numel() for v in theirs.values())
+        off = sum(int((mine[k] != theirs[k]).sum()) for k in theirs)
+        assert off <= 0.01 * n, (step, off, n)  # measured <= 9 of 37,760
+        for k in theirs:
+            d = float((mine[k].float() - theirs[k].float()).abs().max())
+            assert d <= tol(theirs[k], dtype=torch.float16), (step, k, d)
+    # The loss of each step: log.json keeps 5 decimals (0.5e-5 of rounding), and a mean of batch x 2n cross-entropy
+    # terms in float32 carries rounding of the order of tol(loss, n=terms). Measured: 4.9e-6 apart here.
+    s = stored.settings
+    loss = np.array(stored.loss[:len(run.loss)])
+    bound = 0.5e-5 + tol(loss, n=s.batch * 2 * s.n)
+    assert np.abs(np.array(run.loss) - loss).max() <= bound
+
+
+def test_a_rerun_from_the_shipped_seed_is_the_shipped_run_to_float16_rounding():
+    """Retraining from the shipped seed gives the shipped checkpoints up to one float16 step where the CPU's float32
+    rounding crosses a float16 boundary (no bit-for-bit promise across machines), and the shipped loss curve."""
+    run = rerun()
+    assert run.steps[-1] == RERUN_TO and len(run.steps) == 9 and len(run.loss) == RERUN_TO
+    assert_is_the_shipped_run_to_float16_rounding(run, shipped()["attn2"])
 
 
 def test_the_app_s_child_process_run_is_the_shipped_run_and_stops_when_asked():
     """The page trains in a child process (train_in_child: one thread, its own GIL, a lower priority): its
-    checkpoints are the shipped run's bit for bit (recorded with --threads 1), its scores those measured here, and a
-    callback's False stops it after the current step."""
+    checkpoints are this machine's in-process run bit for bit (the same code at the same thread count: torch's
+    promise on one machine), the shipped run to float16 rounding (recorded with --threads 1 on another CPU), its
+    scores those measured here, and a callback's False stops it after the current step."""
     meta = LR.run_meta()
     assert meta["threads"] == 1
     stored = shipped()["attn2"]
@@ -168,15 +202,17 @@ def test_the_app_s_child_process_run_is_the_shipped_run_and_stops_when_asked():
 
     def cb(run, kind):
         seen.append(kind)
-        return not (kind == "checkpoint" and run.steps[-1] >= 8)
+        return not (kind == "checkpoint" and run.steps[-1] >= RERUN_TO)
 
     # nice=0: the priority is the page's concern, not this test's (at nice 10 on a busy machine the child starves)
     run = LR.train_in_child(LR.Settings(**meta["models"]["attn2"]), callback=cb, nice=0)
-    assert run.steps == stored.steps[:len(run.steps)] and run.steps[-1] == 8 and seen.count("checkpoint") == 9
-    for mine, theirs in zip(run.states, stored.states, strict=False):
-        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
-    assert run.loss == stored.loss[:len(run.loss)] or run.loss == pytest.approx(stored.loss[:len(run.loss)], abs=1e-5)
-    assert len(run.loss) <= 9  # stopped after the step of the checkpoint that said so (at most one more)
+    here = rerun()
+    assert run.steps == here.steps and run.steps[-1] == RERUN_TO and seen.count("checkpoint") == 9
+    for mine, theirs in zip(run.states, here.states, strict=True):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert len(run.loss) <= RERUN_TO + 1  # stopped after the step of the checkpoint that said so (at most one more)
+    assert run.loss[:RERUN_TO] == here.loss
+    assert_is_the_shipped_run_to_float16_rounding(run, stored)
     a, b = run.scores[-1], stored.scores[len(run.steps) - 1]  # measured on float32 weights; stored: float16 ones
     assert np.abs(a.induction - b.induction).max() <= tol(b.induction, dtype=torch.float16)
 

@@ -27,7 +27,8 @@ def test_head_is_the_captured_weights_of_the_chosen_module(dates_trace):
     assert len(fig.data) == 4 and visible == [2]  # every head is in the figure, the chosen one shown
     want = dates_trace["decoder.layers.1.cross_attn.weights"][0, 2].numpy()
     np.testing.assert_allclose(_z(fig, 2), want, atol=1e-6)
-    assert "decoder.layers.1.cross_attn · head 2" in fig.layout.title.text
+    assert fig.layout.title.text.startswith("decoder layer 1 · cross-attention · head 2")
+    assert "<sup>decoder.layers.1.cross_attn · " in fig.layout.title.text  # the capture, named under the words
     enc = nb.head(dates_trace, 0, 1, kind="encoder_self", scores=True)
     np.testing.assert_allclose(_z(enc, 1), dates_trace["encoder.layers.0.self_attn.scores"][0, 1].numpy(), atol=1e-5)
 

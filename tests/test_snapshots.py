@@ -9,6 +9,7 @@ import runpy
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerance import f32_tol
 
 from model import list_checkpoints, load_checkpoint
 from model.testing.repro import TINY_MODEL, load_model_dir
@@ -23,11 +24,21 @@ def test_tiny_fixture_model(trace_snapshot):
 
 
 def test_tiny_fixture_is_reproducible(tmp_path):
+    """make_tiny.py rebuilds the committed fixture. The committed bytes were written on another machine, and torch
+    promises the same bits only on the same one (its seeded init runs vectorised log / sin kernels chosen by the
+    CPU), so float weights are held to their float32 resolution (tests/tolerance.py); names, shapes and dtypes
+    exactly."""
     make_tiny = runpy.run_path(str(TINY_MODEL.parent / "make_tiny.py"))["make_tiny"]
     committed = load_file(str(TINY_MODEL / "model.safetensors"))
     rebuilt = load_file(str(make_tiny(tmp_path / "tiny") / "model.safetensors"))
     assert committed.keys() == rebuilt.keys()
-    assert all(torch.equal(committed[k], rebuilt[k]) for k in committed)
+    for k, want in committed.items():
+        got = rebuilt[k]
+        assert got.shape == want.shape and got.dtype == want.dtype, k
+        if want.is_floating_point():
+            assert float((got - want).abs().max()) <= f32_tol(want), k
+        else:
+            assert torch.equal(got, want), k
     assert (tmp_path / "tiny" / "config.json").read_text() == (TINY_MODEL / "config.json").read_text()
 
 

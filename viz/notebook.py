@@ -24,8 +24,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from model.core.describe import described
+from model.core.describe import attention_of, described
 from viz.figures import attention as F
+from viz.figures import modern as FM
 
 
 def modules(trace: Mapping, kind: str | None = None) -> list[str]:
@@ -51,7 +52,8 @@ def module(trace: Mapping, layer: int, kind: str | None = None) -> str:
 
 def head(trace: Mapping, layer: int, head: int, kind: str | None = None, scores: bool = False) -> go.Figure:
     """One head's softmax weights (or its scaled scores QKᵀ/√d_k), with the in-figure head buttons."""
-    return F.attention_heatmap(trace, module(trace, layer, kind), head, "scores" if scores else "weights",
+    name = module(trace, layer, kind)
+    return F.attention_heatmap(trace, name, _head(trace, name, head), "scores" if scores else "weights",
                                all_heads=True)
 
 
@@ -65,19 +67,46 @@ def model_view(trace: Mapping, kind: str | None = None) -> go.Figure:
     return F.model_view(trace, modules(trace, kind))
 
 
+def _head(trace: Mapping, name: str, head: int) -> int:
+    """`head` checked against the module's query heads (a clear sentence, not an IndexError deep in numpy)."""
+    H = F.kv_group(trace, name)[0]
+    if not 0 <= head < H:
+        raise ValueError(f"head {head} is out of range: {name} has query heads 0..{H - 1}")
+    return head
+
+
 def pipeline(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
-    """QKᵀ → ÷√d_k → + M → softmax for one head (needs the trace's .scores and .mask)."""
-    return F.score_pipeline(trace, module(trace, layer, kind), head)
+    """QKᵀ → ÷√d_k → + M → softmax for one head (needs the trace's .scores and .mask). A module that computes
+    something else (its own query scale, a soft-cap, a sliding window, q/k norm, a learned sink) gets the pipeline
+    as it describes itself, as on the Attention page."""
+    name = module(trace, layer, kind)
+    head = _head(trace, name, head)
+    info = attention_of(getattr(trace, "meta", {}), name) or {}
+    if FM.is_modern(info):
+        w = trace[f"{name}.weights"]
+        labels = F.axis_labels(getattr(trace, "meta", {}), name, w.shape[2], w.shape[3])
+        return FM.described_pipeline(trace, name, head, info, labels=labels)
+    return F.score_pipeline(trace, name, head)
 
 
 def masks(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
-    """The padding / look-ahead / combined masks beside the weights they produce."""
-    return F.mask_figure(trace, module(trace, layer, kind), head)
+    """The padding / look-ahead / combined masks beside the weights they produce (on a sliding-window layer: the
+    look-ahead mask, the window's and the one used, as on the Attention page)."""
+    name = module(trace, layer, kind)
+    head = _head(trace, name, head)
+    info = attention_of(getattr(trace, "meta", {}), name) or {}
+    if info.get("window") and f"{name}.mask" in trace:
+        w = F.arr(trace[f"{name}.weights"])[0, head]
+        return FM.window_mask_figure(FM.window_masks(trace, name, info), w, info["window"],
+                                     F.axis_labels(getattr(trace, "meta", {}), name, *w.shape))
+    return F.mask_figure(trace, name, head)
 
 
 def qkvz(trace: Mapping, layer: int, head: int, kind: str | None = None) -> go.Figure:
-    """One head's Q, K, V and z = softmax(QKᵀ/√d_k + M)·V."""
-    return F.qkvz_figure(trace, module(trace, layer, kind), head)
+    """One head's Q, K, V and z = softmax(QKᵀ/√d_k + M)·V. With grouped K/V heads, K and V are those of the K/V
+    head this query head reads (head // (H / H_kv)), and the figure says which."""
+    name = module(trace, layer, kind)
+    return F.qkvz_figure(trace, name, _head(trace, name, head))
 
 
 def export_html(figures: Sequence[go.Figure], path: str | Path | None = None, title: str = "Attention Lab") -> str:

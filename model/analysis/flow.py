@@ -787,14 +787,19 @@ def ioi_set(lm, n: int = 12) -> list[Prompt]:
 def induction_set(lm, n: int = 10, length: int = 10, seed: int = 0) -> list[Prompt]:
     """n random token sequences repeated once, cut before the last repeated token, which is the
     measured target (an induction head completes it by copying what followed it the first time)."""
+    from model.loaders.lm import encode_pieces
+
     vocab = getattr(lm, "model", lm).cfg.vocab_size
     lo, hi = min(1000, vocab // 4), min(20000, vocab)
+    tok = getattr(lm, "tokenizer", None)
+    special = {int(i) for i, a in tok.get_added_tokens_decoder().items() if a.special} if tok is not None else set()
+    pool = [i for i in range(lo, hi) if i not in special]  # = range(lo, hi) where no special is there: same draws
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        seq = rng.sample(range(lo, hi), length)
-        ids = seq + seq[:-1]
-        out.append(Prompt(torch.tensor([ids]), seq[-1], None, "induction"))
+        seq = rng.sample(pool, length)
+        ids, _ = encode_pieces(lm, [seq, seq[:-1]])  # the model's BOS rule once, first (Gemma 3: <bos>)
+        out.append(Prompt(ids, seq[-1], None, "induction"))
     return out
 
 

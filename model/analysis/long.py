@@ -33,6 +33,7 @@ import torch
 
 from model.analysis.inputs import as_decoder
 from model.analysis.phenomena import THRESHOLDS, HeadScores, _scored, heads_hooks, random_heads
+from model.loaders.lm import encode_pieces
 
 TILE_BYTES = 64 * 2**20  # one tile of float64 rows (H x R x T) at most this large
 KEEP_TILES_UP_TO = 4096  # head statistics keep each tile's cell matrices for the next layer up to this length
@@ -347,23 +348,27 @@ class NeedlePrompt:
 def needle_prompt(lm, length: int, depth: float, key: str = "71432", filler: str = FILLER) -> NeedlePrompt:
     """A passkey-retrieval prompt of about `length` tokens (Mohtashami & Jaggi 2023's format): intro,
     filler, at `depth` the sentence "The pass key is KEY. Remember it. KEY is the pass key.", more filler,
-    the question. Built from token ids, so the needle's positions are exact."""
+    the question. Built from token ids (lm.encode_pieces: each piece without special tokens, the model's BOS
+    rule once at the start), so the needle's positions are exact and no `<bos>` sits inside the text."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth!r}")
-    enc = lm.tokenizer.encode
-    intro, q = enc(INTRO).ids, enc(QUESTION).ids
-    needle = enc(f" The pass key is {key}. Remember it. {key} is the pass key. ").ids
-    answer = enc(f" {key}").ids
-    fill_one = enc(filler).ids
-    n_fill = max(0, length - len(intro) - len(needle) - len(q))
+
+    def bare(text: str) -> list[int]:  # a piece's ids, no special token (they are counted to fit `length`)
+        return lm.encode_pieces([text], bos=False, check_length=False)[0][0].tolist()
+
+    head = len(lm.bos_prefix())
+    intro, q = bare(INTRO), bare(QUESTION)
+    needle = bare(f" The pass key is {key}. Remember it. {key} is the pass key. ")
+    answer = bare(f" {key}")
+    fill_one = bare(filler)
+    n_fill = max(0, length - head - len(intro) - len(needle) - len(q))
     fill = (fill_one * (n_fill // max(1, len(fill_one)) + 1))[:n_fill]
     cut = int(round(depth * n_fill))
     # cut the filler at a sentence boundary at or before `cut` (a needle inside a word reads oddly)
     stops = [i + 1 for i, t in enumerate(fill[:cut]) if lm.tokenizer.decode([t]).strip().endswith(".")]
     cut = stops[-1] if stops and depth < 1 else cut
-    ids = intro + fill[:cut] + needle + fill[cut:] + q
-    start = len(intro) + cut
-    return NeedlePrompt(torch.tensor([ids]), answer, (start, start + len(needle)), key, depth, len(ids))
+    ids, spans = lm.encode_pieces([INTRO, fill[:cut], needle, fill[cut:], QUESTION])
+    return NeedlePrompt(ids, answer, spans[2], key, depth, ids.shape[1])
 
 
 @dataclass
@@ -376,14 +381,19 @@ class NeedleTrial:
     copied: int  # answer tokens the model predicted right (the steps where copying is scored)
 
 
+def teacher_forced_ids(lm, prompt: NeedlePrompt) -> torch.Tensor:
+    """[1, T + len(answer) - 1]: the prompt with the answer's tokens but the last appended, the bare ids
+    needle_prompt gave (no special token between prompt and answer), joined where every prompt is."""
+    return encode_pieces(lm, [prompt.ids[0], prompt.answer[:-1]], bos=False)[0]
+
+
 @torch.no_grad()
 def needle_trial(lm, prompt: NeedlePrompt, hooks=None, heads_scored: bool = True) -> NeedleTrial:
     """One needle prompt, teacher-forced with the answer appended (one forward, lazy trace). For each
     answer token the model predicts right (argmax = the answer token), a head scores a copy hit when
     its most-attended key lies inside the needle and holds that very token (Wu et al. 2024)."""
     m = as_decoder(lm)
-    ids = torch.cat([prompt.ids, torch.tensor([prompt.answer[:-1]], dtype=torch.long)], dim=1) \
-        if len(prompt.answer) > 1 else prompt.ids
+    ids = teacher_forced_ids(lm, prompt)
     P = prompt.ids.shape[1]
     if heads_scored and not hooks:
         logits, tr = m.run_with_trace(ids, lazy=True, fast=True, budget_bytes=None)
@@ -494,7 +504,7 @@ def ablate_retrieval(lm, prompts: Sequence[NeedlePrompt], scores: HeadScores, k:
 __all__ = ["DocumentView", "LengthProfile", "NeedleGrid", "NeedlePrompt", "NeedleTrial", "Overview",
            "RetrievalAblation", "ablate_retrieval", "block_edges", "document_view",
            "copy_hits", "focus", "head_rows", "head_statistics_tiled", "length_profile", "needle_grid", "needle_prompt",
-           "needle_trial", "pooled_overview", "query_rows", "retrieval_scores", "zoom"]
+           "needle_trial", "pooled_overview", "query_rows", "retrieval_scores", "teacher_forced_ids", "zoom"]
 
 
 # ---------------------------------------------------------------------- the horizon of sliding layers

@@ -194,14 +194,20 @@ def induction_sequence(lm, n: int = 50, batch: int = 1, seed: int = 0) -> torch.
     """[batch, 1 + 2n]: [BOS] + n random tokens + the same n tokens again. Tokens are drawn (seeded)
     from ids 1000..9999 like TransformerLens's demos (ordinary words, no special or byte tokens), or
     from every non-special id of a smaller vocabulary."""
+    from model.loaders.lm import encode_pieces
+
     cfg = as_decoder(lm).cfg
-    bos = cfg.bos_id if cfg.bos_id is not None else 0
     special = {i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id) if i is not None}
+    tok = getattr(lm, "tokenizer", None)
+    if tok is not None:  # the tokenizer's own special tokens (Gemma 3 has thousands) are never drawn
+        special |= {int(i) for i, a in tok.get_added_tokens_decoder().items() if a.special}
     lo, hi = (1000, 10000) if cfg.vocab_size > 10000 else (0, cfg.vocab_size)
     pool = torch.tensor([i for i in range(lo, hi) if i not in special])
     g = torch.Generator().manual_seed(int(seed))
     body = pool[torch.randint(0, len(pool), (batch, n), generator=g)]
-    return torch.cat([torch.full((batch, 1), bos), body, body], dim=1)
+    # the recipe's input is [BOS] + tokens whatever the tokenizer's own rule (Olsson et al., TransformerLens's
+    # prepend_bos): the one BOS, at position 0, joined in the one place prompts are built
+    return torch.cat([encode_pieces(lm, [row, row], bos=True)[0] for row in body], dim=0)
 
 
 def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,8 @@ import os
 import threading
 from pathlib import Path
 
+from model.loaders.errors import ModelFileNotFoundError
+
 NAMES = ("smollm2", "gemma3", "minilm")
 
 _LOADED: dict[tuple, object] = {}
@@ -30,6 +32,10 @@ def _key(name_or_path: str | os.PathLike) -> tuple[str, tuple]:
         return s, (s,)
     p = Path(s).expanduser()
     if not p.exists():
+        if p.suffix.lower() == ".gguf" or os.sep in s or (os.altsep and os.altsep in s):  # a path: it is missing
+            raise ModelFileNotFoundError(f"{s}: file not found (no such file or directory); give one of "
+                                         f"{', '.join(NAMES)}, a Hugging Face model directory (config.json + "
+                                         "*.safetensors) or a .gguf file")
         raise FileNotFoundError(f"no model {s!r}: give one of {', '.join(NAMES)}, a Hugging Face model "
                                 "directory (config.json + *.safetensors) or a .gguf file")
     p = p.resolve()

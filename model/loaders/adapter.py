@@ -75,6 +75,7 @@ NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f", "
 LACKS = ("the norms inside a layer", "the feed-forward network's internals",
          "hooks on q, k, v, the scores and the weights (they live inside transformers' attention)",
          "lazy traces for long inputs")
+POSITIONS = {"raw": "none", "rotated": "rotary", "unrot": "rotary", "alibi": "alibi"}  # describe()'s "positions"
 HEAD_ROLES = ("q_unrot", "q", "k_unrot", "k", "v", "scores", "mask")  # recorded at W^O's input, from the stash
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention")
 # One forward's stash (the rotary's cos/sin, each layer's projection outputs until its W^O): per call, per thread.
@@ -336,14 +337,14 @@ class AdapterModel(torch.nn.Module):
             h["qk"], h["scores"], h["scale"] = "raw", True, raw
         elif self.rotary is not None and all(s is not None for s in rotated):
             h["qk"], h["scores"], h["scale"] = "rotated", True, rotated
+        elif all(alibi):  # before the rotary guess: Falcon with alibi=True has a rotary module it never applies
+            h["qk"] = "alibi"
+            why.append("the scores (its ALiBi position bias is added inside transformers' attention; q and k are "
+                       "exact)")
         elif self.rotary is not None:
             h["qk"] = "unrot"
             why.append("q and k after its rotary embedding, and the scores (transformers applies a rotary the lab "
                        "does not reproduce exactly; q_unrot and k_unrot are before it)")
-        elif all(alibi):
-            h["qk"] = "alibi"
-            why.append("the scores (its ALiBi position bias is added inside transformers' attention; q and k are "
-                       "exact)")
         else:
             why.append("q, k and the scores (its attention adds something to q·kᵀ the lab does not reproduce)")
 
@@ -632,7 +633,11 @@ class AdapterModel(torch.nn.Module):
                 window=window, layer_type=kind or "full_attention", via="transformers")
         blocks = {"d_model": c.d_model, "vocab_size": c.vocab_size, "model_type": self.model_type,
                   "architecture": type(self.hf).__name__, "exact_unembed": self.exact_unembed,
-                  "q_k": h["qk"], "v_z": h["v"], "scores": h["scores"], "hooks": self.hook_names()}
+                  "q_k": h["qk"], "v_z": h["v"], "scores": h["scores"], "hooks": self.hook_names(),
+                  "positions": POSITIONS.get(h["qk"])}
+        # positions: what the probe found the attention does with positions: "rotary" (q and k turned), "alibi" (a
+        # bias linear in the key's position), "none" (softmax(q·kᵀ·scale + mask) is its weights: positions, if
+        # any, were added to the embeddings) or None (its q and k are not given, so not measured)
         # q_k: "raw" (no rotary), "rotated" (after its rotary; q_unrot, k_unrot before), "unrot" (before its rotary
         # only), "alibi" (exact; ALiBi adds its bias inside transformers' attention) or None (not given)
         lacks = list(h["why"]) + list(LACKS) + ([] if self.exact_unembed else [
@@ -674,7 +679,8 @@ class AdapterLanguageModel(LanguageModel):
                top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
                on_step: Callable[[Step], None] | None = None, fast: bool = False) -> Iterator[Step]:
         """LanguageModel.stream through transformers' own KV cache; each step's attention row is transformers'
-        output_attentions for the new position ([L, H, T_so_far]). `hooks` (AdapterModel.hook_names) run in every
+        output_attentions for the new position, over every position so far ([L, H, T_so_far]: a sliding-window layer's
+        keys outside its window are 0, see _whole_rows). `hooks` (AdapterModel.hook_names) run in every
         step: a hook over positions (a mean) sees the step's positions only, as in the lab's own stream."""
         ids, room = self._prompt_and_room(prompt_or_ids, chat, max_new_tokens, temperature, top_k, top_p)
         m = self.model
@@ -689,11 +695,28 @@ class AdapterLanguageModel(LanguageModel):
             out = m.hf(input_ids=x.to(m._device()), **{kw: past}, use_cache=True, output_attentions=record)
             past = getattr(out, kw)
             logits = recorder.hook("logits", out.logits)[0, -1].cpu()
-            return logits, torch.stack([a[0, :, -1].to("cpu", copy=True) for a in out.attentions]) if record else None
+            return logits, _whole_rows(out.attentions, offset + x.shape[1]) if record else None
 
         with torch.no_grad(), m.hooks(hooks):
             yield from self._sample(ids, min(max_new_tokens, room), forward, temperature, top_k, top_p, seed,
-                                    on_step)
+                                    on_step, self.stop_set(chat))
+
+
+def _whole_rows(attentions, n_keys: int) -> torch.Tensor:
+    """Each layer's attention row for the newest position, over all `n_keys` positions so far: [L, H, n_keys].
+
+    A sliding-window layer's cache in transformers keeps only the last keys its window can still see, so its
+    output_attentions cover the last `window` positions, not all of them (a full layer's cover all). The row the lab
+    records is the whole causal row, as its own families record it: those keys sit at the end, and the keys the
+    window dropped are blocked by the mask, so their weight is exactly 0 (issue 42)."""
+    rows = []
+    for a in attentions:
+        r = a[0, :, -1].to("cpu", copy=True)  # (H, keys the layer's cache holds: the last ones)
+        if r.shape[-1] > n_keys:
+            raise RuntimeError(f"transformers returned attention over {r.shape[-1]} keys at a position that has "
+                               f"{n_keys}")
+        rows.append(torch.nn.functional.pad(r, (n_keys - r.shape[-1], 0)))
+    return torch.stack(rows)
 
 
 def _numel(files: list[Path]) -> int:

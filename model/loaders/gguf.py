@@ -757,7 +757,9 @@ class GGUFModel:
     tensors: dict[str, torch.Tensor]
     tokenizer: Any  # tokenizers.Tokenizer, or None: a file without tokenizer metadata runs on token ids
     chat_template: str | None
-    special_ids: dict[str, Any]  # bos, eos, pad (int or None), end: the ids that stop generation
+    # bos, eos, pad, eot, eom (int or None; the file's own), end: llama.cpp's end-of-generation ids (those and every
+    # control token whose text is in _END_TEXTS; kept for reference: the lab stops at LanguageModel.stop_rule's)
+    special_ids: dict[str, Any]
     source: Path
     from_cache: bool = False
 
@@ -770,8 +772,9 @@ def special_ids(metadata: dict, vocab: int) -> dict[str, Any]:
         v = metadata.get(f"tokenizer.ggml.{key}")
         return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab else None
 
-    ids = {"bos": valid("bos_token_id"), "eos": valid("eos_token_id"), "pad": valid("padding_token_id")}
-    end = {i for i in (ids["eos"], valid("eot_token_id"), valid("eom_token_id")) if i is not None}
+    ids = {"bos": valid("bos_token_id"), "eos": valid("eos_token_id"), "pad": valid("padding_token_id"),
+           "eot": valid("eot_token_id"), "eom": valid("eom_token_id")}
+    end = {i for i in (ids["eos"], ids["eot"], ids["eom"]) if i is not None}
     end |= {i for i, (t, k) in enumerate(zip(tokens, types, strict=False)) if k == 3 and t in _END_TEXTS}
     ids["end"] = sorted(end)
     return ids
@@ -936,14 +939,21 @@ def read_model(path: str | os.PathLike, cache: bool = True) -> GGUFModel:
 def load_gguf(path: str | os.PathLike, name: str | None = None, cache: bool = True):
     """A GGUF of one of ARCHITECTURES -> LanguageModel (DecoderLM inside, float32), via `lm_from_hf`."""
     from model.loaders.hf import lm_from_hf
-    from model.loaders.lm import LanguageModel
+    from model.loaders.lm import STOP_GGUF_EOM, STOP_GGUF_EOS, STOP_GGUF_EOT, LanguageModel
 
     part = read_model(path, cache=cache)
     model = lm_from_hf(part.config, part.tensors)
     part.tensors.clear()  # the model holds them now (assigned, not copied)
     ids = part.special_ids
+    if "eot" not in ids:  # a cache written before eot/eom were kept: the file's header says (a second's read)
+        ids = special_ids(read_gguf(part.source).metadata, model.cfg.vocab_size)
+    # the ids that end a generation: the file's own end tokens (LanguageModel.stop_rule adds a chat's turn end)
+    stops = {}
+    for key, source in (("eos", STOP_GGUF_EOS), ("eot", STOP_GGUF_EOT), ("eom", STOP_GGUF_EOM)):
+        if ids.get(key) is not None:
+            stops.setdefault(ids[key], source)
     tok = part.tokenizer
     special = {} if tok is None else {f"{k}_token": tok.id_to_token(ids[k]) for k in ("bos", "eos", "pad")
                                       if ids.get(k) is not None and ids[k] < tok.get_vocab_size()}
     return LanguageModel(model, part.tokenizer, name=name or part.source.stem, chat_template=part.chat_template,
-                         stop_ids=ids["end"], source=part.source, special_tokens=special)
+                         stop_ids=list(stops), stop_sources=stops, source=part.source, special_tokens=special)

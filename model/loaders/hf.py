@@ -666,10 +666,10 @@ def load_hf_dir(path: str | os.PathLike, dtype=None, device=None):
     if hf["model_type"] not in LM_TYPES:  # no family of ours: transformers' own modules (model/loaders/adapter.py)
         from model.loaders.adapter import load_adapter_dir
 
-        stop = _ids(hf.get("eos_token_id")) + _ids(_json(d / "generation_config.json").get("eos_token_id"))
+        stop = _stop_sources(d, hf)
         return load_adapter_dir(d, hf, files, torch_dtype, torch_device, tokenizer=_tokenizer(d), name=d.name,
                                 chat_template=chat_template_of(d), source=d, special_tokens=_special_tokens(d),
-                                stop_ids=list(dict.fromkeys(stop)))
+                                stop_ids=list(stop), stop_sources=stop)
     cfg = config_from_hf(hf, torch_dtype)  # sizes checked before any tensor is read
     model = lm_from_hf(hf, _read_tensors(files), torch_dtype)
     if torch_device.type != "cpu":
@@ -677,11 +677,22 @@ def load_hf_dir(path: str | os.PathLike, dtype=None, device=None):
     if torch_dtype != torch.float32:
         check_runs(model, torch_dtype, torch_device)
     tokenizer = _tokenizer(d)
-    gen = _json(d / "generation_config.json")
-    stop = _ids(hf.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
+    stop = {i: src for i, src in _stop_sources(d, hf).items() if i < cfg.vocab_size}
     return LanguageModel(model, tokenizer, name=d.name, chat_template=chat_template_of(d),
-                         stop_ids=[i for i in dict.fromkeys(stop) if i < cfg.vocab_size], source=d,
-                         special_tokens=_special_tokens(d))
+                         stop_ids=list(stop), stop_sources=stop, source=d, special_tokens=_special_tokens(d))
+
+
+def _stop_sources(d: Path, hf: dict) -> dict[int, str]:
+    """The directory's own end tokens, id -> where it is stated (LanguageModel.stop_rule): config.json's
+    eos_token_id, then generation_config.json's (an int or a list: Llama 3 Instruct ends at three)."""
+    from model.loaders.lm import STOP_CONFIG, STOP_GENERATION_CONFIG
+
+    stop: dict[int, str] = {}
+    for i in _ids(hf.get("eos_token_id")):
+        stop.setdefault(i, STOP_CONFIG)
+    for i in _ids(_json(d / "generation_config.json").get("eos_token_id")):
+        stop.setdefault(i, STOP_GENERATION_CONFIG)
+    return stop
 
 
 def _tokenizer(d: Path):

@@ -25,6 +25,18 @@ from model.core.trace import Trace, last_row, recompute_params
 from model.families.lm import DecoderLM
 
 TOP_K_RECORDED = 10
+# Where an id that ends a generation comes from (LanguageModel.stop_rule): the rule is the model file's own end
+# tokens (GGUF: its eos and any eot/eom it declares; a Hugging Face directory: eos_token_id in config.json and
+# generation_config.json), plus, in a chat (chat=True), the token its chat template closes the assistant's turn
+# with: the model was trained to write it when its answer is done. Not llama.cpp's wider list of end-like control
+# texts: SmolLM2 stops at <|im_end|> (2) as transformers does, not also at <|endoftext|> (0).
+STOP_GGUF_EOS = "the model file's end-of-sequence token (GGUF tokenizer.ggml.eos_token_id)"
+STOP_GGUF_EOT = "the model file's end-of-turn token (GGUF tokenizer.ggml.eot_token_id)"
+STOP_GGUF_EOM = "the model file's end-of-message token (GGUF tokenizer.ggml.eom_token_id)"
+STOP_CONFIG = "the model's end-of-sequence token (config.json eos_token_id)"
+STOP_GENERATION_CONFIG = "the model's generation config (generation_config.json eos_token_id)"
+STOP_CHAT = "the chat template: it closes the assistant's turn with this token"
+STOP_GIVEN = "given when the model was made (stop_ids)"
 
 
 @dataclass
@@ -57,12 +69,14 @@ class Generation:
 class LanguageModel:
     def __init__(self, model: DecoderLM, tokenizer=None, name: str = "lm", chat_template: str | None = None,
                  stop_ids: Sequence[int] = (), source: Path | None = None,
-                 special_tokens: Mapping[str, str] | None = None):
+                 special_tokens: Mapping[str, str] | None = None, stop_sources: Mapping[int, str] | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer, or None (ids only)
         self.name = name
         self.chat_template = chat_template
-        self.stop_ids = list(dict.fromkeys(int(i) for i in stop_ids))
+        self.stop_ids = list(dict.fromkeys(int(i) for i in stop_ids))  # always end a generation (stop_rule)
+        self.stop_sources = {i: (stop_sources or {}).get(i, STOP_GIVEN) for i in self.stop_ids}
+        self._turn_end: list[int] | None = None  # the chat template's end-of-turn id(s), found on first use
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self.max_tokens = model.cfg.max_len
@@ -99,18 +113,86 @@ class LanguageModel:
         if not text.strip():
             raise ValueError("the text is empty: type a prompt")
         tok = self._need_tokenizer()
-        ids = tok.encode(self.render_chat(text), add_special_tokens=False).ids if chat else tok.encode(text).ids
-        if not ids:
+        if chat:  # the template writes its own specials (Gemma's "<bos>" too): none are added
+            ids = tok.encode(self.render_chat(text), add_special_tokens=False).ids
+            head = ids[:1] if ids and ids[0] in self._special_ids() else []
+        else:
+            head = self.bos_prefix()
+            ids = head + tok.encode(text, add_special_tokens=False).ids
+        if len(ids) == len(head):
             raise ValueError("the text gives no tokens")
         if keep_last is not None:
             if not isinstance(keep_last, int) or keep_last < 1:
                 raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
-            ids = ids[-keep_last:]
+            # the end of the text, behind the model's own BOS (a cut never drops it, nor moves it inside)
+            if len(ids) > keep_last:
+                body = ids[len(head):]
+                ids = (head + body[len(body) - max(1, keep_last - len(head)):])[-keep_last:]
         if len(ids) > self.max_tokens:
             raise recorder.ContextLengthError(
                 f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
                 "Shorten it; it is never truncated silently.", n_tokens=len(ids), context_length=self.max_tokens)
         return torch.tensor([ids], dtype=torch.long)
+
+    def bos_prefix(self) -> list[int]:
+        """The ids the tokenizer's own rule puts before a text (Gemma 3: [<bos>]; SmolLM2: []), read by encoding
+        a letter with and without its special tokens (model/loaders/card.py bos_rule reads the same). Applied once,
+        at the start of a prompt: `encode`, `encode_pieces`."""
+        tok = self.tokenizer
+        if tok is None:
+            return []
+        whole, bare = tok.encode("a").ids, tok.encode("a", add_special_tokens=False).ids
+        for i in range(len(whole) - len(bare) + 1):
+            if whole[i:i + len(bare)] == bare:
+                return whole[:i]
+        return []
+
+    def _special_ids(self) -> set[int]:
+        """The tokenizer's special tokens (its added specials and bos/eos/pad) and the config's bos/eos/pad ids."""
+        cfg, out = self.model.cfg, set()
+        out.update(i for i in (getattr(cfg, "bos_id", None), getattr(cfg, "eos_id", None),
+                               getattr(cfg, "pad_id", None)) if i is not None)
+        tok = self.tokenizer
+        if tok is not None:
+            out.update(int(i) for i, a in tok.get_added_tokens_decoder().items() if a.special)
+            out.update(i for i in (tok.token_to_id(t) for t in self.special_tokens.values() if t) if i is not None)
+        return out
+
+    def encode_pieces(self, pieces: Sequence[str | Sequence[int]], bos: bool | None = None,
+                      check_length: bool = True) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """The one way pieces of a prompt become ids: each text piece is encoded WITHOUT special tokens, an id
+        piece (a list of ints: random tokens, a repeated filler) is kept as it is, they are joined, and the model's
+        BOS rule (`bos_prefix`) is applied once, at the start. Encoding each piece with `tokenizer.encode` and
+        joining would put a `<bos>` before every piece on a model whose tokenizer adds one (Gemma 3).
+
+        bos: None = the model's own rule; True = a BOS first whatever the rule (a recipe that defines its input as
+        [BOS] + tokens, Olsson et al.'s induction sequence); False = none (an answer appended after a prompt).
+        Returns (ids [1, T], spans): spans[i] = (start, end) of piece i in ids, so a builder knows exact positions.
+        check_length: over the model's context length is a ContextLengthError (as `encode`)."""
+        if isinstance(pieces, (str, bytes)):
+            raise TypeError("pieces must be a list of texts or id lists, not one string: use encode(text)")
+        if bos is None:
+            head = self.bos_prefix()
+        elif bos:
+            b = self.model.cfg.bos_id
+            if b is None and self.tokenizer is not None and self.special_tokens.get("bos_token"):
+                b = self.tokenizer.token_to_id(self.special_tokens["bos_token"])
+            head = [int(b) if b is not None else 0]  # no BOS named anywhere: id 0 holds its place
+        else:
+            head = []
+        ids, spans = list(head), []
+        for p in pieces:
+            if isinstance(p, str):
+                part = self._need_tokenizer().encode(p, add_special_tokens=False).ids
+            else:
+                part = _as_list(p)
+            spans.append((len(ids), len(ids) + len(part)))
+            ids += part
+        if check_length and len(ids) > self.max_tokens:
+            raise recorder.ContextLengthError(
+                f"the text is {len(ids)} tokens long; {self.name} accepts at most {self.max_tokens}. "
+                "Shorten it; it is never truncated silently.", n_tokens=len(ids), context_length=self.max_tokens)
+        return torch.tensor([ids], dtype=torch.long), spans
 
     def decode(self, ids) -> str:
         return self._need_tokenizer().decode(_as_list(ids), skip_special_tokens=True)
@@ -176,17 +258,39 @@ class LanguageModel:
 
     # ---------------------------------------------------------------- generation
 
+    def turn_end_ids(self) -> list[int]:
+        """The special token the chat template writes right after an assistant's message (SmolLM2: <|im_end|>,
+        Llama 3: <|eot_id|>, Gemma: <end_of_turn>): what closes the model's turn in a chat. Found by rendering a
+        user message and an assistant message and reading the token after the assistant's text; [] without a
+        template or tokenizer, or where the template puts no special token there."""
+        if self._turn_end is None:
+            self._turn_end = _turn_end_ids(self)
+        return self._turn_end
+
+    def stop_rule(self, chat: bool = False) -> list[tuple[int, str, str]]:
+        """The ids that end a generation, each as (id, token, where it comes from): the model file's own end tokens
+        (stop_ids), and in a chat (chat=True) the token its chat template closes the assistant's turn with (see
+        STOP_CHAT above: the rule, and why)."""
+        rows = [(i, self._piece(i), self.stop_sources.get(i, STOP_GIVEN)) for i in self.stop_ids]
+        if chat:
+            rows += [(i, self._piece(i), STOP_CHAT) for i in self.turn_end_ids() if i not in self.stop_ids]
+        return rows
+
+    def stop_set(self, chat: bool = False) -> set[int]:
+        """The ids of stop_rule(chat)."""
+        return {i for i, _, _ in self.stop_rule(chat)}
+
     def generate(self, prompt_or_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, chat: bool = False, hooks=None, record: bool = True,
                  on_step: Callable[[Step], None] | None = None, fast: bool = False) -> Generation:
         """Generate up to max_new_tokens tokens (greedy when temperature == 0), stopping at the model's
-        end tokens. `on_step(step)` is called as each token comes (a page can stream them). fast: see
-        `stream`."""
+        end tokens (stop_rule(chat)). `on_step(step)` is called as each token comes (a page can stream them).
+        fast: see `stream`."""
         prompt = self._ids(prompt_or_ids, chat)
-        steps = list(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, hooks=hooks,
-                                 record=record, on_step=on_step, fast=fast))
+        steps = list(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat=chat, hooks=hooks,
+                                 record=record, on_step=on_step, fast=fast))  # ids already wrapped: chat only stops
         ids = [s.id for s in steps]
-        stopped = bool(steps) and steps[-1].id in self.stop_ids
+        stopped = bool(steps) and steps[-1].id in self.stop_set(chat)
         body = ids[:-1] if stopped else ids
         text = self.decode(body) if self.tokenizer is not None else ""
         return Generation(text=text, tokens=[s.token for s in steps], ids=ids, prompt_ids=prompt[0].tolist(),
@@ -229,7 +333,7 @@ class LanguageModel:
 
         with torch.no_grad(), m.hooks(hooks), recorder.hooking(mine), recorder.fast_attention(fast):
             yield from self._sample(ids, min(max_new_tokens, room), forward, temperature, top_k, top_p, seed,
-                                    on_step)
+                                    on_step, self.stop_set(chat))
 
     def _prompt_and_room(self, prompt_or_ids, chat: bool, max_new_tokens: int, temperature: float, top_k: int,
                          top_p: float) -> tuple[torch.Tensor, int]:
@@ -246,10 +350,12 @@ class LanguageModel:
         return ids, room
 
     def _sample(self, ids: torch.Tensor, n: int, forward, temperature: float, top_k: int, top_p: float, seed: int,
-                on_step: Callable[[Step], None] | None) -> Iterator[Step]:
+                on_step: Callable[[Step], None] | None, stops: set[int] | None = None) -> Iterator[Step]:
         """The sampling loop every stream shares: `forward(x, offset)` runs the new ids x at their absolute offset
         through the model's own KV cache and returns the last position's logits (on the CPU) and its attention row
-        ([L, H, T so far], or None); up to `n` tokens, stopping after a stop token."""
+        ([L, H, T so far], or None); up to `n` tokens, stopping after a stop token (`stops`: stop_set(chat), by
+        default the model's own end tokens)."""
+        stops = self.stop_set() if stops is None else stops
         gen = torch.Generator().manual_seed(int(seed))  # private: sessions never share a random stream
         offset, x = 0, ids
         for _ in range(n):
@@ -261,7 +367,7 @@ class LanguageModel:
             if on_step is not None:
                 on_step(step)
             yield step
-            if chosen in self.stop_ids:
+            if chosen in stops:
                 return
             x = torch.tensor([[chosen]], dtype=torch.long)
 
@@ -269,6 +375,45 @@ class LanguageModel:
         if self.tokenizer is None:
             return f"<{i}>"
         return self.tokenizer.id_to_token(i) or f"<{i}>"
+
+
+def encode_pieces(lm, pieces: Sequence[str | Sequence[int]], bos: bool | None = None
+                  ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """`LanguageModel.encode_pieces` for a LanguageModel or a bare DecoderLM (ids only: no tokenizer, so no BOS
+    rule; bos=True puts its config's bos_id first). Every prompt builder in model/analysis and viz goes through it."""
+    if hasattr(lm, "encode_pieces"):
+        return lm.encode_pieces(pieces, bos=bos)
+    if any(isinstance(p, str) for p in pieces):
+        raise ValueError("text needs a LanguageModel (with a tokenizer); pass token ids to a bare DecoderLM")
+    head = []
+    if bos:
+        b = getattr(getattr(lm, "cfg", None), "bos_id", None)
+        head = [int(b if b is not None else 0)]
+    ids, spans = list(head), []
+    for p in pieces:
+        part = _as_list(p)
+        spans.append((len(ids), len(ids) + len(part)))
+        ids += part
+    return torch.tensor([ids], dtype=torch.long), spans
+
+
+def _turn_end_ids(lm: LanguageModel) -> list[int]:
+    """LanguageModel.turn_end_ids: the token right after an assistant's message in the rendered template."""
+    tok, mark = lm.tokenizer, "Qx7zQ"  # a text no template rewrites (trimmed, it stays itself)
+    if not lm.chat_template or tok is None:
+        return []
+    from model.loaders.chat import render_chat_template
+
+    try:
+        text = render_chat_template(lm.chat_template, [{"role": "user", "content": "Hi"},
+                                                       {"role": "assistant", "content": mark}], lm.name,
+                                    add_generation_prompt=False, **lm.special_tokens)
+    except ValueError:  # a template that refuses this exchange has no turn end the lab can read
+        return []
+    at = text.rfind(mark)
+    after = tok.encode(text[at + len(mark):].lstrip(" "), add_special_tokens=False).ids if at >= 0 else []
+    specials = {int(i) for i, a in tok.get_added_tokens_decoder().items() if a.special}
+    return [after[0]] if after and after[0] in specials else []
 
 
 def _as_list(ids) -> list[int]:

@@ -308,9 +308,67 @@ class Run:
     def series(self, key: str) -> np.ndarray:
         return np.array([getattr(s, key) for s in self.scores])
 
+    def heads(self, key: str = "induction") -> np.ndarray:
+        """[checkpoints, layers, heads]: one per-head score ("induction", "previous", "prefix") at every checkpoint.
+        The one source of the heads-over-training heatmaps (/learn, lesson 17) and of `summary`'s cited head, so
+        the head a sentence names is the heatmap's brightest at the step it names (issue 38 §5)."""
+        return np.stack([getattr(s, key) for s in self.scores])
+
 
 def lr_at(s: Settings, step: int) -> float:
     return s.lr * min(1.0, step / s.warmup)
+
+
+def _train_step(model: DecoderLM, opt: torch.optim.Optimizer, s: Settings, step: int, data: torch.Generator) -> float:
+    """One optimizer step of `train` (and of `pace`, which times it); the step's training loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(s, step)
+    ids = batch_ids(s, data)
+    logits = model(ids)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, model.cfg.vocab_size), ids[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def _optimizer(model: DecoderLM, s: Settings) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(apply_change(model, s.change), lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast this machine trains a run now (`pace`): seconds per training step and per checkpoint
+    (weights kept and measured), each timed on a few of them."""
+
+    step_s: float
+    checkpoint_s: float
+    steps_timed: int
+
+    def seconds(self, s: Settings) -> float:
+        """The whole run of `s` at this pace: its steps and its checkpoints."""
+        return s.steps * self.step_s + len(log_steps(s.steps, s.n_checkpoints)) * self.checkpoint_s
+
+
+def pace(s: Settings, n_steps: int = 12) -> Pace:
+    """Time `n_steps` training steps and one checkpoint of run `s` on this machine, now (a fraction of a second on
+    an idle core; more under load, which is the point): what a live run's estimate is made of, instead of a fixed
+    "about a minute" (issue 38 §5: a run promised that took 283 s at load 6-11). One untimed step first (the first
+    backward pays torch's one-time setup). Touches no global state (a private generator, its own model)."""
+    model = init_model(s.config(), s.seed, pos_init=s.pos_init)
+    opt = _optimizer(model, s)
+    data = torch.Generator().manual_seed(s.seed + 1)
+    probe, plain = probe_ids(s), plain_probe_ids(s)
+    model.train()
+    _train_step(model, opt, s, 1, data)
+    t0 = time.perf_counter()
+    for step in range(2, n_steps + 2):
+        _train_step(model, opt, s, step, data)
+    step_s = (time.perf_counter() - t0) / n_steps
+    t0 = time.perf_counter()
+    _kept = {k: v.detach().to(torch.float16).clone() for k, v in model.state_dict().items()}  # as a checkpoint does
+    measure(model, probe, plain, s.n)
+    return Pace(step_s, time.perf_counter() - t0, n_steps)
 
 
 def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None,
@@ -320,8 +378,7 @@ def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None
     after each step may return False to stop early. yield_s: sleep after each step (LIVE_YIELD_S in the app)."""
     cfg = s.config()
     model = init_model(cfg, s.seed, pos_init=s.pos_init)
-    params = apply_change(model, s.change)
-    opt = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
+    opt = _optimizer(model, s)
     data = torch.Generator().manual_seed(s.seed + 1)
     want = set(log_steps(s.steps, s.n_checkpoints))
     probe, plain = probe_ids(s), plain_probe_ids(s)
@@ -340,15 +397,7 @@ def train(s: Settings, callback: Callable[[Run, str], bool | None] | None = None
         return run
     model.train()
     for step in range(1, s.steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(s, step)
-        ids = batch_ids(s, data)
-        logits = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        run.loss.append(float(loss.detach()))
+        run.loss.append(_train_step(model, opt, s, step, data))
         if yield_s:
             time.sleep(yield_s)
         if step in want and not checkpoint(step):
@@ -577,7 +626,7 @@ class Summary:
     icl_before: float  # in-context loss at the checkpoint before the steepest fall, and at `step`
     icl_after: float
     layer: int  # the layer whose heads are compared (the last)
-    head: int  # the head with the highest induction score at the last checkpoint
+    head: int  # the head with the highest induction score at the phase change (`step`; the last checkpoint if none)
     induction_before: float  # that head's induction score at the checkpoint before, and at `step`
     induction_after: float
     control_max: float | None  # the control's highest induction score of any head, any checkpoint
@@ -585,13 +634,16 @@ class Summary:
 
 
 def summary(run: Run, control: Run | None = None) -> Summary:
-    """The numbers of the page's sentence, all from the checkpoints."""
+    """The numbers of the page's sentence, all from the checkpoints. The head it names is the last layer's best at
+    the phase change itself, the step the sentence is about (`Run.heads`, what the heatmap draws): naming the best
+    head at the last checkpoint cited head 1.1 (0.073 → 0.46) where the heatmap's brightest at step 675 is 1.0
+    (0.087 → 0.61) (issue 38 §5)."""
     icl = run.series("icl")
     step = phase_change(run.steps, icl)
     layer = run.settings.layers - 1
-    ind = np.stack([s.induction[layer] for s in run.scores])  # [checkpoints, H]
-    head = int(np.argmax(ind[-1]))
+    ind = run.heads("induction")[:, layer]  # [checkpoints, H]
     i = run.steps.index(step) if step is not None else len(run.steps) - 1
+    head = int(np.argmax(ind[i]))
     j = max(i - 1, 0)
     prev = int(np.argmax(run.scores[-1].previous[0])) if run.settings.layers > 1 else None
     ctrl = float(np.max([s.induction.max() for s in control.scores])) if control and control.scores else None

@@ -28,7 +28,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from model.core.describe import attention_of, token_sides
+from model.core.describe import attention_of, described, token_sides
 from viz.i18n import N_, t
 
 WEIGHTS_SCALE = "Viridis"  # softmax weights, always zmin=0, zmax=1
@@ -166,9 +166,30 @@ def about(meta: Mapping) -> str:
     return t("model {name} · “{text}”", name=name or "?", text=show_token(text))
 
 
-def _titled(title: str, meta: Mapping) -> str:
-    sub = about(meta)
+def _titled(title: str, meta: Mapping, module: str | None = None) -> str:
+    """`title` over a subtitle: the attention module's capture name (`module`: what a notebook or a snapshot test
+    reads, the title saying it in words) and the model and sentence (`about`)."""
+    sub = " · ".join(x for x in (module, about(meta)) if x)
     return f"{title}<br><sup>{sub}</sup>" if sub else title
+
+
+_MODULE = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|cross_attn)")
+MODULE_KINDS = {"self_attn": N_("self-attention"), "cross_attn": N_("cross-attention")}
+
+
+def module_title(name: str, meta: Mapping | None = None) -> str:
+    """An attention module's capture name in words, for a figure's title (issue 38 §5: a class read
+    `decoder.layers.5.self_attn · 头 1`): "layer 5 · self-attention" (zh 第 5 层 · 自注意力); the stack is named only
+    where the model has two (the 2017 Transformer: "decoder layer 1 · cross-attention"). Any other name as it is."""
+    m = _MODULE.fullmatch(name)
+    if m is None:
+        return name
+    stack, layer, kind = m.groups()
+    stacks = described(meta).get("stacks", {})  # from the config for a trace saved before descriptions existed
+    two = sum(1 for s in stacks.values() if isinstance(s, Mapping) and s.get("layers")) > 1
+    where = (t("encoder layer {l}", l=layer) if stack == "encoder" else t("decoder layer {l}", l=layer)) if two \
+        else t("layer {l}", l=layer)
+    return f"{where} · {t(MODULE_KINDS[kind])}"
 
 
 def attention_tokens(meta: Mapping, name: str) -> tuple[list[str], list[str]]:
@@ -193,6 +214,55 @@ def axis_labels(meta: Mapping, name: str, n_q: int, n_k: int) -> tuple[list[str]
     else:
         y = token_labels(q_tok, n_q)
     return y, token_labels(k_tok, n_k)
+
+
+# ---------------------------------------------------------------- query heads and K/V heads
+
+
+def kv_group(trace: Mapping, name: str) -> tuple[int, int]:
+    """(H, H_kv) of attention module `name`: its query heads and its K/V heads, as the model describes itself
+    (trace.meta["model"]). Grouped-query attention has H_kv < H (SmolLM2: 9 and 3), multi-query H_kv = 1, the
+    2017 Transformer H_kv = H. A trace without a description (a dict of arrays) falls back to the captured
+    shapes: `.q` (or the weights) has H heads, `.k` (or `.v`) H_kv."""
+    info = attention_of(getattr(trace, "meta", None), name) or {}
+    H, H_kv = info.get("n_heads"), info.get("n_kv_heads")
+    if not H:
+        def heads(*roles):
+            return next((int(trace[f"{name}.{r}"].shape[1]) for r in roles if f"{name}.{r}" in trace), None)
+
+        H, H_kv = heads("q", "weights", "scores", "z"), heads("k", "v")
+    if not H:
+        raise ValueError(f"{name}: the trace says nothing about this module's heads (no description, no .q)")
+    H, H_kv = int(H), int(H_kv or H)
+    if H_kv < 1 or H % H_kv:
+        raise ValueError(f"{name}: {H} query heads cannot share {H_kv} K/V heads (not a divisor)")
+    return H, H_kv
+
+
+def kv_head(trace: Mapping, name: str, head: int) -> int:
+    """The K/V head query head `head` reads: head // (H / H_kv) (= head without grouping)."""
+    H, H_kv = kv_group(trace, name)
+    if not 0 <= head < H:
+        raise ValueError(f"head {head} is out of range: {name} has query heads 0..{H - 1}")
+    return head // (H // H_kv)
+
+
+def kv_readers(H: int, H_kv: int, g: int) -> range:
+    """The query heads that read K/V head g."""
+    r = H // H_kv
+    return range(g * r, (g + 1) * r)
+
+
+def kv_label(H: int, H_kv: int, head: int) -> str:
+    """Which K/V head query head `head` reads, said for a caption or title ("K/V head 0, shared by query heads
+    0–2"); "" when every query head has its own (H_kv = H)."""
+    if H_kv == H:
+        return ""
+    g = head // (H // H_kv)
+    if H_kv == 1:
+        return t("K/V head 0, shared by all {h} query heads", h=H)
+    heads = kv_readers(H, H_kv, g)
+    return t("K/V head {g}, shared by query heads {a}–{b}", g=g, a=heads[0], b=heads[-1])
 
 
 def heatmap_trace(z: np.ndarray, kind: str, x: list[str] | None = None, y: list[str] | None = None,
@@ -318,7 +388,8 @@ def attention_heatmap(trace: Mapping, name: str, head: int, kind: str = "weights
     qa, ka = _axis_title(name, meta)
     hk, what = "scores" if kind == "scores" else kind, _what(kind)
     heads = list(range(w.shape[0])) if all_heads and w.size <= HEAD_BUTTON_CELLS else [head]
-    titles = [_titled(t("{name} · head {head} · {what}", name=name, head=h, what=what), meta) for h in heads]
+    titles = [_titled(t("{name} · head {head} · {what}", name=module_title(name, meta), head=h, what=what), meta,
+                      name) for h in heads]
     fig = go.Figure([heatmap_trace(w[h], hk, x, y, value_name=what).update(visible=h == head) for h in heads])
     height = _size(w.shape[1], 380, 16)
     width = _square_width(w.shape[1:], height, x, y)
@@ -390,7 +461,8 @@ def heads_grid(trace: Mapping, name: str, kind: str = "weights", meta: Mapping |
                              **every_tick(x))
     side = _size(len(y), 260, 8, 420)
     note = " · " + t("downsampled {b}×: each cell is the max of {b}×{b}", b=b) if b > 1 else ""
-    return _layout(fig, _titled(t("{name} · all {n} heads · {what}", name=name, n=H, what=what) + note, meta),
+    return _layout(fig, _titled(t("{name} · all {n} heads · {what}", name=module_title(name, meta), n=H, what=what)
+                                + note, meta, name),
                    60 + rows * side, margin={"l": 10, "r": 10, "t": 90, "b": 10})
 
 
@@ -550,8 +622,8 @@ def score_pipeline(trace: Mapping, name: str, head: int, meta: Mapping | None = 
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_xaxes(type="category", showticklabels=qk.shape[1] <= MAX_TICKS, tickangle=-60, **every_tick(x))
     fig.update_yaxes(showticklabels=qk.shape[0] <= MAX_TICKS, row=1, col=1, **every_tick(y))
-    return _layout(fig, _titled(t("{name} · head {head}: softmax(QKᵀ/√d_k + M)", name=name, head=head) + note,
-                                meta), height,
+    return _layout(fig, _titled(t("{name} · head {head}: softmax(QKᵀ/√d_k + M)", name=module_title(name, meta),
+                                  head=head) + note, meta, name), height,
                    margin={"l": 10, "r": 10, "t": 80, "b": below + 90})
 
 
@@ -596,7 +668,8 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=w.shape[0] <= MAX_TICKS, row=1, col=1, **every_tick(y))
     fig.update_xaxes(type="category", showticklabels=w.shape[1] <= MAX_TICKS, tickangle=-60, **every_tick(x))
-    return _layout(fig, _titled(t("{name}: mask M (1 = blocked → −∞) and the weights", name=name) + note, meta),
+    return _layout(fig, _titled(t("{name}: mask M (1 = blocked → −∞) and the weights", name=module_title(name, meta))
+                                + note, meta, name),
                    _size(w.shape[0], 320, 10, 520), margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
 
@@ -606,22 +679,31 @@ def mask_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
 def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = None) -> go.Figure:
     """Q, K, V (position × d_k) of one head and its output z = weights · V, as a 2 × 2 grid: the query
     side on top (Q and z: one row per query), the key side below (K and V: one row per key). Each row of
-    panels shares one token axis, labelled once on its left, so no labels fall on a neighbouring panel."""
+    panels shares one token axis, labelled once on its left, so no labels fall on a neighbouring panel.
+
+    With grouped K/V heads (H_kv < H, from the model's description) K and V are those of the K/V head this
+    query head reads, head // (H / H_kv); the K and V panel titles and the figure's title say which."""
     meta = meta if meta is not None else getattr(trace, "meta", {})
-    parts = {r: arr(trace[f"{name}.{r}"])[0, head] for r in ("q", "k", "v", "z")}
+    H, H_kv = kv_group(trace, name)
+    g = kv_head(trace, name, head)
+    parts = {r: arr(trace[f"{name}.{r}"])[0, g if r in ("k", "v") else head] for r in ("q", "k", "v", "z")}
     n_q, n_k = parts["q"].shape[0], parts["k"].shape[0]
     q_lab, k_lab = axis_labels(meta, name, n_q, n_k)
     qa, ka = _axis_title(name, meta)
     rng = symmetric_range(*parts.values())
     rows_px = [min(420, max(120, 14 * n)) for n in (n_q, n_k)]
+    shared = kv_label(H, H_kv, head)
+    k_title, v_title = t("K (keys)"), t("V (values)")
+    if shared:
+        k_title, v_title = (t("{what} · K/V head {g}", what=w, g=g) for w in (k_title, v_title))
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.04, vertical_spacing=0.16, shared_yaxes=True,
                         row_heights=[p / sum(rows_px) for p in rows_px],
-                        subplot_titles=[t("Q (queries)"), "z = softmax(QKᵀ/√d_k + M)·V", t("K (keys)"),
-                                        t("V (values)")])
+                        subplot_titles=[t("Q (queries)"), "z = softmax(QKᵀ/√d_k + M)·V", k_title, v_title])
     for (r, c), role in zip(((1, 1), (1, 2), (2, 1), (2, 2)), ("q", "z", "k", "v"), strict=True):
         m = parts[role]
+        value = f"{role}[head {head}]" if role in ("q", "z") or not shared else f"{role}[K/V head {g}]"
         fig.add_trace(heatmap_trace(m, "values", [f"d{j}" for j in range(m.shape[1])],
-                                    q_lab if role in ("q", "z") else k_lab, f"{role}[head {head}]", zrange=rng,
+                                    q_lab if role in ("q", "z") else k_lab, value, zrange=rng,
                                     showscale=role == "z", hover_x=t("dim"), hover_y=t("position")), r, c)
     fig.update_yaxes(autorange="reversed", type="category")
     for r, (labels, title) in enumerate(((q_lab, qa), (k_lab, ka)), start=1):
@@ -629,8 +711,11 @@ def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
         fig.update_yaxes(showticklabels=False, row=r, col=2)
     fig.update_xaxes(type="category", showticklabels=False)
     fig.update_xaxes(title=t("d_k dims"), row=2)  # under the grid only: above, it would run into K's and V's titles
-    return _layout(fig, _titled(t("{name} · head {head}: per-head projections (d_k = {d_k})", name=name, head=head,
-                                  d_k=parts["q"].shape[1]), meta),
+    title = t("{name} · head {head}: per-head projections (d_k = {d_k})", name=module_title(name, meta), head=head,
+              d_k=parts["q"].shape[1])
+    if shared:  # the K and V panels are not this query head's own: say whose they are
+        title += " · " + t("K, V: {which}", which=shared)
+    return _layout(fig, _titled(title, meta, name),
                    sum(rows_px) + 230, margin={"l": 10, "r": 10, "t": 80, "b": 10})
 
 
@@ -697,7 +782,8 @@ def scaling_figure(trace: Mapping, name: str, bins: int = 60) -> go.Figure:
     fig.update_xaxes(title=t("score"), row=1, col=1)
     fig.update_xaxes(title=t("entropy (nats)"), row=1, col=2)
     fig.update_yaxes(title=t("count"))
-    return _layout(fig, t("{name}: the √d_k lesson (all heads, allowed cells only)", name=name), 400)
+    return _layout(fig, _titled(t("{name}: the √d_k lesson (all heads, allowed cells only)",
+                                  name=module_title(name, getattr(trace, "meta", None))), {}, name), 400)
 
 
 def variance_demo(d_k: int, n: int = 4000, seed: int = 0, bins: int = 60) -> go.Figure:

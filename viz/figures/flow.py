@@ -117,7 +117,7 @@ def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[s
     side = {s: routes.desc["stacks"][s]["tokens"] for s in routes.steps}
     # lines, one trace per (kind, width bin): a plotly line has one width
     for kind in ("resid", "ffn", "head"):
-        lo = 0.0
+        lo, named = 0.0, False  # the legend names each kind once, on its first drawn trace, whatever its width bin
         for b, hi in enumerate(WIDTH_BINS):
             xs, ys = [], []
             for e in edges:
@@ -126,10 +126,11 @@ def routes_figure(routes, edges: Sequence[dict], tokens: Mapping[str, Sequence[s
                     xs += [_x(routes, s0, p0), _x(routes, s1, p1), None]
                     ys += [_y(routes, s0, r0), _y(routes, s1, r1), None]
             lo = hi
-            if xs:
-                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=b == 2,
+            if xs:  # (issue 38 §5: named only in bin 2, SmolLM2's 270 residual edges, all wider, had no entry)
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=not named,
                                          legendgroup=kind, name=names[kind],
                                          line={"color": KIND_COLORS[kind], "width": 1 + b}, opacity=0.75))
+                named = True
     # a dot on every edge (dot_positions: each its own spot): hover says what it is, a click opens it
     rows = sorted({(s, r) for s in routes.steps for r in range(routes.n_rows(s))}, key=lambda sr: _y(routes, *sr))
     height = height or max(420, 14 * len(rows) + 160)
@@ -213,21 +214,37 @@ def methods_figure(comparison, methods: Sequence[str] | None = None, title: str 
     return fig
 
 
+def label_end(mean: float, std: float) -> float:
+    """Where a bar's value label sits: past the end of its error bar (mean ± std, on the bar's side of 0), so the
+    label never lies on the bar's whisker (issue 38 §5)."""
+    mean, std = float(mean), float(std) if math.isfinite(float(std)) else 0.0
+    return mean - std if mean < 0 else mean + std
+
+
 def agreement_figure(summaries: Mapping[str, Mapping[str, Mapping[str, float]]], title: str | None = None) -> go.Figure:
-    """Mean Spearman rho (± std over prompts) of each method, one bar group per prompt set."""
+    """Mean Spearman rho (± std over prompts) of each method, one bar group per prompt set. Each bar's rho is
+    written past the end of its error bar (a text trace in the same offset group), not on the whisker."""
     names = method_names()
     fig = go.Figure()
-    for label, summ in summaries.items():
+    for g, (label, summ) in enumerate(summaries.items()):
         ms = list(summ)
-        fig.add_trace(go.Bar(x=[names[m] for m in ms], y=[summ[m]["mean"] for m in ms], name=label,
+        x = [names[m] for m in ms]
+        fig.add_trace(go.Bar(x=x, y=[summ[m]["mean"] for m in ms], name=label, offsetgroup=str(g),
                              error_y={"type": "data", "array": [summ[m]["std"] for m in ms]},
-                             text=[rho_text(summ[m]["mean"]) for m in ms], textposition="outside",
                              customdata=[[rho_text(summ[m]["mean"]), num(summ[m]["std"], 2)] for m in ms],
                              hovertemplate="%{x}: ρ = %{customdata[0]} ± %{customdata[1]}<extra>" + label
                              + "</extra>"))
+        ends = [label_end(summ[m]["mean"], summ[m]["std"]) for m in ms]
+        fig.add_trace(go.Scatter(x=x, y=ends, mode="text", text=[rho_text(summ[m]["mean"]) for m in ms],
+                                 textposition=["bottom center" if summ[m]["mean"] < 0 else "top center" for m in ms],
+                                 offsetgroup=str(g), showlegend=False, hoverinfo="skip", cliponaxis=False,
+                                 legendgroup=label))
+    lows = [label_end(v["mean"], v["std"]) for s in summaries.values() for v in s.values()]
+    lo = min(-1.0, min(lows, default=-1.0) - 0.15)  # room for a label below the lowest whisker
+    hi = max(1.0, max(lows, default=1.0) + 0.15)
     fig.update_layout(title={"text": title or t("Agreement with the causal effect (Spearman ρ, mean ± std)")},
-                      yaxis={"title": {"text": "ρ"}, "range": [-1, 1]}, barmode="group", height=380,
-                      margin={"l": 60, "r": 20, "t": 60, "b": 60})
+                      yaxis={"title": {"text": "ρ"}, "range": [lo, hi]}, barmode="group", scattermode="group",
+                      height=380, margin={"l": 60, "r": 20, "t": 60, "b": 60})
     return fig
 
 
@@ -280,5 +297,17 @@ def lead_sentence(lead, mean_s: Mapping[str, str]) -> str:
              "it is ahead on {w} of {n} prompts (two-sided sign test p = {p}; a lead needs p under {thr} against "
              "each of the other {k} methods). The paired difference's 95% interval is {lo} to {hi}.",
              m=names[lead.top], r=mean_s[lead.top], m2=names[w.method], r2=mean_s[w.method], w=w.wins,
-             n=w.wins + w.losses, p=num(w.p, 2), thr=num(lead.threshold, 2), k=k, lo=num(w.low, 2),
-             hi=num(w.high, 2))
+             n=w.wins + w.losses, p=num(w.p, 2), thr=num(lead.threshold, 2), k=k, **interval_text(w.low, w.high))
+
+
+def interval_text(low: float, high: float, digits: int = 2) -> dict[str, str]:
+    """{"lo", "hi"}: an interval's two ends written alike: the same decimals (enough for `digits` significant
+    digits of the smaller end) and a true minus sign, "−0.020 to 0.047", not "-0.02 to 0.047" (issue 38 §5)."""
+    ends = [float(low), float(high)]
+    if not all(math.isfinite(v) for v in ends):
+        return {"lo": num(low, digits), "hi": num(high, digits)}
+    small = min((abs(v) for v in ends if v != 0), default=1.0)
+    decimals = min(max(0, digits - 1 - math.floor(math.log10(small))), digits + 1)  # rho differences: 0.001 at most
+    lo, hi = (f"{v:.{decimals}f}".lstrip("-" if float(f"{v:.{decimals}f}") == 0 else "").replace("-", "−")
+              for v in ends)  # a value that rounds to zero is written without a sign
+    return {"lo": lo, "hi": hi}

@@ -549,9 +549,9 @@ def wo_figure(z: np.ndarray, out: np.ndarray, tokens: Sequence[str], name: str, 
 
 
 def kv_head(trace, name: str, head: int) -> int:
-    """The K/V head query head `head` reads: h // (H / H_kv) (grouped-query attention; = head otherwise)."""
-    H, H_kv = trace[f"{name}.q"].shape[1], trace[f"{name}.k"].shape[1]
-    return head // (H // H_kv)
+    """The K/V head query head `head` reads: h // (H / H_kv) (grouped-query attention; = head otherwise), with
+    H and H_kv as the model describes itself (viz.figures.attention.kv_head)."""
+    return F.kv_head(trace, name, head)
 
 
 def _lazy(trace, name: str) -> bool:
@@ -567,7 +567,8 @@ def head_outputs(trace, name: str, rows: slice = slice(None), b: int = 0) -> np.
         return F.arr(trace[f"{name}.z"])[b][:, rows]
     w = trace.attention(name, None, rows, batch=b)  # (H, R, T)
     v = trace[f"{name}.v"][b]  # (H_kv, T, d_k): grouped-query heads share a K/V head
-    r = w.shape[0] // v.shape[0]
+    H, H_kv = F.kv_group(trace, name)
+    r = H // H_kv  # query head h reads K/V head h // r
     return F.arr(w @ (v.repeat_interleave(r, dim=0) if r != 1 else v))
 
 
@@ -614,7 +615,7 @@ def query_steps(trace, name: str, head: int, query: int, b: int = 0) -> dict[str
     z = p @ v if lazy else F.arr(trace[f"{name}.z"])[b, head, query]
     return {"qk": k @ q, "scaled": scaled, "masked": np.where(blocked, -np.inf, last), "blocked": blocked,
             "weights": p, "pv": p[:, None] * v, "z": z, "d_k": np.array(q.shape[0]), "kv_head": np.array(g),
-            **extra}
+            "head": np.array(head), "kv_group": np.array(F.kv_group(trace, name)), **extra}
 
 
 PER_KEY = ("qk", "scaled", "capped", "masked", "blocked", "weights", "qk_unrot")  # query_steps' arrays over keys
@@ -650,6 +651,11 @@ def query_figure(steps: Mapping[str, np.ndarray], q_token: str, k_tokens: Sequen
               sink=f"{float(steps['sink']):.4g}") if "sink" in steps else t("4. softmax → p_i (sums to 1)"))
     titles = [t("1. q·k_i  (query {q} against every key)", q=q_token), two, three, four,
               t("5. z = Σ p_i v_i  ({d} dimensions; each colour is one key's p_i v_i)", d=d_k)]
+    if "kv_group" in steps and "head" in steps:  # grouped K/V heads: the keys and values are a shared head's
+        shared = F.kv_label(*(int(n) for n in steps["kv_group"]), int(steps["head"]))
+        if shared:
+            titles[0] += " · " + shared
+            titles[4] += " · " + shared
     fig = make_subplots(rows=5, cols=1, subplot_titles=titles, vertical_spacing=0.07,
                         row_heights=[0.18, 0.18, 0.18, 0.18, 0.28])
     blocked = steps["blocked"].astype(bool)

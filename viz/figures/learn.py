@@ -34,37 +34,73 @@ def smooth(y: Sequence[float], k: int = 20) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
+STEP_TICKS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+def step_x(steps) -> np.ndarray:
+    """Where a training step is drawn on the step axes: at step + 1 on a log axis, so step 0 (the untrained
+    model) has a place of its own left of step 1 (issue 38 §5: step 0 was drawn at 1, on top of step 1, and its
+    hover said "step 1"). The axis is labelled with the steps themselves (`step_axis`), the hover too."""
+    return np.asarray(steps, dtype=np.float64) + 1.0
+
+
+def step_axis(total_steps: int | None = None) -> dict:
+    """A log axis of step + 1 (`step_x`) whose tick labels are the steps: "0" sits at step 0, "100" at step 100."""
+    top = total_steps if total_steps else STEP_TICKS[-1]
+    ticks = [s for s in STEP_TICKS if s <= top]
+    axis = {"type": "log", "tickmode": "array", "tickvals": [s + 1 for s in ticks],
+            "ticktext": [f"{s:,}" for s in ticks],
+            "title": {"text": t("training step (log scale, step 0 at the left)")}}
+    if total_steps:
+        axis["range"] = [0, float(np.log10(total_steps + 1))]
+    return axis
+
+
 def _phase_line(fig: go.Figure, step: int | None, **kw) -> None:
     if step:
-        fig.add_vline(x=step, line={"color": PHASE, "dash": "dash"}, **kw)
+        fig.add_vline(x=float(step_x(step)), line={"color": PHASE, "dash": "dash"}, **kw)
 
 
 def curves_figure(series: dict[str, dict], phase_step: int | None, title: str | None = None,
-                  total_steps: int | None = None) -> go.Figure:
+                  total_steps: int | None = None, phase_label: str | None = None,
+                  marks: Sequence[tuple[int, str, str]] = (), overlay: bool = False) -> go.Figure:
     """series: name -> {"label", "loss" (per step 1..N), "steps" (checkpoints), "icl" (per checkpoint)}.
-    Left: training loss (running mean of 20 steps); right: in-context loss (second copy − first copy)."""
+    Left: training loss (running mean of 20 steps); right: in-context loss (second copy − first copy).
+    phase_step: the phase change, a dashed red line in both panels, labelled `phase_label` (default "phase change
+    (step N)") inside the right panel; marks: more (step, label, colour) lines, each labelled (the shipped run's
+    phase change beside yours). The step axes are log(step + 1) (`step_axis`): step 0 drawn, never at step 1.
+    With `overlay` (a run against the shipped one), series after the first are drawn thinner on top of a wide,
+    light first one, so two runs that coincide (your run with the shipped setup) still show both."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=(t("Training loss"), t("In-context loss (late − early)")),
                         horizontal_spacing=0.1)
-    for name, s in series.items():
+    hover = t("step %{customdata:,}") + ": %{y:.3f}<extra>%{fullData.name}</extra>"
+    under = overlay and len(series) > 1
+    for k, (name, s) in enumerate(series.items()):
         color = COLORS.get(name, "#7f7f7f")
+        line = {"color": color, "width": 6} if under and k == 0 else {"color": color, "width": 2}
+        opacity = 0.45 if under and k == 0 else 1.0
         loss = smooth(s.get("loss", []))
         if loss.size:
-            fig.add_trace(go.Scatter(x=np.arange(1, loss.size + 1), y=loss, mode="lines", name=s["label"],
-                                     legendgroup=name, line={"color": color},
-                                     hovertemplate=t("step %{x}") + ": %{y:.3f}<extra></extra>"), row=1, col=1)
-        steps = [max(int(x), 1) for x in s.get("steps", [])]  # step 0 drawn at 1 on the log axis
+            steps = np.arange(1, loss.size + 1)  # loss[i] is step i + 1's
+            fig.add_trace(go.Scatter(x=step_x(steps), y=loss, customdata=steps, mode="lines", name=s["label"],
+                                     legendgroup=name, line=line, opacity=opacity, hovertemplate=hover), row=1, col=1)
+        steps = [int(x) for x in s.get("steps", [])]
         if len(s.get("icl", [])):
-            fig.add_trace(go.Scatter(x=steps, y=list(s["icl"]), mode="lines+markers", name=s["label"],
-                                     legendgroup=name, showlegend=not loss.size, line={"color": color},
-                                     marker={"size": 4},
-                                     hovertemplate=t("step %{x}") + ": %{y:.3f}<extra></extra>"), row=1, col=2)
-    for col in (1, 2):
-        _phase_line(fig, phase_step, row=1, col=col)
-    if phase_step:
-        fig.add_annotation(x=np.log10(phase_step), y=1, xref="x2", yref="y2 domain", text=t("phase change"),
-                           showarrow=False, yanchor="bottom", font={"color": PHASE})
-    rng = [0, np.log10(total_steps)] if total_steps else None
-    fig.update_xaxes(type="log", title={"text": t("training step")}, range=rng)
+            fig.add_trace(go.Scatter(x=step_x(steps), y=list(s["icl"]), customdata=steps, mode="lines+markers",
+                                     name=s["label"], legendgroup=name, showlegend=not loss.size, line=line,
+                                     opacity=opacity, marker={"size": 7 if under and k == 0 else 4},
+                                     hovertemplate=hover), row=1, col=2)
+    lines = [(phase_step, phase_label or t("phase change (step {n})", n=phase_step), PHASE)] if phase_step else []
+    lines += [(st_, label, colour) for st_, label, colour in marks if st_]
+    for i, (st_, label, colour) in enumerate(lines):
+        for col in (1, 2):
+            fig.add_vline(x=float(step_x(st_)), line={"color": colour, "dash": "dash" if i == 0 else "dot"},
+                          row=1, col=col)
+        # inside the plot, under its top edge: above it the label ran into the panel's title; one row per line
+        fig.add_annotation(x=float(np.log10(step_x(st_))), y=1, yshift=-4 - 18 * i, xref="x2", yref="y2 domain",
+                           text=label, showarrow=False, xanchor="left", yanchor="top", font={"color": colour},
+                           bgcolor="rgba(255,255,255,0.8)")
+    fig.update_xaxes(**step_axis(total_steps))
     fig.update_yaxes(title={"text": t("loss (nats)")}, row=1, col=1)
     fig.update_yaxes(title={"text": t("nats")}, row=1, col=2)
     fig.update_layout(title={"text": title or t("Loss over training")}, height=380,
@@ -120,19 +156,18 @@ def kcomp_figure(steps: Sequence[int], pair, others, pair_label: str, phase_step
                  title: str | None = None) -> go.Figure:
     """K-composition over the checkpoints: the chosen (layer-0 head, layer-1 head) pair, and the mean of the
     other pairs as a baseline."""
-    x = [max(int(s), 1) for s in steps]
+    steps = [int(s) for s in steps]
+    x = step_x(steps)  # step 0 at a place of its own (step_axis)
+    hover = t("step %{customdata:,}") + ": %{y:.3f}<extra></extra>"
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x, y=list(pair), mode="lines+markers", name=pair_label, marker={"size": 4},
-                             line={"color": COLORS["attn2"]},
-                             hovertemplate=t("step %{x}") + ": %{y:.3f}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=list(others), mode="lines", name=t("mean of the other pairs"),
-                             line={"color": "#999", "dash": "dot"},
-                             hovertemplate=t("step %{x}") + ": %{y:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=list(pair), customdata=steps, mode="lines+markers", name=pair_label,
+                             marker={"size": 4}, line={"color": COLORS["attn2"]}, hovertemplate=hover))
+    fig.add_trace(go.Scatter(x=x, y=list(others), customdata=steps, mode="lines", name=t("mean of the other pairs"),
+                             line={"color": "#999", "dash": "dot"}, hovertemplate=hover))
     _phase_line(fig, phase_step)
     fig.update_layout(title={"text": title or t("K-composition")}, height=340,
-                      margin={"l": 60, "r": 20, "t": 60, "b": 50}, xaxis={"type": "log", "title": {
-                          "text": t("training step")}}, yaxis={"title": {"text": t("K-composition score")}},
-                      legend={"orientation": "h", "y": -0.25})
+                      margin={"l": 60, "r": 20, "t": 60, "b": 50}, xaxis=step_axis(max(steps, default=0) or None),
+                      yaxis={"title": {"text": t("K-composition score")}}, legend={"orientation": "h", "y": -0.25})
     return fig
 
 

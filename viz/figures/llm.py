@@ -137,25 +137,59 @@ def logit_lens_figure(top_tokens: Sequence[Sequence[str]], probs, positions: Seq
     return fig
 
 
-MIN_CELL = 22  # px: a head heatmap's least row height on the Language model page (12 px labels, apart)
+MIN_CELL = 22  # px: a head heatmap's least cell side on the Language model page (12 px labels, apart)
+MAX_CELL = 40  # px: a short prompt's cells grow up to this, so its heatmap fills a readable square
+MIN_PLOT = 480  # px: the plot side a short prompt's cells grow towards (issue 38 §5: 14 tokens drew ~140 px)
 MAX_HEATMAP_HEIGHT = 1000
+MAX_HEATMAP_WIDTH = 1400
+TICK_FONT = 12  # px: Streamlit's chart theme draws tick labels at this size
+COLORBAR_PX = 110  # the colour bar and its labels, right of the plot
+AXIS_TITLE_PX = 30  # an axis title beside its tick labels
 
 
-def with_min_cells(fig: go.Figure, cell: int = MIN_CELL, max_height: int = MAX_HEATMAP_HEIGHT) -> go.Figure:
-    """A head heatmap (viz.figures.attention.attention_heatmap) with rows of at least `cell` px, square cells, as
-    far as `max_height` allows (issue 26 §2: the default 14-token prompt drew ~110 px of plot, labels overlapping).
-    In place; a figure already that large is left alone."""
+def heatmap_margins(x: Sequence[str], y: Sequence[str], top: int) -> dict:
+    """Margins that hold a head heatmap's tick labels, measured from the labels (y upright on the left, x turned
+    −60° below): the plot then keeps the cells the figure was sized for, instead of plotly's automatic margins
+    eating into a square plot (constrain="domain" shrinks both sides to the smaller one)."""
+    from math import cos, radians, sin
+
+    from viz.figures.attention import text_width
+
+    wide_x = max((text_width(str(v), TICK_FONT) for v in x), default=TICK_FONT)
+    wide_y = max((text_width(str(v), TICK_FONT) for v in y), default=TICK_FONT)
+    below = wide_x * sin(radians(60)) + TICK_FONT * cos(radians(60)) + 8 + AXIS_TITLE_PX
+    return {"l": int(wide_y + 8 + AXIS_TITLE_PX), "b": int(below), "t": int(top), "r": COLORBAR_PX}
+
+
+def head_cell(rows: int, cols: int, margin: dict, max_height: int = MAX_HEATMAP_HEIGHT,
+              max_width: int = MAX_HEATMAP_WIDTH) -> float:
+    """The cell side (px) of a rows × cols head heatmap: at least MIN_CELL (a rotated 12 px label needs ~14 px
+    across, so labels never overlap), up to MAX_CELL so that a short prompt fills about MIN_PLOT px, and no more
+    than the figure's height and width limits leave."""
+    cell = min(MAX_CELL, max(MIN_CELL, MIN_PLOT / max(rows, cols, 1)))
+    room_h = (max_height - margin["t"] - margin["b"]) / max(rows, 1)
+    room_w = (max_width - margin["l"] - margin["r"]) / max(cols, 1)
+    return max(4.0, min(cell, room_h, room_w))
+
+
+def with_min_cells(fig: go.Figure, cell: int | None = None, max_height: int = MAX_HEATMAP_HEIGHT) -> go.Figure:
+    """A head heatmap (viz.figures.attention.attention_heatmap) sized to its tokens: square cells of `head_cell`
+    px (or `cell`), margins measured from its tick labels (`heatmap_margins`), and a figure exactly that large, so
+    the plot is the figure, not a small square in a large frame (issue 26 §2: 110 px of plot; issue 38 §5: ~140 px
+    at 1920 px, rotated labels overlapping). In place."""
     tr = fig.data[0]
     if tr.z is None or not len(tr.z):
         return fig
     rows, cols = len(tr.z), len(tr.z[0])
     x = [str(v) for v in (tr.x if tr.x is not None else range(cols))]
     y = [str(v) for v in (tr.y if tr.y is not None else range(rows))]
-    below = 6 * max(map(len, x), default=2) + 40  # rotated x tick labels (as attention._square_width)
-    label = 7 * max(map(len, y), default=2) + 40
-    want = int(min(max_height, rows * cell + 70 + below))
-    if (fig.layout.height or 0) >= want:
-        return fig
-    side = (want - 70 - below) / rows
-    fig.update_layout(height=want, width=int(min(1400, max(fig.layout.width or 0, side * cols + label + 130))))
+    top = fig.layout.margin.t if fig.layout.margin and fig.layout.margin.t is not None else 60
+    margin = heatmap_margins(x, y, top)
+    side = float(cell) if cell else head_cell(rows, cols, margin, max_height)
+    width = margin["l"] + side * cols + margin["r"]
+    n_buttons = max((len(m.buttons) for m in fig.layout.updatemenus or ()), default=0)
+    if n_buttons:  # the head buttons start at the plot's left edge (after the y labels), 44 px in
+        width = max(width, margin["l"] + 44 + 30 * n_buttons + 20)
+    fig.update_layout(height=int(round(margin["t"] + side * rows + margin["b"])), width=int(round(width)),
+                      margin=margin)
     return fig

@@ -24,7 +24,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures.attention import every_tick, show_token, token_labels
+from viz.figures.attention import every_tick, module_title, show_token, token_labels
 from viz.i18n import t
 
 MIB = 2**20
@@ -350,7 +350,7 @@ def described_pipeline(trace, name: str, head: int, info: Mapping, rows: tuple[i
     fig.update_yaxes(autorange="reversed", type="category", showticklabels=False)
     fig.update_yaxes(showticklabels=len(y) <= 40, row=1, col=1)
     fig.update_xaxes(type="category", showticklabels=n_k <= 40, tickangle=-60)
-    fig.update_layout(title=t("{name} · head {head}: softmax(M + {steps})", name=name, head=head,
+    fig.update_layout(title=t("{name} · head {head}: softmax(M + {steps})", name=module_title(name), head=head,
                               steps="c·tanh(q·kᵀ × s / c)" if capped is not None else "q·kᵀ × s"),
                       height=max(420, min(700, 200 + 12 * len(y))), margin=dict(l=90, r=10, t=90, b=150))
     return fig
@@ -440,6 +440,13 @@ def window_reach(kinds: Sequence[str], windows: Sequence[int | None], T: int, qu
     return [(pos <= q) & (pos >= q - b) for b in back]
 
 
+def reach_labels(far: Sequence[int]) -> list[str]:
+    """The reach-back line's point labels: a number where the reach changes (and the first point), blank where it
+    repeats the point before. Gemma 3's 17 layers at the same 5,000 drew 17 labels run together (issue 38 §5);
+    the hover still gives every point."""
+    return [f"{int(v):,}" if i == 0 or int(v) != int(far[i - 1]) else "" for i, v in enumerate(far)]
+
+
 def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[int], distance: int,
                    labels: Sequence[str], window: int, pooled: bool = False) -> go.Figure:
     """Left: a sliding layer's live mask (this prompt). Middle: after each layer, which positions can have reached
@@ -472,7 +479,7 @@ def sliding_figure(mask: np.ndarray, reach: Sequence[np.ndarray], far: Sequence[
                   1, 2)
     steps = [t("embedding")] + [t("layer {l}", l=i) for i in range(len(far) - 1)]
     fig.add_trace(go.Scatter(x=steps, y=list(far), mode="lines+markers+text", name=t("reach back"),
-                             text=[f"{int(v):,}" for v in far], textposition="top left",
+                             text=reach_labels(far), textposition="top left",
                              line=dict(color="#d62728"), showlegend=False,
                              hovertemplate="%{x}: " + t("%{y:,} positions back") + "<extra></extra>"), 1, 3)
     fig.add_hline(y=distance, line=dict(color="#7f7f7f", dash="dot"), row=1, col=3)

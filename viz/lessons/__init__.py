@@ -492,12 +492,14 @@ def live_not_explanation(sh, param=None) -> Live:
 
 
 def induction_jump(run) -> tuple[int, int]:
-    """(head, step) of a recorded run (model.toy.learn.Run, measured): the last layer's head with the highest
-    induction score at the last checkpoint, and the checkpoint step at which its score rose most from the
-    checkpoint before."""
+    """(head, step) of a recorded run (model.toy.learn.Run, measured): the head the lesson's sentence names
+    (model.toy.learn.summary: the last layer's best at the phase change, read from `Run.heads` as the heatmap is),
+    and the checkpoint step at which its score rose most from the checkpoint before."""
+    from model.toy import learn as LR
+
     layer = run.settings.layers - 1
-    ind = np.stack([s.induction[layer] for s in run.scores])  # (C, H)
-    head = int(np.argmax(ind[-1]))
+    ind = run.heads("induction")[:, layer]  # (C, H): the heatmap's rows of the last layer
+    head = LR.summary(run).head
     return head, int(run.steps[int(np.argmax(np.diff(ind[:, head]))) + 1])
 
 
@@ -515,7 +517,7 @@ def live_learn(data, param=None) -> Live:
 
     runs, sm = data
     run = runs["attn2"]
-    fig = FLN.head_steps_figure(run.steps, np.stack([s.induction for s in run.scores]), t("induction score"),
+    fig = FLN.head_steps_figure(run.steps, run.heads("induction"), t("induction score"),
                                 title=t("Induction score of every head over training (2 layers)"))
     if sm.step is None:
         return Live(fig, [], {}, (), "", t("The in-context loss never fell in this run: there is no phase change "

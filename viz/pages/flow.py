@@ -34,6 +34,7 @@ KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # t
 TAUS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3)
 MAX_EDGES_DRAWN = 1500  # a lower tau on a long prompt: the page asks for a higher one
 MAX_LINKS = 8
+LINK_COLUMNS = 2  # the strongest edges' links side by side: four columns cut their labels at 1600 px (issue 38 §5)
 METRICS = {"encoder": N_("cosine distance of the chosen token's final vector"),
            "contrast": N_("logit difference (target − contrast)"),
            "logprob": N_("log-probability of the target token")}
@@ -172,7 +173,7 @@ what = {"lm": t("The position whose next token is explained"),
         "seq2seq": t("The target word explained (the decoder position that writes it)"),
         "encoder": t("The token whose final vector is explained")}[kind]
 seed_from_query("flow_pos", "pos", base.position, int, int_in(0, n_pos - 1))
-clamp_state("flow_pos", 0, n_pos - 1, "pos")
+clamp_state("flow_pos", 0, n_pos - 1, "pos")  # said only when the URL carried this value (a link's pos)
 if kind == "seq2seq":
     nxt = [*base.tokens["tgt_tokens"][1:], "[EOS]"]
     labels = [f"{i}: {nxt[i]}" for i in range(n_pos)]
@@ -276,14 +277,15 @@ elif picked and picked[0] == "node":
 strongest = sorted((e for e in edges if e["kind"] == "head"), key=lambda e: -e["weight"])[:MAX_LINKS]
 if strongest:
     st.caption(t("The strongest attention edges (open one):"))
-    cols = st.columns(4)
+    cols = st.columns(LINK_COLUMNS)
     side = {st_: routes.desc["stacks"][st_]["tokens"] for st_ in routes.steps}
     for i, e in enumerate(strongest):
         page, q = head_query(e)
         (s0, _, p0), (s1, _, p1) = e["src"], e["dst"]
-        cols[i % 4].page_link(page, label=t("layer {l} · head {h}: “{a}” → “{b}” ({c})", l=e["layer"], h=e["head"],
-                                            a=tokens[side[s0]][p0], b=tokens[side[s1]][p1], c=num(e["weight"], 2)),
-                              icon=":material/grid_view:", query_params={k: str(v) for k, v in q.items()})
+        label = t("layer {l} · head {h}: “{a}” → “{b}” ({c})", l=e["layer"], h=e["head"], a=tokens[side[s0]][p0],
+                  b=tokens[side[s1]][p1], c=num(e["weight"], 2))
+        cols[i % LINK_COLUMNS].page_link(page, label=label, icon=":material/grid_view:",
+                                         query_params={k: str(v) for k, v in q.items()})
 
 # ---------------------------------------------------------------- four methods vs the causal effect
 

@@ -142,26 +142,75 @@ def start_learn_job(settings: LR.Settings) -> None:
 
 
 def job_figure(job: LearnJob, base: LR.Run):
+    """Your run over the shipped one (drawn wide and light beneath it: with the shipped setup the two coincide),
+    each phase change a labelled line: yours red and dashed, the shipped run's dotted in its colour."""
     run = job.run
     series = {"attn2": {"label": t("shipped run"), "loss": base.loss, "steps": base.steps,
                         "icl": base.series("icl")}}
     if run is not None and run.scores:
         series["yours"] = {"label": t("your run"), "loss": run.loss, "steps": run.steps, "icl": run.series("icl")}
     phase = LR.phase_change(run.steps, run.series("icl")) if run is not None and len(run.scores) > 2 else None
-    return FL.curves_figure(series, phase, t("Your run against the shipped one"), total_steps=job.settings.steps)
+    shipped = LR.phase_change(base.steps, base.series("icl"))
+    marks = [(shipped, t("shipped run's phase change (step {n})", n=shipped), FL.COLORS["attn2"])] if shipped else []
+    return FL.curves_figure(series, phase, t("Your run against the shipped one"), total_steps=job.settings.steps,
+                            phase_label=t("your run's phase change (step {n})", n=phase) if phase else None,
+                            marks=marks, overlay=True)
+
+
+MIN_PACE_STEPS = 20  # steps a live run takes before its own pace is extrapolated to the rest
 
 
 def job_text(job: LearnJob) -> str:
     run = job.run
-    ind = run.scores[-1].induction[-1].max() if run is not None and run.scores else float("nan")
-    return t("step {n}/{total} · best last-layer induction score {ind} · {s} s", n=job.step, total=job.settings.steps,
-             ind=FL.fmt(ind), s=f"{job.elapsed:.0f}")
+    if run is not None and run.scores:
+        ind = FL.fmt(run.scores[-1].induction[-1].max())
+    else:  # before the first checkpoint's scores arrive (the child process is starting): no number to show
+        ind = t("not measured yet")
+    text = t("step {n}/{total} · best last-layer induction score {ind} · {s} s", n=job.step, total=job.settings.steps,
+             ind=ind, s=f"{job.elapsed:.0f}")
+    if job.step >= MIN_PACE_STEPS and job.step < job.settings.steps:
+        left = job.elapsed / job.step * (job.settings.steps - job.step)
+        text += " · " + t("about {s} s left at this run's pace", s=f"{left:.0f}")
+    return text
+
+
+PACE_TTL_S = 120  # a quick timing of this server counts as "now" for two minutes (then it is timed again)
+RUN_PACE_FRESH_S = 600  # a finished live run's pace counts as this server's for ten minutes
+
+
+@st.cache_data(ttl=PACE_TTL_S, show_spinner=False, max_entries=len(LR.CHANGES))
+def measured_pace(settings: LR.Settings) -> LR.Pace:
+    """model.toy.learn.pace on this server now (a fraction of a second), shared by every session."""
+    return LR.pace(settings)
+
+
+@st.cache_resource(show_spinner=False)
+def _run_paces() -> dict:
+    """change -> (seconds per step of the last finished live run on this server, its wall time, when)."""
+    return {}
+
+
+def estimate_text(settings: LR.Settings) -> str:
+    """How long a live run of `settings` should take on this server: the last finished run's own pace here (a
+    child process at a lower priority, as the next run will be), when recent; else a timing of a few steps now
+    (`measured_pace`). Never a fixed "about a minute" (issue 38 §5: that run took 283 s at load 6-11)."""
+    got = _run_paces().get(settings.change)
+    if got is not None and time.time() - got[2] <= RUN_PACE_FRESH_S:
+        return t("about {s} s on this server (the last run here with this change took {took} s, {m} min ago)",
+                 s=f"{got[0] * settings.steps:.0f}", took=f"{got[1]:.0f}", m=f"{(time.time() - got[2]) / 60:.0f}")
+    p = measured_pace(replace(settings, seed=0))
+    return t("about {s} s on this server now (timed just now: {ms} ms a step over {n} steps, {c} ms a checkpoint; "
+             "the recorded run took {rec} s on one idle core)", s=f"{p.seconds(settings):.0f}",
+             ms=f"{1000 * p.step_s:.0f}", n=p.steps_timed, c=f"{1000 * p.checkpoint_s:.0f}",
+             rec=f"{LR.run_meta().get('train_time_s', {}).get('attn2', float('nan')):.0f}")
 
 
 def live_view(job: LearnJob, base: LR.Run) -> None:
     st.progress(min(job.step / job.settings.steps, 1.0), text=job_text(job))
     show_figure(job_figure(job, base), key="learn_live_curves", filename="learn-live")
     if job.done:
+        if not job.error and job.step:  # this server's pace, for the next run's estimate
+            _run_paces()[job.settings.change] = (job.elapsed / job.step, job.elapsed, time.time())
         if (run := your_run()) is not None:  # before the rerun draws the sidebar: its model list has it
             LRUN.add_checkpoint("yours", run, len(run.steps) - 1)
         st.rerun()
@@ -169,15 +218,23 @@ def live_view(job: LearnJob, base: LR.Run) -> None:
 
 def train_section(base: LR.Run) -> None:
     st.subheader(t("Train it yourself"))
-    st.caption(t("The shipped setup with one change at a time, from a seed of your choice; about a minute on a "
-                 "shared CPU. One run at a time on this server."))
     job: LearnJob | None = st.session_state.get("learn_job")
     if job is not None and not job.done:
+        st.caption(t("The shipped setup with one change at a time, from a seed of your choice. One run at a time on "
+                     "this server."))
         st.button(t("⏹ Stop"), on_click=job.stop.set, key="learn_stop")
         st.fragment(run_every=POLL_SECONDS)(live_view)(job, base)
         return
     seed_from_query("learn_change", "change", "none", str, lambda v: v in LR.CHANGES)
     seed_from_query("learn_seed", "seed", 0, int, lambda v: isinstance(v, int) and 0 <= v <= 9999)
+    chosen = replace(base.settings, change=st.session_state["learn_change"])
+    try:
+        with st.spinner(t("Timing a few training steps on this server…")):
+            estimate = estimate_text(chosen)
+    except (RuntimeError, ValueError) as e:  # the estimate is a courtesy: the run itself still works
+        estimate = t("its time could not be measured here ({error})", error=e)
+    st.caption(t("The shipped setup with one change at a time, from a seed of your choice: {estimate}. One run at a "
+                 "time on this server.", estimate=estimate))
     with st.form("learn_form", border=True):
         c = st.columns([3, 1])
         change = c[0].radio(t("One change"), list(LR.CHANGES), key="learn_change", horizontal=True,
@@ -291,7 +348,7 @@ def main() -> None:
     for tab, key in zip(tabs, SCORES, strict=True):
         with tab:
             for k, r in runs.items():
-                z = np.stack([getattr(s, key) for s in r.scores])
+                z = r.heads(key)  # the array summary() names its head from (one claim, one number)
                 show_figure(FL.head_steps_figure(r.steps, z, t(SCORES[key]), sm.step if k == "attn2" else None,
                                                  t("{what}: {model}", what=t(SCORES[key]), model=t(MODEL_LABELS[k]))),
                             key=f"learn_heads_{key}_{k}", filename=f"learn-{key}-{k}")

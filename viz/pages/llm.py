@@ -29,10 +29,14 @@ from viz.ui.models import capabilities, get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, note_replaced, seed_from_query, write_query
-from viz.ui.text import md_escape, text_problems
+from viz.ui.text import md_text_lines, text_problems
 
-VIEWS = {"heads": N_("Heads"), "generate": N_("Generate"), "lens": N_("Logit lens")}
-REPEATED = ("The cat sat on the mat. The dog ran in the park. The cat sat on the mat. The dog ran in the park.")
+# "Head overview", not "Heads": zh gave that msgid (the Training page's head count) as 头数, "number of heads"
+VIEWS = {"heads": N_("Head overview"), "generate": N_("Generate"), "lens": N_("Logit lens")}
+REPEATED = {  # "Use a prompt that repeats itself", in the UI's language where the model reads it (else English)
+    "en": "The cat sat on the mat. The dog ran in the park. The cat sat on the mat. The dog ran in the park.",
+    "zh": "小猫坐在垫子上。小狗在公园里跑。小猫坐在垫子上。小狗在公园里跑。",
+}
 MAX_NEW = 128
 LENS_POSITIONS = 24  # the logit lens reads the last this-many positions (31 rows × 49k logits each)
 
@@ -306,8 +310,14 @@ def _on_overview_click() -> None:
             st.session_state["llm_layer"], st.session_state["llm_head"] = cell
 
 
+def repeated_prompt(lang: str, speaks) -> str:
+    """The repeating prompt offered in `lang` (REPEATED), when the model reads that language (`speaks(lang)`, as the
+    prompt it opens on: lm_models.RealModel.speaks); else the English one."""
+    return REPEATED[lang] if lang in REPEATED and speaks(lang) else REPEATED["en"]
+
+
 def _use_repeated() -> None:
-    st.session_state["llm_prompt"] = REPEATED
+    st.session_state["llm_prompt"] = repeated_prompt(lang, getattr(rm, "speaks", lambda _: False))
 
 
 def heads_view() -> None:
@@ -375,8 +385,34 @@ def _shown_text(steps) -> tuple[str, int]:
     (byte-level BPE splits a Chinese character over pieces) wait for the next one (model.loaders.utf8)."""
     from model.loaders.utf8 import complete_text
 
-    ids = [s.id for s in steps if s.id not in rm.obj.stop_ids]
+    ids = [s.id for s in steps if s.id not in rm.obj.stop_set(chat)]
     return complete_text(rm.obj.decode, ids)
+
+
+# where a stop id comes from (model/loaders/lm.py STOP_*, LanguageModel.stop_rule): the texts the caption translates
+STOP_SOURCES = (N_("the model file's end-of-sequence token (GGUF tokenizer.ggml.eos_token_id)"),
+                N_("the model file's end-of-turn token (GGUF tokenizer.ggml.eot_token_id)"),
+                N_("the model file's end-of-message token (GGUF tokenizer.ggml.eom_token_id)"),
+                N_("the model's end-of-sequence token (config.json eos_token_id)"),
+                N_("the model's generation config (generation_config.json eos_token_id)"),
+                N_("the chat template: it closes the assistant's turn with this token"),
+                N_("given when the model was made (stop_ids)"))
+
+
+def _stop_caption() -> str:
+    """Which ids end this generation and where each comes from (LanguageModel.stop_rule: the model file's own end
+    tokens, and in a chat the token the chat template closes the assistant's turn with)."""
+    rule = t("The rule: the model file's own end tokens, and with the chat template on, the token the template "
+             "closes the assistant's turn with.")
+    rows = rm.obj.stop_rule(chat)
+    zh = current_lang() == "zh"
+    if not rows:
+        return t("No token ends a generation here (the model file names no end token): it runs to the number of "
+                 "new tokens.") + ("" if zh else " ") + rule
+    ends = ("；" if zh else "; ").join(t("“{tok}” (id {id}: {source})", tok=_readable(tok), id=i, source=t(src))
+                                      for i, tok, src in rows)
+    return (t("A generation ends when the model writes {ends}, or after the number of new tokens.", ends=ends)
+            + ("" if zh else " ") + rule)
 
 
 def _bars_title(step, i: int, temperature: float, plain: bool = False) -> str:
@@ -404,6 +440,7 @@ def generate_view() -> None:
                         help=t("Sample only among the most likely tokens whose probabilities add up to p; 1 = off."))
     seed = c[4].number_input(t("Seed"), 0, 2**31 - 1, key="llm_seed", help=t("The same seed gives the same sample."))
     write_query(max_new=max_new, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+    st.caption(_stop_caption())
     inputs = (sel.name, input_key, chat, int(max_new), float(temp), int(top_k), float(top_p), int(seed))
     text_box, top_box = st.empty(), st.empty()
     if st.button(t("Generate"), type="primary", icon=":material/play_arrow:"):
@@ -414,7 +451,7 @@ def generate_view() -> None:
                                       fast=len(tokens) > EXACT_UP_TO):
                 steps.append(step)
                 text, _ = _shown_text(steps)  # the text, not the pieces (end token left out), whole characters
-                text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + md_escape(text))
+                text_box.markdown(t("**Output so far** ({n} tokens): ", n=len(steps)) + md_text_lines(text))
                 top_box.markdown(_bars_title(step, len(steps), float(temp)) + "\n\n" + _top_table(step))
         except ValueError as e:  # no room left in the context, bad sampling values
             show_error(e)
@@ -427,11 +464,11 @@ def generate_view() -> None:
         st.caption(t("Press Generate: tokens appear one by one, each with the model's top 10 and where it looked."))
         return
     steps = done[1]
-    stop = rm.obj.stop_ids and steps and steps[-1].id in rm.obj.stop_ids
+    stop = bool(steps) and steps[-1].id in rm.obj.stop_set(chat)
     out, held = _shown_text(steps)
     st.markdown(t("**Output** ({n} tokens, {why}): ", n=len(steps),
                   why=t("stopped at the end token") if stop else t("stopped at the token limit"))
-                + md_escape(out))
+                + md_text_lines(out))  # a generated newline breaks the line, drawn as ↵
     if held:
         st.caption(t("The last {n} token(s) hold part of a character whose other bytes never came (generation "
                      "stopped first): left out above.", n=held))
@@ -501,7 +538,8 @@ def lens_view() -> None:
     if len(positions) < T:
         st.caption(t("A long prompt: the table shows its last {n} positions (of {T}).", n=len(positions), T=T))
     tops, probs = [rm.readable(row) for row in lens.top_tokens], lens.top_probs
-    show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=lens.layers), key="llm_lens_fig")
+    rows = [t("embed") if r == "embed" else r for r in lens.layers]  # the row of the embeddings, in the UI's words
+    show_figure(FL.logit_lens_figure(tops, probs, positions, tokens, rows=rows), key="llm_lens_fig")
     st.markdown(lens_sentence(LL.settles(lens), tops[-1][-1], float(probs[-1, -1])))
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import streamlit as st
 
 from model.loaders import minilm as pretrained
+from viz.figures import attention as F
 from viz.figures import pretrained as FP
 from viz.i18n import t
 from viz.ui.attention_views import render_attention
@@ -245,7 +246,7 @@ def head_finder(trace, e, merged: bool) -> None:
         layer, head = selected
         name = f"encoder.layers.{layer}.self_attn"
         m = FP.merge_pieces(trace[f"{name}.weights"][0, head], groups)
-        show_figure(FP.merged_heatmap(m, labels, t("{name} · head {head} · words merged", name=name,
+        show_figure(FP.merged_heatmap(m, labels, t("{name} · head {head} · words merged", name=F.module_title(name),
                                                           head=head)),
                            key="pre_merged_fig", filename=f"{name}-head{head}-merged")
 

@@ -231,8 +231,8 @@ def _on_click() -> None:
 
 selected = m.index("query", *picked) if picked else None
 info = batch.desc["attention"][module]
-title = t("{module} · head {head} · {q} queries, {k} keys", module=module, head=head, q=m.n_query,
-          k=len(m.kind) - m.n_query)
+title = t("{module} · head {head} · {q} queries, {k} keys", module=F.module_title(module, {"model": batch.desc}),
+          head=head, q=m.n_query, k=len(m.kind) - m.n_query)
 if info.get("n_kv_heads", n_heads) != n_heads:
     title += t(" (K/V head {kv})", kv=m.kv_head)
 fig = FQ.qk_figure(m, batch.labels, color, selected, title=title, max_points=FQ.MAX_POINTS if long_prompt else None)

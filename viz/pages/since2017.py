@@ -40,6 +40,19 @@ st.caption(t("Today's language models are still the decoder of “Attention Is A
 sel = selection()
 if sel is None:
     st.stop()
+
+
+def stand_in_note(chosen: str, lm_label: str) -> str:
+    """Why the modern side shows another model than the sidebar's (issue 38 §5: SmolLM2 was drawn, unsaid)."""
+    ck = load_ckpt(chosen)
+    if getattr(ck, "family", None) == "decoder_lm_adapter":
+        why = t("it runs via transformers, which does not give the norms, the feed-forward network's internals or "
+                "the rotary q and k that these sections draw")
+    else:
+        why = t("it is not a decoder-only language model")
+    return t("The sidebar's model is {chosen}, but {why}: the modern side of this page shows {lm} instead.",
+             chosen=model_label(chosen), why=why, lm=lm_label)
+
 names = checkpoint_names()
 sel_is_lm = is_real_model(sel) and sel.ckpt.family == "decoder_lm"
 lm_name = sel.name if sel_is_lm else next((n for n in ("smollm2", *lm_models.names()) if n in names
@@ -77,6 +90,8 @@ T = len(tokens)
 st.info(t("Modern: {lm} on “{text}” ({n} tokens). 2017: the toy model {toy} on “{toy_text}”.", lm=lm_label,
           text=md_escape(lm_text[:120]), n=T, toy=toy_label, toy_text=md_escape(toy_text[:120])),
         icon="🧭")
+if not sel_is_lm and sel.name != toy_name:  # the modern side is not the sidebar's model: said, never silently
+    st.warning(stand_in_note(sel.name, lm_label), icon="🔁")
 
 n_layers, n_heads = cfg.n_layers, cfg.n_heads
 seed_from_query("s17_layer", "layer", 0, int, int_in(0, n_layers - 1))

@@ -204,7 +204,7 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
         t("**{label}**, `{name}`. {what} Each row is one query's softmax distribution over the keys (rows sum "
           "to 1): S = softmax(QKᵀ/√d_k + M), head output z = S·V.", label=t(KINDS[kind][0]), name=name,
           what=t(KINDS[kind][2]))
-        + (" " + t("Here d_k = d_model / h = {d_k}.", d_k=d_k) if d_k else "")
+        + (" " + _d_k_note(trace, name, d_k) if d_k else "")
         + _scale_note(attention_of(meta, name) or {})
         + (" " + _row_caption(meta) if attention_of(meta, name)["stack"] == "decoder" else ""))
     fig = F.attention_heatmap(trace, name, head, meta=meta, all_heads=True)
@@ -219,6 +219,68 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
         st.info(adapter_note(meta.get("checkpoint", "")), icon="🧩")
         return
     VIEW_BUILDERS[view](trace, key, names, layer, head, meta)
+
+
+def _d_model(meta) -> int | None:
+    d = described(meta).get("blocks", {}).get("d_model")
+    return int(d) if d else None
+
+
+def _d_k_note(trace, name: str, d_k: int) -> str:
+    """d_k as this model sets it: d_model / h for the 2017 layout, or a size of its own (Gemma 3: 4 heads of 256
+    on d_model = 640)."""
+    H, d_model = F.kv_group(trace, name)[0], _d_model(trace.meta)
+    if d_model is None or d_model == H * d_k:
+        return t("Here d_k = d_model / h = {d_k}.", d_k=d_k)
+    return t("Here d_k = {d_k}, a size the model sets (h × d_k = {h} × {d_k} = {hd}; d_model = {d}).", d_k=d_k,
+             h=H, hd=H * d_k, d=d_model)
+
+
+def heads_text(trace, name: str) -> str:
+    """The All heads caption, for what this module has: every head its own W^Q, W^K, W^V (2017), or query heads
+    that share K/V heads (grouped-query attention; multi-query with one K/V head), and its sizes."""
+    H, H_kv = F.kv_group(trace, name)
+    info = attention_of(trace.meta, name) or {}
+    d_k, d_model = info.get("d_head"), _d_model(trace.meta)
+    if H_kv == H and (d_k is None or d_model is None or d_model == H * d_k):
+        return t("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at the "
+                 "same tokens in different ways. Their outputs are concatenated and mixed by W^O: MultiHead = "
+                 "Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H).")
+    if H_kv == H:
+        who = t("Multi-head attention: {h} heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at the same "
+                "tokens in different ways.", h=H)
+    elif H_kv == 1:
+        who = t("Multi-query attention: {h} query heads share one K/V head. Each query head has its own W^Q "
+                "(d_model × d_k); all {h} read the same keys and values, made by one W^K and one W^V.", h=H)
+    else:
+        who = t("Grouped-query attention: {h} query heads share {kv} K/V heads. Each query head has its own W^Q "
+                "(d_model × d_k); every {r} share one W^K and one W^V, so query head h reads K/V head ⌊h / {r}⌋.",
+                h=H, kv=H_kv, r=H // H_kv)
+    out = who + " " + t("The heads' outputs are concatenated and mixed by W^O: MultiHead = Concat(head_1, …, "
+                        "head_h)·W^O.")
+    if d_k and d_model:
+        out += " " + (t("Here d_model = h × d_k = {h} × {d_k} = {d}.", h=H, d_k=d_k, d=d_model) if d_model == H * d_k
+                      else t("Here h × d_k = {h} × {d_k} = {hd}, which W^O maps back to d_model = {d}.", h=H, d_k=d_k,
+                             hd=H * d_k, d=d_model))
+    return out
+
+
+def qkvz_text(trace, name: str, head: int) -> str:
+    """The Q · K · V · z caption: the 2017 split into heads, and, where K/V heads are shared, which one this query
+    head reads (the K and V panels are that head's)."""
+    text = t("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) → "
+             "transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
+             "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before W^O.")
+    H, H_kv = F.kv_group(trace, name)
+    if H_kv == H:
+        return text
+    if H_kv == 1:
+        return text + " " + t("This model has one K/V head (multi-query attention): K and V are (B, 1, L, d_k), and "
+                              "all {h} query heads read them, so the K and V panels are the same for every head.",
+                              h=H)
+    return text + " " + t("This model has {kv} K/V heads for {h} query heads (grouped-query attention): K and V are "
+                          "(B, {kv}, L, d_k), and query head {head} reads {which}, so the K and V panels are that "
+                          "head's.", kv=H_kv, h=H, head=head, which=F.kv_label(H, H_kv, head))
 
 
 def _scale_note(info) -> str:
@@ -250,9 +312,7 @@ def _row_caption(meta) -> str:
 
 def _all_heads(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
-    st.caption(t("Multi-head attention: h heads, each with its own W^Q, W^K, W^V (d_model × d_k), look at the "
-                 "same tokens in different ways. Their outputs are concatenated and mixed by W^O: MultiHead = "
-                 "Concat(head_1, …, head_h)·W^O, with d_model = h × d_k (E = N × H)."))
+    st.caption(heads_text(trace, name))
     block = F.pool_factor(trace[f"{name}.weights"].shape[2:], F.MAX_GRID)
     if block > 1:
         st.caption(t("A long input: each panel is downsampled {b}×, each cell is the max of a {b}×{b} block of "
@@ -315,7 +375,7 @@ def _modern_pipeline(trace, key: str, name: str, head: int, info, meta) -> None:
         qi, qo = FM._arr(trace[f"{name}.q_norm.in"])[0], FM._arr(trace[f"{name}.q_norm.out"])[0]
         ki, ko = FM._arr(trace[f"{name}.k_norm.in"])[0], FM._arr(trace[f"{name}.k_norm.out"])[0]
         if qi.ndim == 3:  # per head: this head's queries and the keys of the K/V head it reads
-            kv = head // (info["n_heads"] // info["n_kv_heads"])
+            kv = F.kv_head(trace, name, head)
             qi, qo, ki, ko = qi[head], qo[head], ki[kv], ko[kv]
         st.caption(t("q/k norm: the length of each token's query and key before and after their norm (`{name}.q_norm`, "
                      "`{name}.k_norm`). After it, every query has nearly one length, so the scores above are "
@@ -347,9 +407,7 @@ def _masks(trace, key: str, names: list[str], layer: int, head: int, meta) -> No
 
 def _qkvz(trace, key: str, names: list[str], layer: int, head: int, meta) -> None:
     name = names[layer]
-    st.caption(t("Q = X·W^Q, K = X·W^K, V = X·W^V, split into heads: (B, L, d_model) → view (B, L, h, d_k) → "
-                 "transpose → (B, h, L, d_k). Here one head's Q, K, V (position × d_k) and its output "
-                 "z = softmax(QKᵀ/√d_k + M)·V; the heads' z are transposed back and concatenated before W^O."))
+    st.caption(qkvz_text(trace, name, head))
     show_figure(F.qkvz_figure(trace, name, head, meta=meta), key=f"{key}_qkvz_fig",
                        filename=f"{name}-head{head}-qkvz")
 

@@ -40,6 +40,11 @@ EXAMPLES = {  # the sentence a model opens on
     "decoder_lm": "When Mary and John went to the store, John gave a drink to",
     "encoder": "The animal didn't cross the street because it was too tired",
 }
+# The same sentence in the UI's language, for a language model that reads that language: its file says so
+# (general.languages), or it is one this lab knows was trained on it (Gemma 3's GGUF names no language; Google
+# trained it on 140+). Gemma 3 270M continues this one with 玛丽 (greedy), as the English one with " Mary".
+LANG_EXAMPLES = {"zh": "玛丽和约翰去了商店，约翰把一杯饮料递给了"}
+MULTILINGUAL = ("gemma3",)
 _SERVER: dict[str, str] = {}  # label -> path, set once at server start (app.py), read by every session
 _PRECISION: dict[str, dict] = {}  # label -> load_model's dtype/device (`--dtype bfloat16`, `--device cuda`)
 _SERVER_LOCK = threading.Lock()
@@ -310,7 +315,27 @@ class RealModel:
 
     @property
     def example(self) -> str:
+        """The sentence the model opens on: in the session's language when the model reads it (`example_in`)."""
+        from viz.i18n import current_lang
+
+        return self.example_in(current_lang())
+
+    def example_in(self, lang: str) -> str:
+        if self.family == "decoder_lm" and lang in LANG_EXAMPLES and self.speaks(lang):
+            return LANG_EXAMPLES[lang]
         return EXAMPLES.get(self.family, EXAMPLES["decoder_lm"])
+
+    def speaks(self, lang: str) -> bool:
+        """Whether this model reads `lang`: its file's general.languages names it, or it is MULTILINGUAL. A file
+        that does not say counts as no (most small models are English only)."""
+        if self.name in MULTILINGUAL:
+            return True
+        try:
+            from model.loaders.card import model_card
+
+            return model_card(self.obj).speaks(lang) is True
+        except Exception:  # a model without a card (an adapter's, a toy run's): not known to
+            return False
 
     @property
     def meta(self) -> dict:  # toy checkpoints have a meta dict (task, training log); real models none

@@ -75,6 +75,22 @@ def checkpoint_names() -> list[str]:
     return names + [n for n in session_models() if n not in names]
 
 
+_FAILED: dict[str, str] = {}  # server model label -> why it last failed to load (a process-wide fact, like the list)
+_FAILED_LOCK = threading.Lock()
+
+
+def load_failed(name: str) -> bool:
+    """Whether the server model `name` failed the last time it was loaded (the model list says it cannot open)."""
+    with _FAILED_LOCK:
+        return name in _FAILED
+
+
+def server_file_exists(name: str) -> bool:
+    """Whether a server model's file or directory is there (a label for a path that is gone says so, unloaded)."""
+    where = lm_models.server_models().get(name)
+    return where is None or os.path.exists(where)
+
+
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load_shared(name: str):
     if lm_models.is_real(name):  # weights shared through model.load_model's own per-process cache
@@ -82,6 +98,12 @@ def _load_shared(name: str):
             rm = lm_models.load(name)
         except KeyError as e:
             raise ValueError(t("This server offers no model “{name}”.", name=name)) from e
+        except ValueError as e:  # not cached by st.cache_resource: the next pick tries again (a file put back)
+            with _FAILED_LOCK:
+                _FAILED[name] = str(e)
+            raise
+        with _FAILED_LOCK:
+            _FAILED.pop(name, None)
         freeze_after_load(name)  # its modules and tokenizer live as long as the server: out of the GC's walks
         return rm
     _, load_checkpoint = _checkpoint_api()

@@ -58,21 +58,24 @@ def toy_batch(ckpt, n: int = N_PAIRS, pairs: list[tuple[str, str | None]] | None
     return QKBatch(desc, labels, tokens, arrays)
 
 
-def lm_batch(lm, kind: str = "sentences", readable=None, text: str | None = None) -> QKBatch:
-    """`lm`: a model.loaders.lm.LanguageModel. `readable`: piece -> display text (byte-level BPE symbols).
-    kind "prompt": `text` alone."""
+def lm_rows(lm, kind: str = "sentences", text: str | None = None) -> tuple[list[list[int]], list[str], int | None]:
+    """The batch's rows of ids (each a whole prompt: the model's BOS rule once, first; the repeated sequence is
+    Olsson et al.'s [BOS] + n tokens twice), their labels and the repeat period (None: no repeat)."""
     from model.analysis.phenomena import induction_sequence
 
-    readable = readable or (lambda p: p)
     if kind == "repeat":
         ids = induction_sequence(lm, n=REPEAT_N, batch=REPEAT_SEEDS, seed=0)
         rows = [r.tolist() for r in ids]
-        labels = [f"[BOS] + {REPEAT_N} random tokens × 2 (sequence {i + 1})" for i in range(len(rows))]
-        period = REPEAT_N
-    else:
-        texts = [text] if kind == "prompt" else list(SENTENCES)
-        rows = [lm.encode(s)[0].tolist() for s in texts]
-        labels, period = texts, None
+        return rows, [f"[BOS] + {REPEAT_N} random tokens × 2 (sequence {i + 1})" for i in range(len(rows))], REPEAT_N
+    texts = [text] if kind == "prompt" else list(SENTENCES)
+    return [lm.encode(s)[0].tolist() for s in texts], texts, None
+
+
+def lm_batch(lm, kind: str = "sentences", readable=None, text: str | None = None) -> QKBatch:
+    """`lm`: a model.loaders.lm.LanguageModel. `readable`: piece -> display text (byte-level BPE symbols).
+    kind "prompt": `text` alone."""
+    readable = readable or (lambda p: p)
+    rows, labels, period = lm_rows(lm, kind, text)
     T = max(map(len, rows))
     pad = lm.model.cfg.pad_id if lm.model.cfg.pad_id is not None else 0
     batch = torch.tensor([r + [pad] * (T - len(r)) for r in rows], dtype=torch.long)

@@ -14,7 +14,16 @@ import streamlit as st
 from viz.i18n import N_, current_lang, t
 from viz.ui import lm_models
 from viz.ui.heap import freeze_heap_once
-from viz.ui.models import capabilities, checkpoint_names, get_trace, is_real_name, load_ckpt, session_models
+from viz.ui.models import (
+    capabilities,
+    checkpoint_names,
+    get_trace,
+    is_real_name,
+    load_ckpt,
+    load_failed,
+    server_file_exists,
+    session_models,
+)
 from viz.ui.render import show_error
 from viz.ui.state import _KEPT, long_text_note, seed_from_query, write_query
 from viz.ui.text import stop_note, target_unk_note, text_problems, unk_note
@@ -59,6 +68,10 @@ def model_label(name: str) -> str:
                 "gemma3": t("Gemma 3 270M (language model)"),
                 "minilm": t("MiniLM (pretrained encoder)")}[name]
     if name in lm_models.server_models():
+        # A model that cannot open says so, whichever path it would take (issue 38 §5: a broken directory of a
+        # type transformers runs was labelled "via transformers", a broken GGUF not, though neither opens).
+        if load_failed(name) or not server_file_exists(name):
+            return t("{name} (started with the server, cannot be opened)", name=name)
         if _via_transformers(name):
             return t("{name} (via transformers, started with the server)", name=name)
         return t("{name} (started with the server)", name=name)
@@ -71,10 +84,47 @@ def _via_transformers(name: str) -> bool:
     return name not in session_models() and lm_models.via_transformers(name)
 
 
-def adapter_note(name: str) -> str:
+# What each page (its file's stem) reads that a model opened via transformers does not give: the refusal names it
+# (issue 38 §5: the sentence ended "this view needs the lab's own model" without saying what is missing).
+PAGE_NEEDS = {
+    "flow": N_("each head's value vectors and output z, and the norms inside each layer (norm-based attention and "
+               "the information-flow routes are made of them)"),
+    "layer": N_("the norms inside a layer and the feed-forward network's internals"),
+    "qk": N_("q and k as its softmax compares them (after its own rotary, or none)"),
+    "architecture": N_("the lab's own description of each block: its norms, feed-forward network and attention "
+                       "wiring"),
+    "phenomena": N_("hooks inside the attention (q, k, v, scores, weights), where the head ablations and patching act"),
+    "experiments": N_("hooks inside the attention (q, k, v, scores, weights), where the interventions act"),
+    "snapshots": N_("every capture point of the lab's own families (the norms, the feed-forward network, q, k, v)"),
+    "tokens": N_("the lab's own tokenizer tables and embeddings"),
+    "attention": N_("q, k, v, the scores and the mask of this view"),
+    "llm": N_("logits that are exactly the unembedding of the final norm's output (the logit lens reads every layer "
+              "through them)"),
+}
+
+
+def _current_page() -> str | None:
+    """The running page's file stem ("flow" for viz/pages/flow.py), from Streamlit's page manager; None when it
+    cannot be told (a bare script, an older Streamlit)."""
+    try:
+        from pathlib import Path
+
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        pm = ctx.pages_manager
+        info = (pm.get_pages() or {}).get(pm.current_page_script_hash) or {}
+        where = info.get("script_path") or info.get("url_pathname")
+        return Path(str(where)).stem if where else None
+    except Exception:  # only a better sentence depends on it
+        return None
+
+
+def adapter_note(name: str, needs: str | None = None) -> str:
     """One sentence: what a model opened via transformers gives and does not give a page that needs the lab's own
     family, from its own description (model/loaders/adapter.py: each head's q, k, v and z only where its attention
-    exposes them exactly)."""
+    exposes them exactly), and what this view needs of what it does not give: `needs`, else the running page's
+    PAGE_NEEDS, else everything it lacks."""
     try:
         blocks = load_ckpt(name).describe().get("blocks", {})
     except Exception:  # a sentence must still come out: the model's own description is only for the details
@@ -97,9 +147,12 @@ def adapter_note(name: str) -> str:
     else:
         lacks.append(t("q, k, v and each head's output"))
     sep = "、" if current_lang() == "zh" else ", "
-    return t("{model} runs via transformers, not one of the lab's own families: it gives {gives}, but not {lacks}, "
-             "and this view needs the lab's own model.", model=model_label(name), gives=sep.join(gives),
-             lacks=sep.join(lacks))
+    if needs is None:
+        page = PAGE_NEEDS.get(_current_page() or "")
+        needs = t(page) if page else sep.join(lacks)
+    return t("{model} runs via transformers, not one of the lab's own families: it gives {gives}, but not {lacks}. "
+             "This view needs {needs}, which only the lab's own families record.", model=model_label(name),
+             gives=sep.join(gives), lacks=sep.join(lacks), needs=needs)
 
 
 def sidebar() -> Selection | None:
@@ -138,6 +191,9 @@ def sidebar() -> Selection | None:
             example = load_ckpt(name).example
     except ValueError as e:
         show_error(e)
+        # The URL names the model the sidebar shows, even one that cannot open: a reload or a shared link then
+        # shows the same model and the same sentence (issue 38 §5: the URL kept the model before it).
+        write_query(checkpoint=name)
         return None
     seed_from_query("source_text", "text", example)
     seed_from_query("target_text", "target", "")

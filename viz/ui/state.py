@@ -23,6 +23,7 @@ from viz.ui import text_store
 MAX_URL_TEXT = 1000  # characters of a text mirrored into the URL; a longer one goes as a reference (text_store)
 REF = "_ref"  # ?text_ref=<16 hex>: the long text `text` kept on this server
 _KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while it is not drawn
+_LINKED = "_al_linked_"  # prefix: a widget's value as this run's URL gave it (clamp_state's note is for it alone)
 
 
 # ---------------------------------------------------------------- URL (query string) sync
@@ -116,6 +117,8 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
     value = next((v for v in candidates if valid is None or valid(v)), default)
     if raw is not None and not url_ok:
         note_replaced(param, raw, value)
+    if raw is not None and url_ok:
+        st.session_state[_LINKED + key] = value
     st.session_state[key] = st.session_state[kept] = value
 
 
@@ -209,10 +212,14 @@ def int_in(lo: int, hi: int) -> Callable[[Any], bool]:
 
 def clamp_state(key: str, lo: int, hi: int, what: str | None = None) -> None:
     """Keep a remembered widget value inside its current range (e.g. after switching to a
-    smaller model), instead of letting the widget raise. `what` names a value that came from a
-    link: its replacement is then said (`note_replaced`)."""
+    smaller model), instead of letting the widget raise. `what` names the URL parameter: the replacement
+    is said (`note_replaced`) only when this very run's URL carried that value (seed_from_query just took it from
+    the link); a value the session itself chose, or a link's value on a later run (another model, another text),
+    is clamped without a word about a link (issue 38 §5: switching model on /flow warned about "a link's pos=14"
+    that the page itself had written)."""
     v = st.session_state.get(key)
+    linked = st.session_state.pop(_LINKED + key, None)  # only the run that seeded it from the URL sees it
     if isinstance(v, int | float) and not lo <= v <= hi:
         st.session_state[key] = min(max(v, lo), hi)
-        if what:
+        if what and linked is not None and linked == v:
             note_replaced(what, v, st.session_state[key], lo, hi)

@@ -63,6 +63,13 @@ def md_escape(s: str) -> str:
     return _MARKDOWN.sub(r"\\\1", s)
 
 
+def md_text_lines(s: str) -> str:
+    """`s` shown literally in Markdown with its line breaks kept and visible: each newline is drawn as ↵ (the token
+    lists' mark) and breaks the line there. Markdown alone joins lines ("↵↵" generated at step 0 showed as nothing)."""
+    lines = [md_escape(line) for line in s.replace("\r\n", "\n").split("\n")]
+    return "↵  \n".join(lines)  # two spaces before the newline: a Markdown line break
+
+
 def _original(piece, text: str | None) -> str:
     a, b = piece.span
     if text is not None and 0 <= a < b <= len(text):
