@@ -1,7 +1,7 @@
 """Attention Lab's instrumented Transformer ("Attention Is All You Need"). No UI imports here.
 
 The names below load on first use (PEP 562), so importing a light submodule (the pytest plugin
-`model.snapshot`, auto-loaded into every pytest run) does not import torch.
+`model.testing.snapshot`, auto-loaded into every pytest run) does not import torch.
 """
 
 from __future__ import annotations

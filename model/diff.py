@@ -1,7 +1,7 @@
 """Compare traces with tolerances by kind; `python -m model.diff EXPECTED OBTAINED` prints the report.
 
 Exit status: 0 the traces match, 1 they differ, 2 a file is unreadable (or bad arguments).
-The tolerance rules here are the ones the pytest plugin (`model.snapshot`) uses.
+The tolerance rules here are the ones the pytest plugin (`model.testing.snapshot`) uses.
 """
 
 from __future__ import annotations

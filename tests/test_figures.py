@@ -296,7 +296,7 @@ def test_score_pipeline_and_masks_in_a_query_window(long_trace):
     scores = np_(long_trace[f"{name}.scores"][0, 2])
     d_k = long_trace[f"{name}.q"].shape[-1]
     fig = F.score_pipeline(long_trace, name, head=2, rows=(64, 128))
-    assert fig.layout.title.text.endswith("· query rows 64–127 of 301")
+    assert fig.layout.title.text.split("<br>")[0].endswith("· query rows 64–127 of 301")  # above the capture's name
     hs = heatmaps(fig)
     np.testing.assert_allclose(hs[0].z, scores[64:128] * math.sqrt(d_k), rtol=1e-6)
     np.testing.assert_array_equal(hs[1].z, scores[64:128])  # every key, exact values

@@ -145,5 +145,6 @@ def test_agreement_figure_prints_the_tables_string():
     summ = {"raw": {"mean": 0.4456, "std": 0.109, "top_k": 0.5, "n": 12},
             "routes": {"mean": 0.4244, "std": 0.255, "top_k": 0.5, "n": 12}}
     fig = FF.agreement_figure({"IOI": summ})
-    assert list(fig.data[0].text) == [FF.rho_text(0.4456), FF.rho_text(0.4244)] == ["0.45", "0.42"]
-    assert not math.isnan(float(fig.data[0].text[0]))
+    labels = fig.data[1].text  # the labels' own trace, past each error bar (issue 38 §5: they sat on the whiskers)
+    assert list(labels) == [FF.rho_text(0.4456), FF.rho_text(0.4244)] == ["0.45", "0.42"]
+    assert not math.isnan(float(labels[0]))

@@ -31,12 +31,18 @@ def lm(request):
     return load_model(request.param)
 
 
+_SPECIALS: dict[int, set[int]] = {}
+
+
 def specials(lm) -> set[int]:
-    """Every special id, read from the tokenizer and the config (not from the code under test)."""
+    """Every special id, read from the tokenizer and the config (not from the code under test); once per model."""
+    if id(lm) in _SPECIALS:
+        return _SPECIALS[id(lm)]
     tok, cfg = lm.tokenizer, lm.model.cfg
     out = {int(i) for i, a in tok.get_added_tokens_decoder().items() if a.special}
     out |= {tok.token_to_id(t) for t in lm.special_tokens.values() if t and tok.token_to_id(t) is not None}
-    return out | {i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id) if i is not None}
+    out |= {i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id) if i is not None}
+    return _SPECIALS.setdefault(id(lm), out)
 
 
 def bos_id(lm) -> int:
@@ -45,8 +51,8 @@ def bos_id(lm) -> int:
 
 def assert_one_bos(lm, ids, what: str, bos: bool | None = None) -> None:
     """No special token past position 0; position 0 is BOS exactly when the rule (or the recipe: `bos`) says so."""
-    ids = torch.as_tensor(ids).reshape(-1).tolist()
-    inside = [(p, lm.tokens([i])[0]) for p, i in enumerate(ids) if p > 0 and i in specials(lm)]
+    ids, special = torch.as_tensor(ids).reshape(-1).tolist(), specials(lm)
+    inside = [(p, lm.tokens([i])[0]) for p, i in enumerate(ids) if p > 0 and i in special]
     assert not inside, f"{lm.name} {what}: special tokens inside the prompt at {inside[:5]}"
     want = bos_rule(lm).prepended if bos is None else bos
     assert (ids[0] == bos_id(lm)) == want, f"{lm.name} {what}: token 0 is {lm.tokens([ids[0]])}"

@@ -242,7 +242,7 @@ def test_figures_from_the_shipped_run():
     step = LR.phase_change(two.steps, two.series("icl"))
     fig = FL.curves_figure({k: {"label": k, "loss": r.loss, "steps": r.steps, "icl": r.series("icl")}
                             for k, r in runs.items()}, step)
-    assert len(fig.data) == 4 and any(s.x0 == step for s in fig.layout.shapes)
+    assert len(fig.data) == 4 and any(s.x0 == step + 1 for s in fig.layout.shapes)  # drawn at step + 1 (step 0 at 1)
     z = np.stack([s.induction for s in two.scores])
     fig = FL.head_steps_figure(two.steps, z, "induction", step)
     assert np.asarray(fig.data[0].z).shape == (8, len(two.steps))

@@ -203,12 +203,12 @@ class TraceSnapshot:
         meta = trace.meta if isinstance(trace, Trace) else {}
         if meta.get("training") and (meta.get("config") or {}).get("dropout", 0) > 0:
             raise ValueError("this trace was captured in training mode, where dropout makes it random: call "
-                             "model.eval() first (or capture inside model.snapshot.deterministic(model))")
+                             "model.eval() first (or capture inside model.testing.repro.deterministic(model))")
         odd = sorted({str(v.dtype) for v in trace.values()
                       if v.is_floating_point() and v.dtype != torch.float32})
         if odd:
             raise ValueError(f"snapshots are float32, this trace has {odd}: capture with model.float() "
-                             "(or inside model.snapshot.deterministic(model))")
+                             "(or inside model.testing.repro.deterministic(model))")
         chosen = select_names(list(trace), names)
         overrides = {glob: list(as_tolerance(spec)) for glob, spec in (tolerances or {}).items()}
         resolve_tolerances(chosen, tolerances)  # fail early on a pattern that matches nothing

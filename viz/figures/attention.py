@@ -224,7 +224,7 @@ def kv_group(trace: Mapping, name: str) -> tuple[int, int]:
     (trace.meta["model"]). Grouped-query attention has H_kv < H (SmolLM2: 9 and 3), multi-query H_kv = 1, the
     2017 Transformer H_kv = H. A trace without a description (a dict of arrays) falls back to the captured
     shapes: `.q` (or the weights) has H heads, `.k` (or `.v`) H_kv."""
-    info = attention_of(getattr(trace, "meta", None), name) or {}
+    info = attention_of(_description(trace), name) or {}
     H, H_kv = info.get("n_heads"), info.get("n_kv_heads")
     if not H:
         def heads(*roles):
@@ -237,6 +237,15 @@ def kv_group(trace: Mapping, name: str) -> tuple[int, int]:
     if H_kv < 1 or H % H_kv:
         raise ValueError(f"{name}: {H} query heads cannot share {H_kv} K/V heads (not a divisor)")
     return H, H_kv
+
+
+def _description(trace: Mapping) -> dict | None:
+    """The part of a trace's metadata that describes the model, without copying the rest (`Trace.meta` is a deep
+    copy, and a long prompt's meta holds its token lists several times over)."""
+    item = getattr(trace, "meta_item", None)
+    if item is not None:
+        return {"model": item("model"), "config": item("config")}
+    return getattr(trace, "meta", None)
 
 
 def kv_head(trace: Mapping, name: str, head: int) -> int:
@@ -685,7 +694,9 @@ def qkvz_figure(trace: Mapping, name: str, head: int, meta: Mapping | None = Non
     query head reads, head // (H / H_kv); the K and V panel titles and the figure's title say which."""
     meta = meta if meta is not None else getattr(trace, "meta", {})
     H, H_kv = kv_group(trace, name)
-    g = kv_head(trace, name, head)
+    if not 0 <= head < H:
+        raise ValueError(f"head {head} is out of range: {name} has query heads 0..{H - 1}")
+    g = head // (H // H_kv)  # the K/V head this query head reads
     parts = {r: arr(trace[f"{name}.{r}"])[0, g if r in ("k", "v") else head] for r in ("q", "k", "v", "z")}
     n_q, n_k = parts["q"].shape[0], parts["k"].shape[0]
     q_lab, k_lab = axis_labels(meta, name, n_q, n_k)

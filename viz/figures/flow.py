@@ -214,11 +214,14 @@ def methods_figure(comparison, methods: Sequence[str] | None = None, title: str 
     return fig
 
 
+LABEL_GAP = 0.04  # rho units between a whisker's cap and its bar's label (the axis spans about 2.3)
+
+
 def label_end(mean: float, std: float) -> float:
     """Where a bar's value label sits: past the end of its error bar (mean ± std, on the bar's side of 0), so the
     label never lies on the bar's whisker (issue 38 §5)."""
     mean, std = float(mean), float(std) if math.isfinite(float(std)) else 0.0
-    return mean - std if mean < 0 else mean + std
+    return mean - std - LABEL_GAP if mean < 0 else mean + std + LABEL_GAP
 
 
 def agreement_figure(summaries: Mapping[str, Mapping[str, Mapping[str, float]]], title: str | None = None) -> go.Figure:

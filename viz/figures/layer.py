@@ -98,7 +98,8 @@ def sublayers(trace, layer: str) -> list[tuple[str, str]]:
     found = {n[len(layer) + 1:].split(".")[0] for n in trace.names()
              if n.startswith(layer + ".norm") and n.endswith(".in")}
     norms = sorted((n for n in found if n[4:].isdigit() or n == "norm"), key=lambda n: int(n[4:] or 0))
-    subs = mods + ["ffn"]
+    ffn = described(trace.meta).get("blocks", {}).get("ffn") != "none"  # an attention-only model has no FFN
+    subs = mods + (["ffn"] if ffn else [])
     if mods and described(trace.meta).get("blocks", {}).get("shared_norm") and norms == ["norm1"]:
         return [(sub, "norm1") for sub in subs]  # Phi, Cohere: attention and FFN read one norm of the same x
     posts = [n for n in ("norm_post_attn", "norm_post_ffn") if n in found]  # OLMo 2: norms after the sublayers only

@@ -96,15 +96,17 @@ def curves_figure(series: dict[str, dict], phase_step: int | None, title: str | 
         for col in (1, 2):
             fig.add_vline(x=float(step_x(st_)), line={"color": colour, "dash": "dash" if i == 0 else "dot"},
                           row=1, col=col)
-        # inside the plot, under its top edge: above it the label ran into the panel's title; one row per line
+        # inside the plot, under its top edge (above it the label ran into the panel's title), one row per line,
+        # written towards the middle of the panel so it is never cut at the panel's edge
+        right = total_steps and np.log10(st_ + 1) > 0.5 * np.log10(total_steps + 1)
         fig.add_annotation(x=float(np.log10(step_x(st_))), y=1, yshift=-4 - 18 * i, xref="x2", yref="y2 domain",
-                           text=label, showarrow=False, xanchor="left", yanchor="top", font={"color": colour},
-                           bgcolor="rgba(255,255,255,0.8)")
+                           text=label, showarrow=False, xanchor="right" if right else "left", yanchor="top",
+                           font={"color": colour}, bgcolor="rgba(255,255,255,0.8)")
     fig.update_xaxes(**step_axis(total_steps))
     fig.update_yaxes(title={"text": t("loss (nats)")}, row=1, col=1)
     fig.update_yaxes(title={"text": t("nats")}, row=1, col=2)
-    fig.update_layout(title={"text": title or t("Loss over training")}, height=380,
-                      margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(title={"text": title or t("Loss over training")}, height=400,  # the legend under the axis title
+                      margin={"l": 60, "r": 20, "t": 80, "b": 80}, legend={"orientation": "h", "y": -0.3})
     return fig
 
 

@@ -169,7 +169,7 @@ def head_cell(rows: int, cols: int, margin: dict, max_height: int = MAX_HEATMAP_
     cell = min(MAX_CELL, max(MIN_CELL, MIN_PLOT / max(rows, cols, 1)))
     room_h = (max_height - margin["t"] - margin["b"]) / max(rows, 1)
     room_w = (max_width - margin["l"] - margin["r"]) / max(cols, 1)
-    return max(4.0, min(cell, room_h, room_w))
+    return max(1.0, min(cell, room_h, room_w))  # a very long prompt: the limits win (its labels are thinned)
 
 
 def with_min_cells(fig: go.Figure, cell: int | None = None, max_height: int = MAX_HEATMAP_HEIGHT) -> go.Figure:

@@ -142,67 +142,11 @@ def start_learn_job(settings: LR.Settings) -> None:
 
 
 def job_figure(job: LearnJob, base: LR.Run):
-    """Your run over the shipped one (drawn wide and light beneath it: with the shipped setup the two coincide),
-    each phase change a labelled line: yours red and dashed, the shipped run's dotted in its colour."""
-    run = job.run
-    series = {"attn2": {"label": t("shipped run"), "loss": base.loss, "steps": base.steps,
-                        "icl": base.series("icl")}}
-    if run is not None and run.scores:
-        series["yours"] = {"label": t("your run"), "loss": run.loss, "steps": run.steps, "icl": run.series("icl")}
-    phase = LR.phase_change(run.steps, run.series("icl")) if run is not None and len(run.scores) > 2 else None
-    shipped = LR.phase_change(base.steps, base.series("icl"))
-    marks = [(shipped, t("shipped run's phase change (step {n})", n=shipped), FL.COLORS["attn2"])] if shipped else []
-    return FL.curves_figure(series, phase, t("Your run against the shipped one"), total_steps=job.settings.steps,
-                            phase_label=t("your run's phase change (step {n})", n=phase) if phase else None,
-                            marks=marks, overlay=True)
-
-
-MIN_PACE_STEPS = 20  # steps a live run takes before its own pace is extrapolated to the rest
+    return LRUN.comparison_figure(job.run, job.settings, base)
 
 
 def job_text(job: LearnJob) -> str:
-    run = job.run
-    if run is not None and run.scores:
-        ind = FL.fmt(run.scores[-1].induction[-1].max())
-    else:  # before the first checkpoint's scores arrive (the child process is starting): no number to show
-        ind = t("not measured yet")
-    text = t("step {n}/{total} · best last-layer induction score {ind} · {s} s", n=job.step, total=job.settings.steps,
-             ind=ind, s=f"{job.elapsed:.0f}")
-    if job.step >= MIN_PACE_STEPS and job.step < job.settings.steps:
-        left = job.elapsed / job.step * (job.settings.steps - job.step)
-        text += " · " + t("about {s} s left at this run's pace", s=f"{left:.0f}")
-    return text
-
-
-PACE_TTL_S = 120  # a quick timing of this server counts as "now" for two minutes (then it is timed again)
-RUN_PACE_FRESH_S = 600  # a finished live run's pace counts as this server's for ten minutes
-
-
-@st.cache_data(ttl=PACE_TTL_S, show_spinner=False, max_entries=len(LR.CHANGES))
-def measured_pace(settings: LR.Settings) -> LR.Pace:
-    """model.toy.learn.pace on this server now (a fraction of a second), shared by every session."""
-    return LR.pace(settings)
-
-
-@st.cache_resource(show_spinner=False)
-def _run_paces() -> dict:
-    """change -> (seconds per step of the last finished live run on this server, its wall time, when)."""
-    return {}
-
-
-def estimate_text(settings: LR.Settings) -> str:
-    """How long a live run of `settings` should take on this server: the last finished run's own pace here (a
-    child process at a lower priority, as the next run will be), when recent; else a timing of a few steps now
-    (`measured_pace`). Never a fixed "about a minute" (issue 38 §5: that run took 283 s at load 6-11)."""
-    got = _run_paces().get(settings.change)
-    if got is not None and time.time() - got[2] <= RUN_PACE_FRESH_S:
-        return t("about {s} s on this server (the last run here with this change took {took} s, {m} min ago)",
-                 s=f"{got[0] * settings.steps:.0f}", took=f"{got[1]:.0f}", m=f"{(time.time() - got[2]) / 60:.0f}")
-    p = measured_pace(replace(settings, seed=0))
-    return t("about {s} s on this server now (timed just now: {ms} ms a step over {n} steps, {c} ms a checkpoint; "
-             "the recorded run took {rec} s on one idle core)", s=f"{p.seconds(settings):.0f}",
-             ms=f"{1000 * p.step_s:.0f}", n=p.steps_timed, c=f"{1000 * p.checkpoint_s:.0f}",
-             rec=f"{LR.run_meta().get('train_time_s', {}).get('attn2', float('nan')):.0f}")
+    return LRUN.status_text(job.step, job.settings.steps, job.run, job.elapsed)
 
 
 def live_view(job: LearnJob, base: LR.Run) -> None:
@@ -210,7 +154,7 @@ def live_view(job: LearnJob, base: LR.Run) -> None:
     show_figure(job_figure(job, base), key="learn_live_curves", filename="learn-live")
     if job.done:
         if not job.error and job.step:  # this server's pace, for the next run's estimate
-            _run_paces()[job.settings.change] = (job.elapsed / job.step, job.elapsed, time.time())
+            LRUN.record_pace(job.settings.change, job.elapsed / job.step, job.elapsed)
         if (run := your_run()) is not None:  # before the rerun draws the sidebar: its model list has it
             LRUN.add_checkpoint("yours", run, len(run.steps) - 1)
         st.rerun()
@@ -230,7 +174,7 @@ def train_section(base: LR.Run) -> None:
     chosen = replace(base.settings, change=st.session_state["learn_change"])
     try:
         with st.spinner(t("Timing a few training steps on this server…")):
-            estimate = estimate_text(chosen)
+            estimate = LRUN.estimate_text(chosen)
     except (RuntimeError, ValueError) as e:  # the estimate is a courtesy: the run itself still works
         estimate = t("its time could not be measured here ({error})", error=e)
     st.caption(t("The shipped setup with one change at a time, from a seed of your choice: {estimate}. One run at a "

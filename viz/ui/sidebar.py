@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from viz.i18n import N_, current_lang, t
+from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui import lm_models
 from viz.ui.heap import freeze_heap_once
 from viz.ui.models import (
@@ -26,7 +26,7 @@ from viz.ui.models import (
 )
 from viz.ui.render import show_error
 from viz.ui.state import _KEPT, long_text_note, seed_from_query, write_query
-from viz.ui.text import stop_note, target_unk_note, text_problems, unk_note
+from viz.ui.text import model_name_text, stop_note, target_unk_note, text_problems, unk_note
 
 PREFERRED = ("dates", "zh-en", "reverse")  # default checkpoint: attention is readable on these
 LANG_DEFAULT = {"zh": "zh-en"}  # a Chinese UI opens on the Chinese model (its example: 我爱机器学习)
@@ -75,7 +75,7 @@ def model_label(name: str) -> str:
         if _via_transformers(name):
             return t("{name} (via transformers, started with the server)", name=name)
         return t("{name} (started with the server)", name=name)
-    return name
+    return model_name_text(name)  # a /learn checkpoint's name in the UI's language; a toy checkpoint's as it is
 
 
 def _via_transformers(name: str) -> bool:
@@ -175,8 +175,13 @@ def sidebar() -> Selection | None:
         st.info(hint, icon="📦")  # a link to a real model this server has not installed: the command that adds it
     seed_from_query("checkpoint", "checkpoint", default_checkpoint(names, current_lang()),
                     valid=lambda v: v in names)
+    if st.session_state["checkpoint"] in lm_models.server_models():  # tried before its label is drawn: a model
+        try:  # that cannot open is labelled so from the first run that shows it (a link straight to it too)
+            load_ckpt(st.session_state["checkpoint"])
+        except ValueError:
+            pass  # said below, once the select box shows it
     name = sb.selectbox(t("Model (checkpoint)"), names, key="checkpoint", on_change=_on_checkpoint_change,
-                        format_func=model_label,
+                        format_func=option_labels(names, model_label),  # labels made now: see i18n.option_labels
                         help=t("A small Transformer trained on a toy task, shipped with the app (or trained "
                                "on the Training page in this session), or a real pretrained model: SmolLM2 "
                                "(a language model), MiniLM (an encoder) and those the server was started with."))

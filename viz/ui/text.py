@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from viz.i18n import t
+from viz.i18n import N_, t
 
 # C0/C1 controls (tab, newline and carriage return allowed) and invisible direction/format marks.
 # ZWJ/ZWNJ (U+200C/D) are allowed: emoji sequences and some scripts need them.
@@ -75,6 +75,29 @@ def _original(piece, text: str | None) -> str:
     if text is not None and 0 <= a < b <= len(text):
         return text[a:b]
     return piece.token if piece.token != "[UNK]" else f"[UNK]@{a}"
+
+
+# /learn's checkpoints in the model list (viz/ui/learn_run.model_name): their names stay stable keys in every language
+# (a process-wide cache is keyed by them); shown, they are said in the UI's language.
+_LEARN_NAME = re.compile(r"learn: (?:(2 layers|1 layer)|run (\d+) \((.+), seed (\d+)\)), step (\d+)")
+_LEARN_CHANGES = {"none": N_("no change (the shipped setup)"), "one layer": N_("1 layer"),
+                  "no positions": N_("no positional information"), "freeze layer0": N_("layer 0 frozen"),
+                  "one head": N_("fewer heads (1 per layer)")}
+
+
+def model_name_text(name: str) -> str:
+    """A model's name as the UI shows it: a /learn checkpoint's ("learn: 2 layers, step 675") in the UI's language
+    (zh 看注意力学习：2 层，第 675 步); any other name as it is."""
+    from viz.i18n import DEFAULT_LANG, current_lang
+
+    m = _LEARN_NAME.fullmatch(name)
+    if m is None or current_lang() == DEFAULT_LANG:  # in English the name is the one the code gives
+        return name
+    shipped, run, change, seed, step = m.groups()
+    if shipped:
+        return t("learn: {what}, step {step}", what=t(shipped), step=step)
+    return t("learn: run {n} ({what}, seed {seed}), step {step}", n=run, seed=seed, step=step,
+             what=t(_LEARN_CHANGES[change]) if change in _LEARN_CHANGES else change)
 
 
 # Input errors the model raises in English, said again in the UI language (one sentence, no repeated advice).

