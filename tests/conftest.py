@@ -2,11 +2,13 @@ import json
 import os
 from pathlib import Path
 
-# OpenMP's wait policy, as the app sets it (viz/ui/warmup.py): PASSIVE unless the runner chose one. With the default policy
-# torch's idle OpenMP threads spin while other work wants the cores: on 2 busy cores the fast subset took 693 s at
-# OMP_NUM_THREADS=2 against 137 s at 4 (issue 38). libgomp reads the variable once, when torch first loads it, so it
-# is set here, above `import torch`: pytest loads this file before anything imports torch (the snapshot plugin,
-# model.testing.snapshot, imports none at load), and pytest-xdist's workers start later and inherit it.
+# OpenMP's wait policy, as the app sets it (viz/ui/warmup.py): PASSIVE unless the runner chose one. With the
+# default policy torch's idle OpenMP threads spin while other work wants the cores: on 2 busy cores the fast subset
+# took 693 s at OMP_NUM_THREADS=2 against 137 s at 4 (issue 38). libgomp reads the variable once, when torch first
+# loads it, so it is set here, above `import torch`: pytest loads this file before anything imports torch (the
+# snapshot plugin, model.testing.snapshot, imports none at load), and pytest-xdist's workers start later and inherit
+# it (checked with an import hook: the controller and both workers import torch with PASSIVE set, libgomp not yet
+# loaded).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402

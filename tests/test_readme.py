@@ -29,6 +29,7 @@ SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 TOP = ("model/", "viz/", "tests/", "bench/", "deploy/", "examples/", "docs/", ".ci/", "app.py", "pyproject.toml")
 DOTTED = re.compile(r"(?<![\w./-])((?:model|viz)(?:\.[A-Za-z_]\w*)+)")
 FILE_EXT = (".safetensors", ".json", ".gguf", ".py", ".bin", ".html", ".md", ".toml", ".ipynb")
+PRINTED = r"^print\(.*\)\s+#\s*(.+?)\s*$"  # a print with what it prints in its trailing comment
 MODULE_TIMEOUT = 600  # a block that loads SmolLM2 cold on a busy 2-core machine
 
 
@@ -211,6 +212,14 @@ def test_the_layout_names_every_module(readme):
         if f.stem != "__init__" and f"model.{f.stem}" not in section and f"model/{f.name}" not in section:
             missing.append(f"model/{f.name}")
     assert not missing, f"{readme}'s layout section does not name: {missing}"
+    # and the other way: a file name in a folder's item is a file of that folder (or below it)
+    wrong = []
+    for item in items:
+        folder = re.match(r"`([\w/]+)/`", item)
+        if folder and (ROOT / folder.group(1)).is_dir():
+            wrong += [f"{folder.group(1)}/{n}" for n in SPAN.findall(item)
+                      if re.fullmatch(r"\w+\.py", n) and not list((ROOT / folder.group(1)).rglob(n))]
+    assert not wrong, f"{readme}'s layout section names files that are not there: {wrong}"
 
 
 def test_the_page_count_the_readme_gives_is_the_sidebar_s():
@@ -235,17 +244,20 @@ def test_the_skipped_blocks_are_few_and_say_why():
     skipped = [(r, line, why) for r, line, _, why in python_blocks() if why]
     print("README blocks skipped:", skipped)
     assert len(python_blocks()) >= 7
+    assert any(re.search(PRINTED, code, re.M) for _, _, code, _ in python_blocks())  # the doctest-style check bites
     assert len(skipped) <= 1, skipped
     assert all(len(why.split()) >= 2 for _, _, why in skipped)
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as tests/conftest.py sets it for this process
     env.pop("PYTEST_ADDOPTS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=MODULE_TIMEOUT, env=env)
 
 
+@pytest.mark.slow  # ~3.5 min on 2 busy cores: a fresh interpreter per block, SmolLM2 loaded three times
 @pytest.mark.parametrize(("readme", "line", "code", "skip"), python_blocks(),
                          ids=[f"{r}:{line}" for r, line, _, _ in python_blocks()])
 def test_every_python_block_runs(readme, line, code, skip, tmp_path):
@@ -264,3 +276,6 @@ def test_every_python_block_runs(readme, line, code, skip, tmp_path):
     (tmp_path / "block.py").write_text(code, encoding="utf-8")
     done = run([sys.executable, "block.py"], tmp_path)
     assert done.returncode == 0, f"{readme}:{line}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    # Doctest-style: a print's trailing comment is what it prints (`print(a, "->", b)   # 2023-11-03 -> 2023-11-0-`).
+    said = re.findall(PRINTED, code, re.M)
+    assert all(s in done.stdout for s in said), (said, done.stdout[-2000:])

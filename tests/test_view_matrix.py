@@ -99,8 +99,10 @@ def traces(models, tmp_path_factory):
                 _, tr = m.run_with_trace(x)
             tr = tr.with_meta({**tr.meta, "tgt_tokens": [f"w{i}" for i in x[0].tolist()]})
         cache[case] = tr
+        get.models[case] = m
         return tr
 
+    get.models = {}  # case -> the model its trace came from
     return get
 
 
@@ -273,6 +275,23 @@ def test_the_qk_map_reads_the_kv_head_of_each_query_head(case, traces):
             FQ.qk_figure(m, batch.labels)
 
 
+@pytest.mark.parametrize("case", ["gqa_3to1", "mqa"])
+@torch.no_grad()
+def test_a_lazy_trace_draws_the_same_kv_heads(case, traces):
+    """A long prompt's trace stores q, k, v and computes weights when asked: the head outputs /layer draws from it
+    (weights · v of K/V head h // group) are the captured z, and Q · K · V · z draws the same K and V."""
+    full = traces(case)
+    _, lazy = traces.models[case].run_with_trace(test_residual.ids(T), lazy=True)
+    for name in attention(full):
+        H, H_kv = F.kv_group(lazy, name)
+        assert (H, H_kv) == (full[f"{name}.q"].shape[1], full[f"{name}.k"].shape[1])
+        z = F.arr(full[f"{name}.z"])[0]
+        assert np.allclose(FL.head_outputs(lazy, name), z, rtol=0, atol=1e-6 * max(1.0, float(np.abs(z).max())))
+        k = F.arr(full[f"{name}.k"])[0]
+        for h in range(H):
+            assert np.array_equal(panel(F.qkvz_figure(lazy, name, h), "K (keys)"), k[h // (H // H_kv)])
+
+
 # ---------------------------------------------------------------- texts that describe heads
 
 
@@ -368,3 +387,13 @@ def test_attention_page_on_smollm2_draws_qkvz_on_heads_0_3_8(lang):
         for role in ("k", "v"):  # the panel the hover names is that K/V head's tensor, as captured
             (drawn,) = [d for d in qkvz[0]["data"] if f"<br>{role}[K/V head {g}] = " in d["hovertemplate"]]
             assert np.array_equal(plotly_array(drawn["z"]), trace[f"{name}.{role}"][0, g].float().numpy()), head
+    # "All heads" says what SmolLM2 has: 9 query heads sharing 3 K/V heads, not "each with its own W^K, W^V"
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.query_params.update({"checkpoint": "smollm2", "lang": lang, "text": text, "layer": "17", "view": "heads"})
+    at.switch_page("viz/pages/attention.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    captions = " ".join(c.value for c in at.caption)
+    said = {"en": "Grouped-query attention: 9 query heads share 3 K/V heads. Each query head has its own W^Q",
+            "zh": "分组查询注意力：9 个查询头共享 3 个 K/V 头。每个查询头有自己的 W^Q"}[lang]
+    assert said in captions and "each with its own W^Q, W^K, W^V" not in captions, captions

@@ -19,6 +19,7 @@ import pytest
 import test_residual
 import torch
 from test_residual import FAMS, ids
+from tolerance import f32_tol
 
 from model.analysis import why
 
@@ -49,7 +50,8 @@ def test_terms_sum_to_the_recorded_score_on_every_family(family, models):
             _assert_exact(e)
             _, tr = m.run_with_trace(x, names=[f"{e.module}.mask", f"{e.module}.weights"])
             assert e.blocked == bool(tr[f"{e.module}.mask"][0, 0, q, k])
-            assert e.weight == float(tr[f"{e.module}.weights"][0, e.head, q, k])
+            # a lazy trace's row is its own matmul: the forward's weight up to float32 rounding over T keys
+            assert abs(e.weight - float(tr[f"{e.module}.weights"][0, e.head, q, k])) <= f32_tol(1.0, n=T)
             if e.blocked:  # a future key: explained, flagged, weight 0
                 assert e.weight == 0.0 and any("blocks" in s for s in e.notes)
             assert e.query_sources[0] == "embed" and e.key_sources[0] == "embed"

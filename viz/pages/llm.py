@@ -1,6 +1,6 @@
 """Language model: a real decoder-only LLM (SmolLM2, or one the server was started with) read and run live.
 
-Views: Heads (a layer × head overview of a per-head statistic; a click opens that head, with the Attention
+Views: Head overview (a layer × head overview of a per-head statistic; a click opens that head, with the Attention
 page's head heatmap and its in-browser head buttons), Generate (token by token, streamed: each step's top-10
 and where the new position looked in every layer), Logit lens (layer × position: top token and probability).
 
