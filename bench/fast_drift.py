@@ -51,7 +51,7 @@ TINY = {  # label -> (model type, config beyond SMALL)
 }
 
 
-def tiny_model(kind: str, extra: dict, seed: int = 0):
+def tiny_model(kind: str, extra: dict, seed: int = 0, d: Path | None = None):
     """A tiny random model of `kind`, saved by transformers and opened by the lab's own family: weights 0.2·N(0, 1)
     (norms around their identity), so attention is sharp enough to drift as a trained model's does."""
     import transformers
@@ -71,7 +71,7 @@ def tiny_model(kind: str, extra: dict, seed: int = 0):
         for name, p in ref.named_parameters():
             base = 1.0 if "norm" in name and name.endswith("weight") and not gemma else 0.0
             p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
-    d = Path(tempfile.mkdtemp(prefix=f"drift-{kind}-"))
+    d = Path(tempfile.mkdtemp(prefix=f"drift-{kind}-")) if d is None else d
     ref.save_pretrained(d)
     return load_hf_dir(d)
 

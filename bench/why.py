@@ -59,13 +59,13 @@ def main() -> None:
     print(f"SmolLM2, {T} tokens, layer {L} head {h}, query {i}")
     names = why.lazy_names(m, L)
 
-    t_fwd, _ = timed(lambda: m.run_with_trace(ids, names=names, lazy=True))  # the reference: the lazy forward
+    t_fwd, _ = timed(lambda: m.run_with_trace(ids, names=names, lazy=True, fast=True, last_only=True))  # the reference: the lazy forward
     t_cold, e = timed(lambda: why.explain_score(lm, ids, L, h, i, T // 2, against=T // 3))
     print(f"cold: {t_cold:.2f} s (its lazy forward alone {t_fwd:.2f} s: ratio {t_cold / t_fwd:.2f}); "
           f"|Σ terms − score| = {e.error:.2e} (bound {e.tolerance():.2e}), "
           f"{len(e.query_sources)} × {len(e.key_sources)} sources")
 
-    _, tr = m.run_with_trace(ids, names=names, lazy=True)
+    _, tr = m.run_with_trace(ids, names=names, lazy=True, fast=True, last_only=True)
     warm = []
     for r in range(args.reps):
         t, e = timed(lambda r=r: why.explain_score(lm, ids, L, h, i, 7 + 101 * r, trace=tr))
@@ -84,7 +84,8 @@ def main() -> None:
             z[:, 0, key] = 0
             return z
 
-        return m.run_with_hooks(ids, hooks={attn: drop})
+        with m.hooks({attn: drop}):
+            return m(ids, last_only=True)
 
     per = []
     for _ in range(args.patch):

@@ -65,6 +65,22 @@ def test_terms_sum_to_the_recorded_score_on_every_family(family, models):
 
 
 @torch.no_grad()
+def test_a_pages_full_trace_gives_the_same_explanation_as_the_lazy_one(models):
+    """explain_score reads a page's trace when given one: a full trace's recorded rows, or a lazy trace's rows
+    computed from q and k (the default); the terms are the same up to float32 rounding."""
+    m = models("gemma2")  # soft-capped scores, sliding window
+    x = ids()
+    _, full = m.run_with_trace(x)
+    for q, k, a in CELLS:
+        e_full = why.explain_score(m, x, 1, 2, q, k, against=a, trace=full)
+        e_lazy = why.explain_score(m, x, 1, 2, q, k, against=a)
+        _assert_exact(e_full)
+        assert e_full.query_sources == e_lazy.query_sources and e_full.key_sources == e_lazy.key_sources
+        assert np.abs(e_full.matrix - e_lazy.matrix).max() <= e_full.tolerance()
+        assert e_full.blocked == e_lazy.blocked
+
+
+@torch.no_grad()
 def test_a_step_left_out_is_far_outside_the_bound(models):
     """The bound is tight enough to catch a step read wrong: the rotation (Llama) or the q/k-norm (Qwen3) left out
     of the query's path is off by orders of magnitude more than the bound."""

@@ -484,8 +484,10 @@ def explain_score(lm_or_model, ids, layer, head: int, query: int, key: int, agai
         raise ValueError(f"head {head} is out of range: {name} has {attn.n_heads} heads")
     lm = desc.get("family") == "decoder_lm"
     if trace is None:
-        if lm:  # a lazy trace: q, k, v and the O(T·d) names; one row of one head is computed when asked
-            _, trace = m.run_with_trace(x, names=lazy_names(m, li), lazy=True)
+        if lm:  # a lazy trace: q, k, v and the O(T·d) names; one row of one head is computed when asked from q
+            # and k with the forward's own functions. The forward runs fused attention (fast: its z differs from
+            # the step-by-step one by float32 rounding only) and unembeds the last position alone.
+            _, trace = m.run_with_trace(x, names=lazy_names(m, li), lazy=True, fast=True, last_only=True)
         else:
             src, tgt = x if isinstance(x, tuple) else (x, None)
             _, trace = m.run_with_trace(src, tgt)  # the translator and MiniLM are small: every capture
