@@ -279,3 +279,19 @@ def test_every_python_block_runs(readme, line, code, skip, tmp_path):
     # Doctest-style: a print's trailing comment is what it prints (`print(a, "->", b)   # 2023-11-03 -> 2023-11-0-`).
     said = re.findall(PRINTED, code, re.M)
     assert all(s in done.stdout for s in said), (said, done.stdout[-2000:])
+
+
+def test_the_fast_subset_s_time_is_one_figure():
+    """The fast subset's time is written in the README (en, zh), pyproject's `slow` marker and .ci/run: one
+    measured figure everywhere (issue 38: it was "a few minutes", "under 60 s" and "57 s")."""
+    said = {}
+    en = r"the fast subset: (\d[\d,]*) s\b"
+    for f, pattern in (("README.md", en), ("README.zh.md", r"快速子集：(\d[\d,]*) 秒"), ("pyproject.toml", en),
+                       (".ci/run", en)):
+        found = re.findall(pattern, (ROOT / f).read_text(encoding="utf-8"))
+        assert found, f"{f} does not state the fast subset's time"
+        said[f] = {n.replace(",", "") for n in found}
+    assert len(set().union(*said.values())) == 1, said
+    for f in ("README.md", "pyproject.toml", ".ci/run"):
+        src = (ROOT / f).read_text(encoding="utf-8")
+        assert not re.search(r"under 60 s|a few minutes on 2 cores|\b57 s\b", src), f

@@ -46,8 +46,7 @@ MORE_WIRINGS = {  # the wirings the analysis matrix lacks (its families share K/
 FALCON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # multi-query (1 K/V head)
 CASES = FAMS + list(MORE_WIRINGS) + ["falcon_mqa", "transformer_2017"]
-# one family per wiring for the fast run of every view (the rest of CASES: marked slow); Q · K · V · z and the texts
-# run on every case
+# one family per wiring in the fast run (the rest of CASES: marked slow, as is every view on every head)
 WIRINGS = {"gqa_3to1": "grouped K/V 3:1", "mqa": "multi-query", "falcon_mqa": "multi-query via transformers",
            "llama": "grouped K/V 2:1, pre-norm", "gpt2": "learned positions, LayerNorm, one K/V head per head",
            "mistral": "sliding window", "gemma2": "soft-caps, sandwich norms, own query scale",
@@ -128,8 +127,8 @@ def wiring(case: str) -> tuple[int, int]:
 
 def draw_every_view(tr, heads: str) -> int:
     """Every figure builder that reads the trace and every notebook view, on every attention module: for every
-    query head (heads="all") or, where a module's views are the same code for each head, its last one ("last": the
-    head a K/V-axis index would overrun first). Returns how many (module, head) pairs drew."""
+    query head (heads="all") or, kept quick, its last one ("last": the head a K/V-axis index would overrun first),
+    with the views of a whole module on each kind's first layer only. Returns how many (module, head) pairs drew."""
     meta = tr.meta
     drawn = 0
     for kind, mods in by_kind(tr).items():
@@ -138,9 +137,10 @@ def draw_every_view(tr, heads: str) -> int:
             info = {"module": name, **attention(tr)[name]}
             H = tr[f"{name}.weights"].shape[1]
             assert F.kv_group(tr, name) == (H, tr[f"{name}.k"].shape[1])  # the description agrees with the shapes
-            nb.heads(tr, layer, kind)
-            F.scaling_figure(tr, name)
-            FL.wo_figure(FL.head_outputs(tr, name), tr[f"{name}.out"][0], FL.side_tokens(tr, name), name)
+            if heads == "all" or layer == 0:
+                nb.heads(tr, layer, kind)
+                F.scaling_figure(tr, name)
+                FL.wo_figure(FL.head_outputs(tr, name), tr[f"{name}.out"][0], FL.side_tokens(tr, name), name)
             n_q, n_k = tr[f"{name}.weights"].shape[2:]
             labels = F.axis_labels(meta, name, n_q, n_k)
             modern = FM.is_modern(info)
@@ -159,9 +159,9 @@ def draw_every_view(tr, heads: str) -> int:
                 steps = FL.query_steps(tr, name, h, n_q - 1)
                 FL.query_figure(FL.query_window(steps, slice(n_k // 2, n_k)), labels[0][-1], labels[1])
                 drawn += 1
-    if meta["model"]["family"] == "decoder_lm":
+    if meta["model"]["family"] == "decoder_lm":  # (a model via transformers: /architecture says what it lacks)
         desc = meta["model"]
-        for layer in range(desc["stacks"]["decoder"]["layers"]):
+        for layer in range(desc["stacks"]["decoder"]["layers"] if heads == "all" else 1):
             FA.lm_architecture_figure(desc, 1, T, layer)
     elif meta["model"]["family"] == "transformer":
         FA.architecture_figure(meta["config"], 1, 7, 5)
@@ -211,7 +211,7 @@ def panel(fig, title_start: str):
     return np.asarray(fig.data[i].z)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ONE_PER_WIRING)
 def test_qkvz_draws_the_k_and_v_of_the_kv_head_it_names(case, traces):
     tr = traces(case)
     for kind, mods in by_kind(tr).items():
@@ -361,6 +361,7 @@ def test_attention_page_on_smollm2_draws_qkvz_on_heads_0_3_8(lang):
     heads 1 and 2 instead of 0. Now each draws K/V head h // 3, said in the figure and the caption."""
     from conftest import APP, plotly_array
     from streamlit.testing.v1 import AppTest
+    from test_i18n import english_in_zh
 
     from viz.ui import lm_models
 
@@ -387,6 +388,8 @@ def test_attention_page_on_smollm2_draws_qkvz_on_heads_0_3_8(lang):
         for role in ("k", "v"):  # the panel the hover names is that K/V head's tensor, as captured
             (drawn,) = [d for d in qkvz[0]["data"] if f"<br>{role}[K/V head {g}] = " in d["hovertemplate"]]
             assert np.array_equal(plotly_array(drawn["z"]), trace[f"{name}.{role}"][0, g].float().numpy()), head
+        if lang == "zh":
+            assert not english_in_zh(at), english_in_zh(at)
     # "All heads" says what SmolLM2 has: 9 query heads sharing 3 K/V heads, not "each with its own W^K, W^V"
     at = AppTest.from_file(APP, default_timeout=600)
     at.query_params.update({"checkpoint": "smollm2", "lang": lang, "text": text, "layer": "17", "view": "heads"})
@@ -397,3 +400,5 @@ def test_attention_page_on_smollm2_draws_qkvz_on_heads_0_3_8(lang):
     said = {"en": "Grouped-query attention: 9 query heads share 3 K/V heads. Each query head has its own W^Q",
             "zh": "分组查询注意力：9 个查询头共享 3 个 K/V 头。每个查询头有自己的 W^Q"}[lang]
     assert said in captions and "each with its own W^Q, W^K, W^V" not in captions, captions
+    if lang == "zh":
+        assert not english_in_zh(at), english_in_zh(at)

@@ -152,6 +152,34 @@ def test_the_translators_cross_attention_decoder_parts_against_encoder_parts():
         assert max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude)
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+@torch.no_grad()
+def test_an_encoder_decoder_pre_ln_and_post_ln_with_padding(norm_first):
+    """Both wirings of the 2017 Transformer, a padded source: every attention module (encoder self, decoder self,
+    cross) sums to its scores; a padded key (blocked) is explained with weight 0; pre-LN's key side ends in the
+    encoder's final norm (its bias a source), post-LN's in the last layer's norm2."""
+    from model.core.config import TransformerConfig
+    from model.families.transformer import Transformer
+
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(src_vocab_size=50, tgt_vocab_size=40, d_model=32, n_heads=4, n_encoder_layers=2,
+                                      n_decoder_layers=2, d_ff=64, dropout=0.0, norm_first=norm_first)).eval()
+    src = torch.randint(3, 50, (1, 9))
+    src[0, -2:] = 0  # padding
+    tgt = torch.randint(3, 40, (1, 6))
+    for name in m.describe()["attention"]:
+        n_keys = 6 if name.startswith("decoder") and name.endswith("self_attn") else 9
+        for h in range(4):
+            for q, k, a in ((5, 2, None), (4, 1, 0), (3, n_keys - 1, 1)):
+                e = why.explain_score(m, (src, tgt), name, h, q, k, against=a)
+                _assert_exact(e)
+                if e.blocked:
+                    assert e.weight == 0.0
+        if name.endswith("cross_attn"):
+            assert e.blocked  # key 8 is padding
+            assert ("encoder final norm bias" if norm_first else "encoder L1 norm2 bias") in e.key_sources
+
+
 @torch.no_grad()
 def test_minilm_post_ln():
     from model.loaders import minilm

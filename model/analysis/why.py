@@ -321,29 +321,68 @@ def _qk_input(tr, name: str, which: str, attn, pos) -> torch.Tensor | None:
 def _lm_sides(m, tr, name: str, li: int, head: int, qpos: list[int], kpos: list[int]) -> tuple[_Side, _Side]:
     block = m.decoder.layers[li]
     attn = block.self_attn
+    allpos = list(qpos) + list(kpos)
+    view = _Rows(tr, allpos)  # every T-axis tensor at these positions only, as positions 0..n-1
+    every = torch.arange(len(allpos))
+    parts = [residual.Part("embed", "embed", None, None, view["decoder.embed.tok"][0].double())]
+    if "decoder.embed.pos" in tr.names():
+        parts.append(residual.Part("positions", "pos", None, None, view["decoder.embed.pos"].double()))
+    for u in residual.updates(m.describe())["decoder"]:
+        if u.layer < li:
+            parts += residual.update_parts(m, view, u, every)
+    labels, stacked = [p.label for p in parts], torch.stack([p.vector for p in parts])  # [S, n, D]
+    if block.norm1 is not None:
+        x_in = view[f"{block.norm1.name}.in"][0].double()
+    else:  # OLMo 2: attention reads the stream itself
+        x_in = view[f"decoder.layers.{li - 1}.out" if li else "decoder.embed.out"][0].double()
+    angles = view[m.cfg.rope_of(li)["angles"]].double() if block.rotary else None
     sides = []
-    for which, pos in (("q", qpos), ("k", kpos)):
-        idx = torch.as_tensor(pos)
-        parts = [residual.Part("embed", "embed", None, None, tr["decoder.embed.tok"][0, idx].double())]
-        if "decoder.embed.pos" in tr.names():
-            parts.append(residual.Part("positions", "pos", None, None, tr["decoder.embed.pos"][idx].double()))
-        for u in residual.updates(m.describe())["decoder"]:
-            if u.layer < li:
-                parts += residual.update_parts(m, tr, u, idx)
-        if block.norm1 is not None:
-            x_in = tr[f"{block.norm1.name}.in"][0, idx].double()
-        else:  # OLMo 2: attention reads the stream itself
-            x_in = tr[f"decoder.layers.{li - 1}.out" if li else "decoder.embed.out"][0, idx].double()
+    for which, sl in (("q", slice(0, len(qpos))), ("k", slice(len(qpos), len(allpos)))):
         proj = attn.w_q if which == "q" else attn.w_k
-        angles = tr[m.cfg.rope_of(li)["angles"]][idx].double() if block.rotary else None
+        idx = torch.as_tensor(allpos[sl])
         sides.append(_Side(
-            labels=[p.label for p in parts], parts=torch.stack([p.vector for p in parts]), norm=block.norm1,
-            norm_in=x_in, norm_bias_label=f"L{li} norm1 bias", weight=proj.weight.detach(),
+            labels=labels, parts=stacked[:, sl], norm=block.norm1,
+            norm_in=x_in[sl], norm_bias_label=f"L{li} norm1 bias", weight=proj.weight.detach(),
             bias=None if proj.bias is None else proj.bias.detach(), bias_label=f"L{li} W_{which.upper()} bias",
             head=head if which == "q" else attn.kv_head_of(head), d_head=attn.d_head,
             qk=attn.q_norm if which == "q" else attn.k_norm, qk_over=attn.qk_norm,
-            qk_in=_qk_input(tr, name, which, attn, idx), angles=angles, rope_scale=attn.rope_scale))
+            qk_in=_qk_input(tr, name, which, attn, idx), angles=None if angles is None else angles[sl],
+            rope_scale=attn.rope_scale))
     return sides[0], sides[1]
+
+
+class _Rows:
+    """A trace seen at some positions only: each tensor with a token axis holds those rows, in that order, as
+    positions 0..n-1 (so residual.update_parts reads [n, ..] tensors, never [T, ..] ones). `<attn>.z` from a lazy
+    trace is computed at those rows alone (one row of weights per position @ v, the forward's functions), so no
+    [H, T, T] map is formed."""
+
+    def __init__(self, trace, positions: list[int]):
+        self.trace, self.idx = trace, torch.as_tensor(positions)
+        self.lazy = isinstance(trace, LazyTrace)
+
+    def names(self) -> list[str]:
+        return self.trace.names()
+
+    def __contains__(self, name) -> bool:
+        return name in self.trace
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name.endswith(".z") and self.lazy and name not in self.trace.stored():
+            return self._z(name[:-2])
+        t = self.trace[name]
+        axis = 2 if name.endswith(".z") else 0 if name in ("decoder.embed.pos", "decoder.rope.angles",
+                                                           "decoder.rope.angles_local") else 1
+        return t.index_select(axis, self.idx)
+
+    def _z(self, module: str) -> torch.Tensor:
+        v = self.trace[f"{module}.v"][0]  # [H_kv, T, hs]
+        H = self.trace.n_heads(module)
+        if H != v.shape[0]:
+            v = v.repeat_interleave(H // v.shape[0], dim=0)  # [H, T, hs]
+        rows = [self.trace.attention(module, None, rows=int(p))[:, 0] for p in self.idx]  # [H, T] each
+        w = torch.stack(rows, 1)  # [H, n, T]
+        return (w @ v)[None]  # [1, H, n, hs]
 
 
 # ---- the 2017 Transformer (translator) and BERT encoders (MiniLM): encoder, decoder, post-LN or pre-LN
@@ -507,8 +546,7 @@ def explain_score(lm_or_model, ids, layer, head: int, query: int, key: int, agai
     kcols = [j] if jj is None else [j, jj]
     raw_row, capped_row, weights_row, mask_row = _row(trace, name, attn, info, head, i)
     if lm:
-        view = _RowsView(trace, sorted({i, *kcols})) if lazy else trace
-        qs, ks = _lm_sides(m, view, name, li, head, [i], kcols)
+        qs, ks = _lm_sides(m, trace, name, li, head, [i], kcols)
     else:
         qs, ks = _tf_sides(m, desc, trace, name, head, [i], kcols)
     scale = _head_scale(attn, info)
@@ -561,34 +599,6 @@ def _row(trace, name: str, attn, info, head: int, i: int):
     capped = trace[f"{name}.scores_capped"][0, head, i].double() if attn.softcap is not None else raw
     mask = trace[f"{name}.mask"][0, 0, i].bool() if f"{name}.mask" in trace.names() else None
     return raw, capped, trace[f"{name}.weights"][0, head, i].double(), mask
-
-
-class _RowsView:
-    """A lazy trace seen by residual.update_parts: `<attn>.z` holds the rows at `positions` only (each one head
-    row's weights @ v, the forward's math), zeros elsewhere, so no [H, T, T] map is formed; other names pass."""
-
-    def __init__(self, trace: LazyTrace, positions: list[int]):
-        self.trace, self.positions = trace, positions
-
-    def names(self) -> list[str]:
-        return self.trace.names()
-
-    def __contains__(self, name) -> bool:
-        return name in self.trace
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if not name.endswith(".z") or name in self.trace.stored():
-            return self.trace[name]
-        module = name[:-2]
-        v = self.trace[f"{module}.v"]  # [1, H_kv, T, hs]
-        H = self.trace.n_heads(module)
-        r = H // v.shape[1]
-        z = torch.zeros(1, H, v.shape[2], v.shape[3], dtype=v.dtype)
-        for p in self.positions:
-            w = self.trace.attention(module, None, rows=p)[:, 0]  # [H, T]
-            vv = v[0].repeat_interleave(r, dim=0) if r != 1 else v[0]  # [H, T, hs]
-            z[0, :, p] = (w[:, None, :] @ vv)[:, 0]
-        return z
 
 
 def lazy_names(m, layer: int | None = None) -> list[str]:
