@@ -3,6 +3,10 @@ and README.zh.md name exists, imports and resolves; the Layout section names eve
 describes; every ```python block runs on its own, in a fresh interpreter in a temporary directory (a block that
 defines a `trace_snapshot` test runs under pytest: once to write its snapshot, once to pass against it).
 
+Also: the page count the README gives is the sidebar's, the fast subset's time is one figure wherever it is
+written, and the snapshot plugin's messages name functions that exist. Only the block runs are slow (a fresh
+interpreter each, SmolLM2 loaded three times); the rest is in the fast subset.
+
 A block may be left out only with the marker `<!-- readme-test: skip (reason) -->` on the line above it; the
 markers are listed (and counted) by `test_the_skipped_blocks_are_few_and_say_why`."""
 
@@ -295,3 +299,14 @@ def test_the_fast_subset_s_time_is_one_figure():
     for f in ("README.md", "pyproject.toml", ".ci/run"):
         src = (ROOT / f).read_text(encoding="utf-8")
         assert not re.search(r"under 60 s|a few minutes on 2 cores|\b57 s\b", src), f
+
+
+def test_the_snapshot_plugin_s_messages_name_what_exists():
+    """The plugin's refusals tell the user what to call (`model.testing.repro.deterministic(model)`): each dotted
+    name in its strings resolves (it said `model.snapshot.deterministic`, which is not there)."""
+    tree = ast.parse((ROOT / "model" / "testing" / "snapshot.py").read_text(encoding="utf-8"))
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    names = {m.group(1) for s in strings for m in DOTTED.finditer(s)}  # `model.eval()` is an instance's
+    assert "model.testing.repro.deterministic" in names
+    bad = {n: why for n in sorted(names) if (why := resolve(n)) is not None}
+    assert not bad, bad

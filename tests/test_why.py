@@ -131,6 +131,12 @@ def test_bad_cells_get_a_sentence(models):
         why.explain_score(m, ids(), 0, 0, 1, 40)
     with pytest.raises(ValueError, match="layer 7 is out of range"):
         why.explain_score(m, ids(), 7, 0, 1, 0)
+    _, thin = m.run_with_trace(ids(), names="*.weights")
+    with pytest.raises(ValueError, match="the trace given lacks .*lazy_names"):
+        why.explain_score(m, ids(), 1, 0, 1, 0, trace=thin)
+    _, other = m.run_with_trace(ids(seed=2), names=why.lazy_names(m), lazy=True)
+    with pytest.raises(ValueError, match="other token ids"):
+        why.explain_score(m, ids(), 1, 0, 1, 0, trace=other)
 
 
 @torch.no_grad()

@@ -512,7 +512,9 @@ def explain_score(lm_or_model, ids, layer, head: int, query: int, key: int, agai
     """Split head `head`'s pre-softmax score of (query, key) at `layer` (an index, or an attention module's name:
     "decoder.layers.1.cross_attn" for the translator's cross-attention) into (query source, key source) terms.
     ids: [1, T] ids or text (a decoder LM, an encoder), or (src, tgt) for an encoder-decoder. Positions may be
-    negative (from the end). with `against`=j′: the terms of s_ij − s_ij′ (why j rather than j′)."""
+    negative (from the end). with `against`=j′: the terms of s_ij − s_ij′ (why j rather than j′).
+    trace: a trace of these ids a page already holds (full, or lazy with names=lazy_names(model) or layers=True);
+    without one a decoder LM runs one lazy forward (two positions' parts are read, never the T × T map)."""
     m, desc = _model_of(lm_or_model)
     x = _ids(lm_or_model, m, ids)
     name = _module_name(m, desc, layer)
@@ -530,6 +532,14 @@ def explain_score(lm_or_model, ids, layer, head: int, query: int, key: int, agai
         else:
             src, tgt = x if isinstance(x, tuple) else (x, None)
             _, trace = m.run_with_trace(src, tgt)  # the translator and MiniLM are small: every capture
+    elif lm:
+        held = trace.meta.get("tgt_ids")
+        if held is not None and held[:1] != x.tolist():
+            raise ValueError("the trace given was made on other token ids than these: pass the ids it was made on")
+        missing = [n for n in _lm_capture(m, li, name) if n not in trace and not n.endswith(".mask")]
+        if missing:
+            raise ValueError(f"the trace given lacks {missing[0]} (and {len(missing) - 1} more names an explanation "
+                             "reads): make it with names=why.lazy_names(model), lazy=True, or pass no trace")
     lazy = isinstance(trace, LazyTrace)
     if lazy:
         Lq = Lk = trace.n_tokens

@@ -5,7 +5,8 @@ page's head heatmap and its in-browser head buttons), Generate (token by token, 
 and where the new position looked in every layer), Logit lens (layer × position: top token and probability).
 
 URL parameters: prompt (raw text, no chat template), chat=1 (wrapped in the model's chat template), view
-(heads | generate | lens), layer, head, stat (the overview's statistic); with the sidebar's checkpoint= they
+(heads | generate | lens), layer, head, stat (the overview's statistic), why=Q,K and why_vs=J (the "Why here?" panel
+on one cell of the head heatmap, viz/ui/why_panel.py); with the sidebar's checkpoint= they
 reopen the same picture. rep=N:SEED (a link from the Attention phenomena page) runs that page's input
 instead of a prompt: [BOS] + N random tokens + the same N again, the same token ids
 (phenomena.induction_sequence), so a head's score here is the number that page showed.
@@ -30,6 +31,7 @@ from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, note_replaced, seed_from_query, write_query
 from viz.ui.text import md_text_lines, text_problems
+from viz.ui.why_panel import cell_clicks, render_why
 
 # "Head overview", not "Heads": zh gave that msgid (the Training page's head count) as 头数, "number of heads"
 VIEWS = {"heads": N_("Head overview"), "generate": N_("Generate"), "lens": N_("Logit lens")}
@@ -347,15 +349,19 @@ def heads_view() -> None:
                      "{sl} head {sh}: {sv}. Hover a cell for its number, click it to open that head below.",
                      n_layers=n_layers, n_heads=n_heads, l=best[0], h=best[1], v=F.num(float(scores[best])),
                      sl=layer, sh=head, sv=F.num(float(scores[layer, head]))))
+    name = modules[layer]
     if lazy:  # a long prompt: the pooled map with a window of exact cells, and the document view
         render_long_attention(trace, tokens, key="llm", layer=layer, head=head)
+        render_why(rm.obj, trace, name, layer, head, tokens, key="llm")
         return
-    name = modules[layer]
     fig = FL.with_min_cells(F.attention_heatmap(trace, name, head, meta=meta, all_heads=True))
     show_figure(fig, key="llm_head_fig", filename=f"{name}-head{head}", width="content")
     if len(fig.data) > 1:  # the head buttons switch in the browser; the server follows (as on the Attention page)
         _head_clicks(key="llm_head_clicks", data={"figure": "llm_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, "llm", len(fig.data)))
+    # a click on a cell opens "Why here?" on it (and on the head whose curve was clicked)
+    cell_clicks("llm", "llm_head_fig", len(tokens), len(tokens), head_key="llm_head", n_curves=len(fig.data))
+    render_why(rm.obj, trace, name, layer, head, tokens, key="llm")
 
 
 # ---------------------------------------------------------------- generate
