@@ -2,8 +2,8 @@
 
     python bench/why.py [--tokens 2048] [--layer 20] [--head 3] [--reps 3] [--patch 3]
 
-- cold: `why.explain_score` with no trace held (its own lazy forward: q, k, v and the O(T·d) names), and the same
-  forward alone as the reference;
+- cold: `why.explain_score` with no trace held (it runs the layers up to the explained one, `run_layer`, fused
+  attention before it), beside the whole forward a page's lazy trace costs (fused attention, last logits only);
 - warm: the lazy trace held (as a page holds it), one explanation of another cell each repeat (median), and its
   causal check (top 3 sources a side, each re-scored with the live norm);
 - path patching every source one forward at a time: one forward with a source taken out (a head's z zeroed at the
@@ -60,10 +60,10 @@ def main() -> None:
     print(f"SmolLM2, {T} tokens, layer {L} head {h}, query {i}")
     names = why.lazy_names(m, L)
 
-    lazy = dict(names=names, lazy=True, fast=True, last_only=True)  # the trace explain_score makes for itself
-    t_fwd, _ = timed(lambda: m.run_with_trace(ids, **lazy))  # the reference: that forward alone
+    lazy = dict(names=names, lazy=True, fast=True, last_only=True)  # a page's lazy trace
+    t_fwd, _ = timed(lambda: m.run_with_trace(ids, **lazy))  # the reference: one whole forward
     t_cold, e = timed(lambda: why.explain_score(lm, ids, L, h, i, T // 2, against=T // 3))
-    print(f"cold: {t_cold:.2f} s (its lazy forward alone {t_fwd:.2f} s: ratio {t_cold / t_fwd:.2f}); "
+    print(f"cold: {t_cold:.2f} s (a whole forward with a lazy trace {t_fwd:.2f} s: ratio {t_cold / t_fwd:.2f}); "
           f"|Σ terms − score| = {e.error:.2e} (bound {e.tolerance():.2e}), "
           f"{len(e.query_sources)} × {len(e.key_sources)} sources")
 

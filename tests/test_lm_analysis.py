@@ -435,7 +435,8 @@ def test_capture_cli_refusals_are_one_line(tmp_path, capsys):
 
     assert main([str(tmp_path / "nope"), "hello", "-o", str(tmp_path / "x.safetensors")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: no model") and "Traceback" not in err
+    # the loader's sentence for a path that is not there (model/loaders/__init__.py, issue 38 §5): one line
+    assert err.startswith("error: ") and "file not found" in err and err.count("\n") == 1 and "Traceback" not in err
     with pytest.raises(SystemExit):  # both forms at once: argparse's usage error
         main(["smollm2", "hello", "--checkpoint", "dates", "--text", "x", "-o", str(tmp_path / "x.safetensors")])
     with pytest.raises(SystemExit):

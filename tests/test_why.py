@@ -64,20 +64,24 @@ def test_terms_sum_to_the_recorded_score_on_every_family(family, models):
         assert chk.rows and max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude), chk.rows
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen3_moe"])
 @torch.no_grad()
-def test_a_pages_full_trace_gives_the_same_explanation_as_the_lazy_one(models):
+def test_a_pages_trace_full_or_lazy_gives_the_same_explanation(family, models):
     """explain_score reads a page's trace when given one: a full trace's recorded rows, or a lazy trace's rows
-    computed from q and k (the default); the terms are the same up to float32 rounding."""
-    m = models("gemma2")  # soft-capped scores, sliding window
+    computed from q and k; without one it runs the layers up to the explained one. The terms agree up to float32
+    rounding (soft-capped scores and a sliding window: Gemma 2; per-head q/k-norm and local RoPE: Gemma 3; experts)."""
+    m = models(family)
     x = ids()
     _, full = m.run_with_trace(x)
+    _, lazy = m.run_with_trace(x, names=why.lazy_names(m), lazy=True)
     for q, k, a in CELLS:
-        e_full = why.explain_score(m, x, 1, 2, q, k, against=a, trace=full)
-        e_lazy = why.explain_score(m, x, 1, 2, q, k, against=a)
-        _assert_exact(e_full)
-        assert e_full.query_sources == e_lazy.query_sources and e_full.key_sources == e_lazy.key_sources
-        assert np.abs(e_full.matrix - e_lazy.matrix).max() <= e_full.tolerance()
-        assert e_full.blocked == e_lazy.blocked
+        own = why.explain_score(m, x, 1, 2, q, k, against=a)
+        for tr in (full, lazy):
+            e = why.explain_score(m, x, 1, 2, q, k, against=a, trace=tr)
+            _assert_exact(e)
+            assert e.query_sources == own.query_sources and e.key_sources == own.key_sources
+            assert np.abs(e.matrix - own.matrix).max() <= e.tolerance()
+            assert e.blocked == own.blocked and abs(e.weight - own.weight) <= f32_tol(1.0, n=T)
 
 
 @torch.no_grad()

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from model.core import residual
+from model.core import recorder, residual
 from model.core.attention import causal_mask, softcap
 from model.core.layers import apply_rotary
 from model.core.residual import FrozenNorm
-from model.core.trace import LazyTrace
+from model.core.trace import LazyTrace, Trace
 
 # The causal check's stated tolerance: attributed and actual effect of a source "agree" when they differ by at
 # most CHECK_REL of the larger of the two, or CHECK_ABS × max(1, |score|) for effects near 0. Beyond that the
@@ -525,10 +525,8 @@ def explain_score(lm_or_model, ids, layer, head: int, query: int, key: int, agai
         raise ValueError(f"head {head} is out of range: {name} has {attn.n_heads} heads")
     lm = desc.get("family") == "decoder_lm"
     if trace is None:
-        if lm:  # a lazy trace: q, k, v and the O(T·d) names; one row of one head is computed when asked from q
-            # and k with the forward's own functions. The forward runs fused attention (fast: its z differs from
-            # the step-by-step one by float32 rounding only) and unembeds the last position alone.
-            _, trace = m.run_with_trace(x, names=lazy_names(m, li), lazy=True, fast=True, last_only=True)
+        if lm:
+            trace = _trace_up_to(m, x, li, name)
         else:
             src, tgt = x if isinstance(x, tuple) else (x, None)
             _, trace = m.run_with_trace(src, tgt)  # the translator and MiniLM are small: every capture
@@ -609,6 +607,30 @@ def _row(trace, name: str, attn, info, head: int, i: int):
     capped = trace[f"{name}.scores_capped"][0, head, i].double() if attn.softcap is not None else raw
     mask = trace[f"{name}.mask"][0, 0, i].bool() if f"{name}.mask" in trace.names() else None
     return raw, capped, trace[f"{name}.weights"][0, head, i].double(), mask
+
+
+@torch.no_grad()
+def _trace_up_to(m, x: torch.Tensor, li: int, name: str) -> Trace:
+    """The trace an explanation at layer `li` reads, from a forward stopped after that layer (the later layers and
+    the unembedding cannot change its scores): the embeddings, then layers 0..li one at a time with the model's own
+    `run_layer` (the forward's code, bit for bit with the same attention path). Layers before li run fused attention
+    (their z differs from the step-by-step one by float32 rounding only); layer li records its scores, weights and
+    mask (one layer's [H, T, T]: 151 MB for SmolLM2 at 2,048 tokens)."""
+    m._check_ids(x, 0)
+    T = x.shape[1]
+    want = set(_lm_capture(m, li, name))
+    head = {n for n in want if not n.startswith("decoder.layers.")}
+    n_bytes = recorder.estimate_bytes(m.capture_names(1, T), sorted(head), next(m.parameters()).element_size())
+    with recorder.capturing(head, n_bytes + 64 * len(head)) as rec:
+        m._masks_and_angles(1, T, 0, x.device)  # records the RoPE angles, as the forward does
+        h = m.decoder.embed(x)
+    tensors = dict(rec.tensors)
+    for i in range(li + 1):
+        p = f"decoder.layers.{i}."
+        got = m.run_layer(i, h, {n for n in want if n.startswith(p)} | {f"{p}out"}, fast=i < li)
+        tensors.update(got)
+        h = got[f"{p}out"]
+    return Trace(tensors, {"tgt_ids": x.tolist()})
 
 
 def lazy_names(m, layer: int | None = None) -> list[str]:

@@ -138,8 +138,8 @@ def runner_up(weights: Sequence[float], key: int) -> int | None:
 def leaders(expl) -> dict:
     """Which sources carry the score (the lead, with `against`), by the stated test. For each side, every source's
     side total signed toward the total's sign (positive = it helps); the side whose best source helps most is
-    read. One source "clearly leads" when it is ≥ LEAD_RATIO × the next (clipped at 0); else the top two together
-    lead when they are ≥ LEAD_RATIO × the third; else none leads. Returns side, names, share of |total| (None
+    read. One source "clearly leads" when it is ≥ LEAD_RATIO × the next (clipped at 0); else the top two lead
+    together when the second is ≥ LEAD_RATIO × the third; else none leads. Returns side, names, share of |total| (None
     when none leads), and the top three (name, value) of that side."""
     sign = 1.0 if expl.total >= 0 else -1.0
     best = None
@@ -152,7 +152,7 @@ def leaders(expl) -> dict:
     names: list[str] = []
     if c[0] > 0 and c[0] >= LEAD_RATIO * c[1]:
         names = [ranked[0][0]]
-    elif c[0] > 0 and c[0] + c[1] >= LEAD_RATIO * c[2]:
+    elif c[1] > 0 and c[1] >= LEAD_RATIO * c[2]:
         names = [ranked[0][0], ranked[1][0]]
     share = (sum(c[: len(names)]) / abs(expl.total)) if names and expl.total != 0 else None
     return {"side": side, "names": names, "share": share, "top": ranked[:3], "sign": sign}
@@ -173,7 +173,7 @@ def why_sentence(expl, head_label: str, tokens: Sequence[str] | None = None, lan
     if not L["names"]:
         (a, va), (b, vb) = L["top"][0], L["top"][1] if len(L["top"]) > 1 else ("—", 0.0)
         return t("{head}, query {q} → key {k}: no source clearly leads. The top source {where}, {a} ({va}), is less "
-                 "than {r}× the next, {b} ({vb}), and the top two together less than {r}× the third (the test).",
+                 "than {r}× the next, {b} ({vb}), and the next less than {r}× the third (the test).",
                  lang=lang, head=head_label, q=q, k=k, where=where, a=_src(a, lang), va=num(va), b=_src(b, lang),
                  vb=num(vb), r=num(LEAD_RATIO))
     who = joiner.join(_src(s, lang) for s in L["names"])

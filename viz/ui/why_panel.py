@@ -114,7 +114,10 @@ def check_summary(check, lang: str | None = None) -> str:
     if not bad:
         return t("All {n} checked sources agree with their attribution ({tol}).", lang=lang, n=len(check.rows),
                  tol=tol)
-    names = ", ".join(f"{r.source} ({t(r.side, lang=lang)}: {num(r.attributed)} → {num(r.actual)})" for r in bad)
+    zh = (lang or current_lang()) == "zh"  # full-width brackets and list commas in Chinese text
+    names = ("、" if zh else ", ").join(
+        f"{r.source}{'（' if zh else ' ('}{t(r.side, lang=lang)}{'：' if zh else ': '}{num(r.attributed)} → "
+        f"{num(r.actual)}{'）' if zh else ')'}" for r in bad)
     return t("{m} of {n} checked sources disagree with their attribution beyond the tolerance ({tol}): {names}. The "
              "norm's scale moves when a source is taken out, which the frozen-norm attribution does not see: for "
              "these, read the actual change.", lang=lang, m=len(bad), n=len(check.rows), tol=tol, names=names)

@@ -1,0 +1,125 @@
+"""'Why here?' in the app (issue 39 §3): the panel on /llm (AppTest; the builders: tests/test_figures_why.py).
+
+- /llm on SmolLM2 with `?why=Q,K` in the URL opens the panel in en and zh: its heatmap's cells sum to the
+  recorded score (the trace's own), the contrast's to s_ij − s_ij′ against the runner-up from the trace's weights,
+  the sentence is there, the causal check's table holds the check's numbers, no exception, and in zh no English.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import plotly_array
+from streamlit.testing.v1 import AppTest
+
+from model.analysis import why
+from viz.figures import why as FW
+from viz.i18n import t
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGE = "viz/pages/llm.py"
+IOI = "When Mary and John went to the store, John gave a drink to"
+
+
+# ---------------------------------------------------------------- the panel on /llm (SmolLM2)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """SmolLM2 and the trace /llm draws (lm_models' RealModel.trace, as the page's get_trace)."""
+    from viz.ui import lm_models
+
+    rm = lm_models.load("smollm2")
+    return rm.obj, rm.trace(IOI)[1]
+
+
+def _open(query: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.query_params.update(query)
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def _pairs(at: AppTest, lang: str) -> list[dict]:
+    """The panel's query-source × key-source heatmaps (their colour bar is titled "term"; in zh the y title moves)."""
+    title = t("term", lang=lang)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return [s for s in specs if s["data"][0].get("type") == "heatmap"
+            and s["data"][0].get("colorbar", {}).get("title", {}).get("text") == title]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_llm_opens_why_from_the_url(smol, lang):
+    lm, tr = smol
+    q, k, layer, head = 13, 2, 17, 3
+    name = f"decoder.layers.{layer}.self_attn"
+    at = _open({"checkpoint": "smollm2", "lang": lang, "layer": str(layer), "head": str(head),
+                "why": f"{q},{k}", "prompt": IOI})
+    assert at.toggle(key="llm_why").value is True
+    assert at.number_input(key="llm_why_q").value == q and at.number_input(key="llm_why_k").value == k
+    ids, tokens = tr.meta["tgt_ids"], tr.meta["tgt_tokens"]
+    e = why.explain_score(lm, ids, layer, head, q, k, trace=tr)
+    pairs = _pairs(at, lang)
+    assert len(pairs) == 2  # the cell, and the contrast with the runner-up
+    z = plotly_array(pairs[0]["data"][0]["z"])
+    recorded = float(tr[f"{name}.scores"][0, head, q, k])
+    # the bins keep Σ (exactly: tests/test_figures_why.py) = the score the model computed (the page's trace and
+    # this one are two runs of the same forward: they agree to float32 rounding)
+    assert abs(z.sum() - e.total) <= e.tolerance() and abs(z.sum() - recorded) <= e.tolerance()
+    # "why here and not there": the runner-up from the trace's weights, and s_ij − s_ij′
+    w = tr[f"{name}.weights"][0, head, q].double().numpy()
+    j2 = FW.runner_up(w, k)
+    assert j2 == int(np.argmax(w)) != k  # key 2 is not this row's top key: the runner-up is the top one
+    s = tr[f"{name}.scores"][0, head, q].double()
+    zc = plotly_array(pairs[1]["data"][0]["z"])
+    ev = why.explain_score(lm, ids, layer, head, q, k, against=j2, trace=tr)
+    assert abs(zc.sum() - float(s[k] - s[j2])) <= ev.tolerance()
+    # the sentences, computed from the same explanations, in the page's language
+    md = "\n".join(m.value for m in at.markdown)
+    assert FW.why_sentence(e, "L17H3", tokens, lang) in md
+    assert FW.why_sentence(ev, "L17H3", tokens, lang) in md
+    # the causal check's table holds the check's own numbers (of the contrast)
+    chk = why.check_explanation(ev, top=3)
+    table = next(d.value for d in at.dataframe if t("attributed", lang=lang) in d.value.columns)
+    assert len(table) == len(chk.rows) == 6
+    np.testing.assert_allclose(table[t("attributed", lang=lang)].to_numpy(), [r.attributed for r in chk.rows],
+                               rtol=1e-9)
+    np.testing.assert_allclose(table[t("actual (taken out, live norm)", lang=lang)].to_numpy(),
+                               [r.actual for r in chk.rows], rtol=1e-6)
+    assert at.query_params["why"] in ([f"{q},{k}"], f"{q},{k}")
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at), english_in_zh(at)
+
+
+def test_the_number_inputs_open_a_cell_and_write_it_to_the_url():
+    at = _open({"checkpoint": "smollm2", "lang": "en", "layer": "5", "head": "0", "prompt": IOI})
+    assert at.toggle(key="llm_why").value is False and not _pairs(at, "en")
+    at.toggle(key="llm_why").set_value(True).run()
+    at.number_input(key="llm_why_q").set_value(9).run()
+    at.number_input(key="llm_why_k").set_value(4).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.query_params["why"] in (["9,4"], "9,4")
+    pairs = _pairs(at, "en")
+    assert pairs and pairs[0]["layout"]["title"]["text"].startswith("Query 9 ")
+    # a user-picked contrast key goes to the URL too
+    at.selectbox(key="llm_why_vs").set_value(0).run()
+    assert at.query_params["why_vs"] in (["0"], "0")
+    assert "over key 0 " in _pairs(at, "en")[1]["layout"]["title"]["text"]
+    # a future key: explained, and said to be masked
+    at.number_input(key="llm_why_k").set_value(11).run()
+    assert not at.exception and any("mask blocks" in c.value for c in at.caption)
+
+
+def test_a_bad_cell_in_the_url_is_a_sentence():
+    """`?why=` that is not two positions of this input: the panel stays closed and the page says so once."""
+    at = _open({"checkpoint": "smollm2", "lang": "en", "layer": "1", "head": "0", "why": "99,x", "prompt": IOI})
+    assert at.toggle(key="llm_why").value is False
+    assert any("why=99,x" in w.value for w in at.warning)
