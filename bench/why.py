@@ -61,6 +61,7 @@ def main() -> None:
     names = why.lazy_names(m, L)
 
     lazy = dict(names=names, lazy=True, fast=True, last_only=True)  # a page's lazy trace
+    m.run_with_trace(ids, **lazy)  # warm-up: the first forward at this length pays the allocator
     t_fwd, _ = timed(lambda: m.run_with_trace(ids, **lazy))  # the reference: one whole forward
     t_cold, e = timed(lambda: why.explain_score(lm, ids, L, h, i, T // 2, against=T // 3))
     print(f"cold: {t_cold:.2f} s (a whole forward with a lazy trace {t_fwd:.2f} s: ratio {t_cold / t_fwd:.2f}); "

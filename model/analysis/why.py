@@ -164,9 +164,10 @@ class Check:
 class _Side:
     """What builds one side (query or key) of one head at some positions, in float64.
 
-    parts: (label, vector [n, D]) summing to the input of `norm` (or, without a norm, to the attention's input);
-    norm: the layer's input norm (live in the check) with its recorded input [n, D]; proj: W_Q or W_K with its
-    bias; qk: the q/k-norm module ("head" or "full") with its recorded input; angles [n, r/2] or None."""
+    labels, parts [S, n, D]: the named parts summing to the input of `norm` (or, without a norm, to the attention's
+    input) at the n positions; norm: the layer's input norm (live in the check) with its recorded input [n, D];
+    weight, bias: W_Q or W_K; qk: the q/k-norm module ("head" or "full") with its recorded input; angles [n, r/2]
+    or None (no RoPE)."""
 
     labels: list[str]
     parts: torch.Tensor  # [S, n, D]
