@@ -36,10 +36,10 @@ def smol():
     return rm.obj, rm.trace(IOI)[1]
 
 
-def _open(query: dict) -> AppTest:
+def _open(query: dict, page: str = PAGE) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=600)
     at.query_params.update(query)
-    at.switch_page(PAGE)
+    at.switch_page(page)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -123,3 +123,32 @@ def test_a_bad_cell_in_the_url_is_a_sentence():
     at = _open({"checkpoint": "smollm2", "lang": "en", "layer": "1", "head": "0", "why": "99,x", "prompt": IOI})
     assert at.toggle(key="llm_why").value is False
     assert any("why=99,x" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_attention_page_explains_the_translators_cross_attention(lang):
+    """The toy translator's cross-attention: query from the decoder, key from the encoder; the panel's cells sum to
+    the recorded score of that cell, and the sources are named by stack."""
+    from viz.ui.models import get_trace, load_ckpt
+
+    text = "3 november 2023"
+    at = _open({"checkpoint": "dates", "lang": lang, "why": "3,4", "text": text, "attn_kind": "cross",
+                "layer": "1", "head": "2"}, page="viz/pages/attention.py")
+    tr = get_trace("dates", text)
+    name = "decoder.layers.1.cross_attn"
+    e = why.explain_score(load_ckpt("dates"), (tr.meta["src_ids"][0], tr.meta["tgt_ids"][0]), name, 2, 3, 4,
+                          trace=tr)
+    pairs = _pairs(at, lang)
+    assert len(pairs) == 2
+    z = plotly_array(pairs[0]["data"][0]["z"])
+    assert abs(z.sum() - float(tr[f"{name}.scores"][0, 2, 3, 4])) <= e.tolerance()
+    # query sources from the decoder, key sources from the encoder (named in the UI's language)
+    other = t("other", lang=lang)
+    assert all(y.startswith((t("decoder", lang=lang) + " ", other)) for y in pairs[0]["data"][0]["y"])
+    assert all(x.startswith((t("encoder", lang=lang) + " ", other)) for x in pairs[0]["data"][0]["x"])
+    md = "\n".join(m.value for m in at.markdown)
+    assert "H2" in md and (t("Why here?", lang=lang) in md)
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at), english_in_zh(at)

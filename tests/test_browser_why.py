@@ -11,8 +11,9 @@ from browser_support import SHOTS, wait_drawn
 
 pytestmark = pytest.mark.browser
 IOI = "When Mary and John went to the store, John gave a drink to"
-TITLES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(
-  gd => (gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '')"""
+TITLES = r"""() => [...document.querySelectorAll('.js-plotly-plot')].map(
+  gd => String((gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '')
+    .replace(/<\/?b>/g, ''))"""  # titles are drawn in bold (<b>…</b>)
 
 
 def query(page) -> dict:
@@ -30,7 +31,9 @@ def test_a_click_on_a_head_heatmap_cell_opens_why_here(server, browser, page):
     }""")
     page.mouse.click(*xy)
     page.wait_for_function("() => new URLSearchParams(location.search).get('why') === '13,2'", timeout=120_000)
+    page.locator(".st-key-llm_why_pairs").scroll_into_view_if_needed(timeout=120_000)  # drawn when in view
     page.wait_for_function(f"() => ({TITLES})().some(t => String(t).startsWith('Query 13 '))", timeout=120_000)
+    page.locator(".st-key-llm_why_vs_pairs").scroll_into_view_if_needed(timeout=120_000)
     wait_drawn(page)
     titles = [str(t) for t in page.evaluate(TITLES)]
     assert any(t.startswith("Query 13 ") and "key 2 " in t for t in titles), titles
@@ -42,5 +45,6 @@ def test_a_click_on_a_head_heatmap_cell_opens_why_here(server, browser, page):
     fresh = browser.new_context(viewport=page.viewport_size).new_page()
     fresh.goto(page.url)
     wait_drawn(fresh)
+    fresh.locator(".st-key-llm_why_pairs").scroll_into_view_if_needed(timeout=120_000)
     fresh.wait_for_function(f"() => ({TITLES})().some(t => String(t).startsWith('Query 13 '))", timeout=120_000)
     assert query(fresh)["why"] == "13,2"

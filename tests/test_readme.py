@@ -70,8 +70,8 @@ def tracked() -> tuple[set[str], set[str]]:
 
 
 def commands(readme: str) -> list[str]:
-    """Shell command lines: spans that start with a command, and the lines of bash/console blocks."""
-    lines = [s for s in spans(readme)]
+    """Where commands are written: every code span, and each line of the bash/console blocks."""
+    lines = spans(readme)
     for lang, code, _, _ in blocks(readme):
         if lang in ("bash", "console", "sh", "shell"):
             lines += [ln.removeprefix("$ ") for ln in code.splitlines()]

@@ -43,8 +43,10 @@ def binned(expl, n: int = 8, lang: str | None = None) -> tuple[list[str], list[s
     cols = [r[:, ki]] + ([r[:, k_rest].sum(1, keepdims=True)] if len(k_rest) else [])
     out = np.concatenate(cols, 1)
     other = t(OTHER, lang=lang)
-    qlab = [expl.query_sources[a] for a in qi] + ([f"{other} ({len(q_rest)})"] if len(q_rest) else [])
-    klab = [expl.key_sources[b] for b in ki] + ([f"{other} ({len(k_rest)})"] if len(k_rest) else [])
+    qlab = [source_label(expl.query_sources[a], lang) for a in qi] + ([f"{other} ({len(q_rest)})"] if len(q_rest)
+                                                                      else [])
+    klab = [source_label(expl.key_sources[b], lang) for b in ki] + ([f"{other} ({len(k_rest)})"] if len(k_rest)
+                                                                    else [])
     return qlab, klab, out
 
 
@@ -53,9 +55,12 @@ def _cell(tokens: Sequence[str] | None, p: int) -> str:
 
 
 def pairs_heatmap(expl, tokens: Sequence[str] | None = None, n: int = 8, title: str | None = None,
-                  lang: str | None = None) -> go.Figure:
+                  lang: str | None = None, key_tokens: Sequence[str] | None = None) -> go.Figure:
     """Query source (rows) × key source (columns): each cell the term scale·q_s·k_t (× the frozen soft-cap),
-    the top `n` sources of each side and the rest binned as "other"; Σ cells = the explanation's total."""
+    the top `n` sources of each side and the rest binned as "other"; Σ cells = the explanation's total.
+    `tokens` label the query positions, `key_tokens` the key positions (cross-attention: the source's; None: the
+    same tokens)."""
+    kt = tokens if key_tokens is None else key_tokens
     qlab, klab, z = binned(expl, n, lang)
     r = float(np.abs(z).max()) if z.size and np.abs(z).max() > 0 else 1.0
     text = [[num(v) for v in row] for row in z]
@@ -66,11 +71,11 @@ def pairs_heatmap(expl, tokens: Sequence[str] | None = None, n: int = 8, title: 
         hovertemplate=t("query source %{y} × key source %{x}: %{text}", lang=lang) + "<extra></extra>"))
     if title is None:
         title = t("Query {q} → key {k}: the {what} {v} split by source (Σ cells = {s})", lang=lang,
-                  q=_cell(tokens, expl.query), k=_cell(tokens, expl.key), what=what, v=num(expl.total),
+                  q=_cell(tokens, expl.query), k=_cell(kt, expl.key), what=what, v=num(expl.total),
                   s=num(float(z.sum())))
         if expl.against is not None:
             title = t("Query {q}: key {k} over key {a}, the {what} {v} split by source (Σ cells = {s})", lang=lang,
-                      q=_cell(tokens, expl.query), k=_cell(tokens, expl.key), a=_cell(tokens, expl.against),
+                      q=_cell(tokens, expl.query), k=_cell(kt, expl.key), a=_cell(kt, expl.against),
                       what=what, v=num(expl.total), s=num(float(z.sum())))
     fig.update_layout(title={"text": title, "x": 0.0}, height=120 + 34 * len(qlab),
                       margin={"l": 10, "r": 10, "t": 60, "b": 10})
@@ -82,7 +87,7 @@ def pairs_heatmap(expl, tokens: Sequence[str] | None = None, n: int = 8, title: 
 def top_pairs_figure(expl, k: int = 10, lang: str | None = None) -> go.Figure:
     """The `k` largest terms by magnitude, signed (bars right: they raise the score; left: they lower it)."""
     pairs = expl.top_pairs(k)
-    labels = [f"{q} × {kk}" for q, kk, _ in pairs]
+    labels = [f"{source_label(q, lang)} × {source_label(kk, lang)}" for q, kk, _ in pairs]
     vals = [v for _, _, v in pairs]
     fig = go.Figure(go.Bar(
         x=vals, y=labels, orientation="h", text=[num(v) for v in vals], textposition="auto",
@@ -100,16 +105,17 @@ def check_rows(check, lang: str | None = None) -> list[dict]:
     """The causal check as table rows (the app's dataframe): side, source, attributed, actual, the weight's change,
     whether they agree."""
     side = {"query": t("query", lang=lang), "key": t("key", lang=lang)}
-    return [{t("side", lang=lang): side[r.side], t("source", lang=lang): r.source,
+    return [{t("side", lang=lang): side[r.side], t("source", lang=lang): source_label(r.source, lang),
              t("attributed", lang=lang): r.attributed, t("actual (taken out, live norm)", lang=lang): r.actual,
-             t("weight change", lang=lang): r.weight_change,
+             t("weight change", lang=lang): num(r.weight_change),  # often ~1e-9: as every table prints it
              t("agrees", lang=lang): "✓" if r.agrees else "✗ " + t("disagrees", lang=lang)} for r in check.rows]
 
 
 def check_figure(check, lang: str | None = None) -> go.Figure:
     """Attributed vs actual change of the score for each checked source (grouped bars); a source whose two
     numbers disagree beyond the check's tolerance is marked ✗ in its label."""
-    labels = [f"{'✗ ' if not r.agrees else ''}{t(r.side, lang=lang)}: {r.source}" for r in check.rows]
+    labels = [f"{'✗ ' if not r.agrees else ''}{t(r.side, lang=lang)}: {source_label(r.source, lang)}"
+              for r in check.rows]
     fig = go.Figure([
         go.Bar(name=t("attributed", lang=lang), x=labels, y=[r.attributed for r in check.rows],
                marker={"color": "#888888"}, text=[num(r.attributed) for r in check.rows]),
@@ -158,16 +164,33 @@ def leaders(expl) -> dict:
     return {"side": side, "names": names, "share": share, "top": ranked[:3], "sign": sign}
 
 
+# the residual decomposition's words in a source's name (model/core/residual.py, model.analysis.why), as the UI says
+# them; the rest of a name (L3 H4, L0 ffn, W_Q) is notation and stays
+_STACK_WORDS = {"decoder": N_("decoder"), "encoder": N_("encoder")}
+_PART_WORDS = {"embed": N_("embed"), "positions": N_("positional encoding"), "token type": N_("token type")}
+
+
+def source_label(name: str, lang: str | None = None) -> str:
+    """A source's name as drawn: its stack ("decoder "/"encoder ") and the embeddings' parts in the UI's
+    language."""
+    stack, _, rest = name.partition(" ")
+    if stack in _STACK_WORDS and rest:
+        return f"{t(_STACK_WORDS[stack], lang=lang)} {source_label(rest, lang)}"
+    return t(_PART_WORDS[name], lang=lang) if name in _PART_WORDS else name
+
+
 def _src(name: str, lang: str | None) -> str:
-    return t("the token embedding", lang=lang) if name == "embed" else name
+    return t("the token embedding", lang=lang) if name == "embed" else source_label(name, lang)
 
 
-def why_sentence(expl, head_label: str, tokens: Sequence[str] | None = None, lang: str | None = None) -> str:
+def why_sentence(expl, head_label: str, tokens: Sequence[str] | None = None, lang: str | None = None,
+                 key_tokens: Sequence[str] | None = None) -> str:
     """One sentence from the explanation's numbers: what the head attends from and to, which sources (and on
     which side) make most of the score, or of its lead over the contrast key; or, by `leaders`' test, that no
-    source clearly leads."""
+    source clearly leads. `key_tokens`: the key positions' tokens when they are not `tokens` (cross-attention)."""
     L = leaders(expl)
-    q, k = _cell(tokens, expl.query), _cell(tokens, expl.key)
+    kt = tokens if key_tokens is None else key_tokens
+    q, k = _cell(tokens, expl.query), _cell(kt, expl.key)
     where = t("at the key position", lang=lang) if L["side"] == "key" else t("at the query position", lang=lang)
     joiner = t(" and ", lang=lang)
     if not L["names"]:
@@ -185,10 +208,10 @@ def why_sentence(expl, head_label: str, tokens: Sequence[str] | None = None, lan
     elif expl.total >= 0:
         out = t("{head} attends from {q} to {k} rather than {a} mostly because of what {who} wrote {where}: {pct} "
                 "of the score's lead ({lead}) over {a}.", lang=lang, head=head_label, q=q, k=k,
-                a=_cell(tokens, expl.against), who=who, where=where, pct=pct, lead=num(expl.total))
+                a=_cell(kt, expl.against), who=who, where=where, pct=pct, lead=num(expl.total))
     else:
         out = t("{head} prefers {a} to {k} (for query {q}) mostly because of what {who} wrote {where}: {pct} of the "
-                "score's gap ({lead}).", lang=lang, head=head_label, q=q, k=k, a=_cell(tokens, expl.against),
+                "score's gap ({lead}).", lang=lang, head=head_label, q=q, k=k, a=_cell(kt, expl.against),
                 who=who, where=where, pct=pct, lead=num(expl.total))
     if L["share"] > 1.0:
         out += " " + t("(More than all of it: other sources pull the other way.)", lang=lang)

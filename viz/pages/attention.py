@@ -32,4 +32,7 @@ if is_real_model(sel) and trace.meta.get("next_tokens"):  # a language model: it
 else:
     line = (t("**Decoder input (teacher-forced target):** {out}", out=out) if sel.target
             else t("**Model output (greedy):** {out}", out=out or t("(empty)")))
-render_attention(trace, key="attn", output=line, model_tokens=model_tokens(sel.ckpt, trace))
+# the toy translator (and the lab's own LMs): "Why here?" on a cell; a model via transformers has no decomposition
+# (the panel says so in one sentence)
+render_attention(trace, key="attn", output=line, model_tokens=model_tokens(sel.ckpt, trace),
+                 model=getattr(sel.ckpt, "obj", sel.ckpt))

@@ -183,15 +183,16 @@ def _shared(trace) -> bool:
     return trace.meta.get("checkpoint") not in session_models()
 
 
-def render_attention(trace, key: str = "attn", output: str | None = None, model_tokens=None) -> None:
+def render_attention(trace, key: str = "attn", output: str | None = None, model_tokens=None, model=None) -> None:
     """The full attention explorer for `trace` (see the module docstring). `output`: one line shown
     under the controls (e.g. the model's translation); `model_tokens`: under teacher forcing, the model's
-    own prediction at each decoder position (`render.model_tokens`), named beside the reference's."""
-    _explorer(trace, key, output, model_tokens)
+    own prediction at each decoder position (`render.model_tokens`), named beside the reference's; `model`: the
+    model that made the trace, for "Why here?" on a cell of the head heatmap (viz/ui/why_panel.py; None: no panel)."""
+    _explorer(trace, key, output, model_tokens, model)
 
 
 @st.fragment
-def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
+def _explorer(trace, key: str, output: str | None, model_tokens=None, model=None) -> None:
     meta = trace.meta
     if model_tokens:
         meta["model_tokens"] = list(model_tokens)
@@ -212,6 +213,15 @@ def _explorer(trace, key: str, output: str | None, model_tokens=None) -> None:
     if len(fig.data) > 1:  # the figure's head buttons switch in the browser; the server follows
         _head_clicks(key=f"{key}_head_clicks", data={"figure": f"{key}_head_fig"}, height=0,
                      on_head_change=functools.partial(_on_head_click, key, len(fig.data)))
+    if model is not None:  # "Why here?": a click on a cell (or the panel's inputs) explains that cell's score
+        from viz.ui.why_panel import cell_clicks, render_why
+
+        q_tok, k_tok = F.attention_tokens(meta, name)
+        n_q, n_k = trace[f"{name}.weights"].shape[-2:]
+        q_tok, k_tok = [(list(tok) + ["?"] * n)[:n] for tok, n in ((q_tok, n_q), (k_tok, n_k))]
+        cell_clicks(key, f"{key}_head_fig", n_q, n_k, head_key=f"{key}_head", n_curves=len(fig.data))
+        render_why(model, trace, name, layer, head, q_tok, key=key, key_tokens=k_tok,
+                   label=f"{F.module_title(name, meta)} · H{head}")
     view = _choose_view(key)
     if (meta.get("model") or {}).get("family") == "decoder_lm_adapter" and view not in WEIGHTS_ONLY:
         from viz.ui.sidebar import adapter_note  # a model via transformers: weights only, no q/k/v or masks

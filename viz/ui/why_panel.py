@@ -67,37 +67,46 @@ def cell_clicks(key: str, figure_key: str, n_q: int, n_k: int, head_key: str | N
                  on_cell_change=functools.partial(_on_cell_click, key, n_q, n_k, head_key, n_curves))
 
 
-def _parse(raw: str, T: int) -> tuple[int, int] | None:
+def _parse(raw: str, n_q: int, n_k: int) -> tuple[int, int] | None:
     try:
         q, k = (int(v) for v in raw.split(","))
     except ValueError:
         return None
-    return (q, k) if 0 <= q < T and 0 <= k < T else None
+    return (q, k) if 0 <= q < n_q and 0 <= k < n_k else None
 
 
-def _seed(key: str, T: int) -> None:
+def _seed(key: str, n_q: int, n_k: int) -> None:
     """The panel's widgets from the URL (`why=Q,K`, `why_vs=J`) the first time this session draws them."""
     if f"{key}_why" in st.session_state:
         return
     raw = st.query_params.get("why")
-    cell = _parse(raw, T) if raw is not None else None
+    cell = _parse(raw, n_q, n_k) if raw is not None else None
     if raw is not None and cell is None:
         note_replaced("why", raw, t("no cell"))
     st.session_state[f"{key}_why"] = cell is not None
-    st.session_state[f"{key}_why_q"], st.session_state[f"{key}_why_k"] = cell or (T - 1, 0)
+    st.session_state[f"{key}_why_q"], st.session_state[f"{key}_why_k"] = cell or (n_q - 1, 0)
     vs = st.query_params.get("why_vs")
     try:
         vs = int(vs) if vs is not None else -1
     except ValueError:
         vs = -1
-    st.session_state[f"{key}_why_vs"] = vs if 0 <= vs < T else -1
+    st.session_state[f"{key}_why_vs"] = vs if 0 <= vs < n_k else -1
+
+
+def _ids(trace, lazy: bool):
+    """The ids the trace ran on, as explain_score takes them: (src, tgt) for an encoder-decoder, else [1, T]."""
+    if lazy:
+        return trace.meta_item("tgt_ids")
+    meta = trace.meta
+    if (meta.get("model") or {}).get("family") == "transformer":  # the 2017 encoder-decoder (the translator)
+        return tuple(meta["src_ids"][0]), tuple(meta["tgt_ids"][0])
+    return meta.get("tgt_ids") or meta["src_ids"]
 
 
 def _explain(trace, layer, head, q, k, against, lm=None, lazy=False):
-    ids = trace.meta_item("tgt_ids") if lazy else trace.meta["tgt_ids"]
     # a page's full trace holds every capture explain_score reads; a long prompt's lazy trace may not: the analysis
     # then runs its own lazy trace (the O(T·d) names only)
-    return W.explain_score(lm, ids, layer, head, q, k, against=against, trace=None if lazy else trace)
+    return W.explain_score(lm, _ids(trace, lazy), layer, head, q, k, against=against, trace=None if lazy else trace)
 
 
 def _row(trace, module: str, head: int, q: int, lazy: bool):
@@ -115,23 +124,28 @@ def check_summary(check, lang: str | None = None) -> str:
         return t("All {n} checked sources agree with their attribution ({tol}).", lang=lang, n=len(check.rows),
                  tol=tol)
     zh = (lang or current_lang()) == "zh"  # full-width brackets and list commas in Chinese text
+    lp, colon, rp = ("（", "：", "）") if zh else (" (", ": ", ")")
     names = ("、" if zh else ", ").join(
-        f"{r.source}{'（' if zh else ' ('}{t(r.side, lang=lang)}{'：' if zh else ': '}{num(r.attributed)} → "
-        f"{num(r.actual)}{'）' if zh else ')'}" for r in bad)
+        f"{FW.source_label(r.source, lang)}{lp}{t(r.side, lang=lang)}{colon}{num(r.attributed)} → {num(r.actual)}{rp}"
+        for r in bad)
     return t("{m} of {n} checked sources disagree with their attribution beyond the tolerance ({tol}): {names}. The "
              "norm's scale moves when a source is taken out, which the frozen-norm attribution does not see: for "
              "these, read the actual change.", lang=lang, m=len(bad), n=len(check.rows), tol=tol, names=names)
 
 
-def render_why(lm, trace, module: str, layer: int, head: int, tokens: list[str], key: str = "llm") -> None:
+def render_why(lm, trace, module: str, layer: int, head: int, tokens: list[str], key: str = "llm",
+               key_tokens: list[str] | None = None, label: str | None = None) -> None:
     """The panel for head `head` of `module` (layer `layer`) on the page's trace (full, or a long prompt's lazy
-    one). `lm`: the model (model.load_model's), whose residual decomposition the analysis reads."""
+    one). `lm`: the model (model.load_model's, or a toy checkpoint), whose residual decomposition the analysis
+    reads. `tokens` are the query positions', `key_tokens` the key positions' (cross-attention; None: the same);
+    `label` names the head in the sentence (default L{layer}H{head})."""
     lang = current_lang()
     lazy = hasattr(trace, "attention")
-    T = len(tokens)
-    _seed(key, T)
-    for name in ("q", "k"):  # another prompt may be shorter than the cell a link (or this session) chose
-        clamp_state(f"{key}_why_{name}", 0, T - 1)
+    kt = tokens if key_tokens is None else key_tokens
+    n_q, T = len(tokens), len(kt)
+    _seed(key, n_q, T)
+    clamp_state(f"{key}_why_q", 0, n_q - 1)  # another input may be shorter than the cell a link (or this session)
+    clamp_state(f"{key}_why_k", 0, T - 1)  # chose
     if not -1 <= st.session_state.get(f"{key}_why_vs", -1) < T:
         st.session_state[f"{key}_why_vs"] = -1
     on = st.toggle(t("Why here? Explain one cell of this head"), key=f"{key}_why",
@@ -142,13 +156,13 @@ def render_why(lm, trace, module: str, layer: int, head: int, tokens: list[str],
         write_query(why=None, why_vs=None)
         return
     c1, c2, c3 = st.columns(3)
-    q = c1.number_input(t("Query position"), 0, T - 1, key=f"{key}_why_q")
+    q = c1.number_input(t("Query position"), 0, n_q - 1, key=f"{key}_why_q")
     k = c2.number_input(t("Key position"), 0, T - 1, key=f"{key}_why_k")
     row = _row(trace, module, head, int(q), lazy)
     auto = FW.runner_up(row, int(k))
     vs = c3.selectbox(t("Rather than key"), [-1, *range(T)], key=f"{key}_why_vs",
                       format_func=lambda j: (t("the runner-up ({j})", lang=lang, j=auto if auto is not None else "—")
-                                             if j == -1 else f"{j}: {tokens[j]}"),
+                                             if j == -1 else f"{j}: {kt[j]}"),
                       help=t("Why this key and not another: the runner-up is the key with the row's highest weight "
                              "other than this one (the key the head would otherwise pick)."))
     write_query(why=f"{int(q)},{int(k)}", why_vs=None if vs == -1 else int(vs))
@@ -157,17 +171,17 @@ def render_why(lm, trace, module: str, layer: int, head: int, tokens: list[str],
         against = None
     try:
         with st.spinner(t("Splitting the score…")):
-            e = cached_figure(trace, _explain, layer, head, int(q), int(k), None, shared=True, lm=lm, lazy=lazy)
+            e = cached_figure(trace, _explain, module, head, int(q), int(k), None, shared=True, lm=lm, lazy=lazy)
             ev = (None if against is None else
-                  cached_figure(trace, _explain, layer, head, int(q), int(k), against, shared=True, lm=lm, lazy=lazy))
+                  cached_figure(trace, _explain, module, head, int(q), int(k), against, shared=True, lm=lm, lazy=lazy))
     except ValueError as err:  # a model via transformers has no decomposition: the analysis says why, in one sentence
         name = getattr(lm, "name", None) or "?"
         msg = str(err)
         st.info(t(W.NO_DECOMPOSITION, lang=lang, name=name) if msg == W.NO_DECOMPOSITION.format(name=name) else msg,
                 icon="🧩")
         return
-    label = f"L{layer}H{head}"
-    st.markdown("**" + t("Why here?") + "** " + FW.why_sentence(e, label, tokens, lang))
+    label = label or f"L{layer}H{head}"
+    st.markdown("**" + t("Why here?") + "** " + FW.why_sentence(e, label, tokens, lang, key_tokens=kt))
     if e.blocked:
         st.caption(t("The mask blocks this key for this query (it lies in the future, or outside a sliding window): "
                      "its score is finite and explained here, but its attention weight is 0."))
@@ -178,14 +192,14 @@ def render_why(lm, trace, module: str, layer: int, head: int, tokens: list[str],
               "so this split is not exact here.", n=f"{e.matrix.size:,}", s=num(e.explained, 7), v=num(e.total, 7),
               d=num(e.error), b=num(e.tolerance())))
     (st.caption if e.error <= e.tolerance() else st.warning)(sums)
-    show_figure(FW.pairs_heatmap(e, tokens, N_SOURCES, lang=lang), key=f"{key}_why_pairs")
+    show_figure(FW.pairs_heatmap(e, tokens, N_SOURCES, lang=lang, key_tokens=kt), key=f"{key}_why_pairs")
     show_figure(FW.top_pairs_figure(e, lang=lang), key=f"{key}_why_top")
     st.markdown("**" + t("Why here and not there") + "**")
     if ev is None:
         st.caption(t("No other key in this row has weight to compare with."))
     else:
-        st.markdown(FW.why_sentence(ev, label, tokens, lang))
-        show_figure(FW.pairs_heatmap(ev, tokens, N_SOURCES, lang=lang), key=f"{key}_why_vs_pairs")
+        st.markdown(FW.why_sentence(ev, label, tokens, lang, key_tokens=kt))
+        show_figure(FW.pairs_heatmap(ev, tokens, N_SOURCES, lang=lang, key_tokens=kt), key=f"{key}_why_vs_pairs")
     st.markdown("**" + t("Causal check") + "**")
     chk = W.check_explanation(ev if ev is not None else e, top=CHECK_TOP)
     st.caption((t("Checked: the contrast above (key {k} over key {a}).", k=int(k), a=against) if ev is not None
