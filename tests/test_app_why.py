@@ -152,3 +152,42 @@ def test_attention_page_explains_the_translators_cross_attention(lang):
         from test_i18n import english_in_zh
 
         assert not english_in_zh(at), english_in_zh(at)
+
+
+# ---------------------------------------------------------------- lesson 19 (§5)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_lesson_19_answers_from_the_models_own_numbers(smol, lang):
+    """Lesson 19 on SmolLM2's induction circuit: the answer is the key-side source with the largest share of the
+    induction head's lead over the runner-up key, computed by explain_score; the drawn heatmap sums to that lead;
+    a wrong option is refused and the right one accepted with the model's numbers."""
+    from test_app_lessons import open_lessons, question_radio
+    from test_i18n import english_sentences, english_words, figure_texts, shown_texts
+
+    from viz import lessons as LS
+
+    lm, _ = smol
+    n = next(i for i, les in enumerate(LS.LESSONS, 1) if les.slug == "why-here")
+    w = LS.lm_compute("why-here", lm, "")
+    e = w.expl
+    assert e.error <= e.tolerance()
+    # the answer, independently: the key source whose side total helps the lead most
+    best = max(e.key_side, key=lambda s: e.key_side[s] * (1 if e.total >= 0 else -1))
+    live = LS.live_why_here(w)
+    assert live.correct == (best,)
+    at = open_lessons(lang, lesson=n)
+    assert not at.exception, [x.value for x in at.exception]
+    z = plotly_array(json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]["z"])
+    assert abs(z.sum() - e.total) <= e.tolerance()
+    wrong = next(o for o in question_radio(at).options if o != live.labels[best])
+    radio = question_radio(at)
+    radio.set_value(next(k for k in live.options if live.labels[k] == wrong) if wrong in live.labels.values()
+                    else live.options[1]).run()
+    assert at.warning and not at.success
+    question_radio(at).set_value(best).run()
+    assert at.success and not at.exception
+    if lang == "zh":
+        english = [(k, hit) for k, text in shown_texts(at, at.main) for hit in english_sentences(text)]
+        english += [(k, hit) for k, text in figure_texts(at) for hit in english_sentences(text) + english_words(text)]
+        assert not english, english

@@ -661,17 +661,26 @@ def _softmax_weight(row: torch.Tensor, mask: torch.Tensor | None, sink: float | 
     return float(torch.softmax(r, -1)[j])
 
 
+def agrees(attributed: float, actual: float, score: float) -> bool:
+    """The causal check's rule: the attributed and the actual change agree within CHECK_REL of the larger effect,
+    or within CHECK_ABS × max(1, |score|) (a change too small to compare)."""
+    return abs(actual - attributed) <= max(CHECK_REL * max(abs(actual), abs(attributed)),
+                                           CHECK_ABS * max(1.0, abs(score)))
+
+
 @torch.no_grad()
-def check_explanation(expl: ScoreExplanation, top: int = 3, frozen_norm: bool = False) -> Check:
-    """Take each of the `top` sources of each side (by |side total|) out of this head's query (or key) input alone,
-    recompute the input norm live (`frozen_norm`=True: keep its recorded scale, and the q/k-norm's and the
-    soft-cap's), re-project, re-norm q/k, re-rotate, re-score; report the actual change of `total` and of the
-    weight of (i, j) beside the attributed value. A key source is taken out at j (and at j′ with `against`); a
-    query source changes the whole row i, so the weight is the softmax of the row re-scored against the recorded
-    keys. Biases are not in the stream and are not checked."""
+def remove_sources(expl: ScoreExplanation, side: str, sources: list[str],
+                   frozen_norm: bool = False) -> tuple[float, float]:
+    """(actual change of expl.total, change of the weight of (i, j)) when `sources` are taken out of this head's
+    `side` ("query" or "key") input together: the input norm recomputed live (`frozen_norm`=True: keep its
+    recorded scale, and the q/k-norm's and the soft-cap's), re-projected, q/k re-normed, re-rotated, re-scored. A
+    key source is taken out at j (and at j′ with `against`); a query source changes the whole row i, so the weight
+    is the softmax of the row re-scored against the recorded keys. Names not on that side are ignored."""
     c: _Context = expl._ctx
     if c is None:
         raise ValueError("this explanation carries no context to check (build it with explain_score)")
+    if side not in ("query", "key"):
+        raise ValueError(f"side must be 'query' or 'key', got {side!r}")
     live = not frozen_norm
     cols = c.key_cols
     q0 = c.q.vector(c.q.input_at(0, live), 0, live)
@@ -687,28 +696,42 @@ def check_explanation(expl: ScoreExplanation, top: int = 3, frozen_norm: bool = 
         return _softmax_weight(row, c.mask_row, c.sink, c.key)
 
     def weight_query(q):
-        every = list(range(c.keys.shape[0]))
-        row = c.logits(q, c.keys, every, live)
+        row = c.logits(q, c.keys, list(range(c.keys.shape[0])), live)
         return _softmax_weight(row, c.mask_row, c.sink, c.key)
 
-    base = total_of(q0, k0)
+    sd = c.q if side == "query" else c.k
+    idx = [sd.labels.index(s) for s in sources if s in sd.labels]
+    if side == "query":
+        q1 = c.q.vector(c.q.input_at(0, live) - c.q.parts[idx, 0].sum(0), 0, live)
+        return total_of(q0, k0) - total_of(q1, k0), weight_query(q0) - weight_query(q1)
+    k1 = torch.stack([c.k.vector(c.k.input_at(n, live) - c.k.parts[idx, n].sum(0), n, live)
+                      for n in range(len(cols))])
+    return total_of(q0, k0) - total_of(q0, k1), weight_key(k0) - weight_key(k1)
+
+
+@torch.no_grad()
+def check_explanation(expl: ScoreExplanation, top: int = 3, frozen_norm: bool = False) -> Check:
+    """Take each of the `top` sources of each side (by |side total|) out of this head's query (or key) input alone
+    (`remove_sources`) and report the actual change of `total` and of the weight of (i, j) beside the attributed
+    value. Biases are not in the stream and are not checked."""
+    c: _Context = expl._ctx
+    if c is None:
+        raise ValueError("this explanation carries no context to check (build it with explain_score)")
+    live = not frozen_norm
+    cols = c.key_cols
+    q0 = c.q.vector(c.q.input_at(0, live), 0, live)
+    k0 = torch.stack([c.k.vector(c.k.input_at(n, live), n, live) for n in range(len(cols))])
     recompute_error = abs(float(c.logits(q0, k0, cols, live)[0]) - expl.score)
-    w0_key, w0_query = weight_key(k0), weight_query(q0)
+    row = c.row.clone()
+    row[cols] = c.logits(q0, k0, cols, live)
+    w0_key = _softmax_weight(row, c.mask_row, c.sink, c.key)
     rows = []
     for side, totals, sd in (("query", expl.query_side, c.q), ("key", expl.key_side, c.k)):
         ranked = sorted((s for s in totals if s in sd.labels), key=lambda s: -abs(totals[s]))[:top]
         for src in ranked:
-            a = sd.labels.index(src)
-            if side == "query":
-                q1 = c.q.vector(c.q.input_at(0, live) - c.q.parts[a, 0], 0, live)
-                after, dw = total_of(q1, k0), w0_query - weight_query(q1)
-            else:
-                k1 = torch.stack([c.k.vector(c.k.input_at(n, live) - c.k.parts[a, n], n, live)
-                                  for n in range(len(cols))])
-                after, dw = total_of(q0, k1), w0_key - weight_key(k1)
-            actual, attributed = base - after, totals[src]
-            ok = abs(actual - attributed) <= max(CHECK_REL * max(abs(actual), abs(attributed)),
-                                                  CHECK_ABS * max(1.0, abs(expl.score)))
-            rows.append(CheckRow(side, src, float(attributed), float(actual), float(dw), bool(ok)))
+            actual, dw = remove_sources(expl, side, [src], frozen_norm)
+            attributed = totals[src]
+            rows.append(CheckRow(side, src, float(attributed), float(actual), float(dw),
+                                 bool(agrees(attributed, actual, expl.score))))
     tol = f"agree within {CHECK_REL:.0%} of the larger effect, or {CHECK_ABS:g} × max(1, |score|)"
     return Check(rows, frozen_norm, float(recompute_error), tol, w0_key)

@@ -122,43 +122,8 @@ class Removal:
         return self.weight_change / max(self.n, 1)
 
 
-def _agree(attributed: float, actual: float, score: float) -> bool:
-    """why.check_explanation's rule, applied to summed values."""
-    return abs(actual - attributed) <= max(why.CHECK_REL * max(abs(actual), abs(attributed)),
-                                           why.CHECK_ABS * max(1.0, abs(score)))
-
-
-@torch.no_grad()
-def remove_sources(expl: why.ScoreExplanation, side: str, sources: list[str]) -> tuple[float, float]:
-    """(actual change of expl.total, change of weight(i, j)) when `sources` are taken out of this head's `side`
-    input together, the input norm (and q/k-norm) recomputed live: why.check_explanation's recomputation, for a
-    set of sources at once (a circuit's group), not only each side's top few."""
-    c = expl._ctx
-    cols = c.key_cols
-    q0 = c.q.vector(c.q.input_at(0, True), 0, True)
-    k0 = torch.stack([c.k.vector(c.k.input_at(n, True), n, True) for n in range(len(cols))])
-
-    def total_of(q, ks):
-        s = c.logits(q, ks, cols, True)
-        return float(s[0]) if len(cols) == 1 else float(s[0] - s[1])
-
-    def weight_key(ks):
-        row = c.row.clone()
-        row[cols] = c.logits(q0, ks, cols, True)
-        return why._softmax_weight(row, c.mask_row, c.sink, c.key)
-
-    def weight_query(q):
-        row = c.logits(q, c.keys, list(range(c.keys.shape[0])), True)
-        return why._softmax_weight(row, c.mask_row, c.sink, c.key)
-
-    sd = c.q if side == "query" else c.k
-    idx = [sd.labels.index(s) for s in sources if s in sd.labels]
-    if side == "query":
-        q1 = c.q.vector(c.q.input_at(0, True) - c.q.parts[idx, 0].sum(0), 0, True)
-        return total_of(q0, k0) - total_of(q1, k0), weight_query(q0) - weight_query(q1)
-    k1 = torch.stack([c.k.vector(c.k.input_at(n, True) - c.k.parts[idx, n].sum(0), n, True)
-                      for n in range(len(cols))])
-    return total_of(q0, k0) - total_of(q0, k1), weight_key(k0) - weight_key(k1)
+_agree = why.agrees
+remove_sources = why.remove_sources  # a circuit's group taken out at once: the check's own recomputation
 
 
 def removal(expls: list[why.ScoreExplanation], side: str, sources: list[str]) -> Removal:

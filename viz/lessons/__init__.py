@@ -330,7 +330,49 @@ def lm_compute(slug: str, lm, text: str):
         from model.analysis import flow
 
         return flow.sink_head(lm, text)
+    if slug == "why-here":
+        return why_induction(lm)
     raise ValueError(f"no language-model lesson {slug!r}")
+
+
+@dataclass
+class WhyInduction:
+    """Lesson 19's numbers: the top induction head on the repeated random tokens, one query of the second copy,
+    its score at the induction target split by source against the runner-up key (model.analysis.why), the causal
+    check, and every head's previous-token score on the same input."""
+
+    layer: int
+    head: int
+    induction: float  # the head's induction score (Olsson's, on this input)
+    query: int
+    key: int  # the token after the query token's earlier copy
+    against: int | None  # the row's highest weight other than `key`
+    expl: object  # model.analysis.why.ScoreExplanation of s(query, key) − s(query, against)
+    check: object  # model.analysis.why.Check of it
+    previous_token: np.ndarray  # [L, H] previous-token scores on this input
+    tokens: list[str]
+
+
+def why_induction(lm, n: int = 50, seed: int = 0) -> WhyInduction:
+    """The induction head's key-side sources on [BOS] + n random tokens + the same n (the induction lesson's
+    input): why it attends to the token after the earlier copy rather than anywhere else."""
+    from model.analysis import shared
+    from model.analysis import why as W
+    from viz.figures import why as FW
+
+    res = shared.induction(lm, n=n, seed=seed)
+    layer, head, score = res.scores["induction"].top(1)[0]
+    ids = res.ids[:1]
+    query = 2 * n  # the last token of the second copy; its earlier copy is at n, followed by n + 1
+    key = query - n + 1
+    m = lm.model
+    name = f"decoder.layers.{layer}.self_attn"
+    _, tr = m.run_with_trace(ids, names=W.lazy_names(m, layer), lazy=True, fast=True, last_only=True)
+    against = FW.runner_up(tr.attention(name, head, rows=query)[0].double().numpy(), key)
+    expl = W.explain_score(lm, ids, layer, head, query, key, against=against, trace=tr)
+    toks = [lm.decode([i]) for i in ids[0].tolist()]
+    return WhyInduction(int(layer), int(head), float(score), query, key, against, expl,
+                        W.check_explanation(expl, top=3), res.scores["previous_token"].scores, toks)
 
 
 def _heads_ids(pairs) -> tuple[list[str], dict[str, str]]:
@@ -412,6 +454,42 @@ def live_induction(res, param=None) -> Live:
            a=F.num(loss.first), b=F.num(loss.second), r=F.num(ratio),
            heads=", ".join(t("layer {l} · head {h} ({v})", l=la, h=h, v=F.num(v)) for la, h, v in top))
     return Live(fig, list(REPEAT_RATIOS), labels, (closest(ratio, REPEAT_RATIOS, log=True),), fb)
+
+
+def live_why_here(w: WhyInduction, param=None) -> Live:
+    """Which key-side source gives the induction head most of its lead over the runner-up key: the options are
+    the four largest key-side sources (signed toward the lead), the answer the largest, from the explanation."""
+    from viz.figures import why as FW
+
+    e = w.expl
+    sign = 1.0 if e.total >= 0 else -1.0
+    ranked = sorted(e.key_side.items(), key=lambda kv: -sign * kv[1])[:4]
+    ids = [s for s, _ in ranked]
+    labels = {s: FW.source_label(s) for s in ids}
+    best, value = ranked[0]
+    fig = FW.pairs_heatmap(e, w.tokens, n=6)
+    row = next((r for r in w.check.rows if r.side == "key" and r.source == best), None)
+    prev = ""
+    parts = best.split()
+    if len(parts) == 2 and parts[0].startswith("L") and parts[1].startswith("H"):
+        la, h = int(parts[0][1:]), int(parts[1][1:])
+        p = float(w.previous_token[la, h])
+        rank = int((w.previous_token > p).sum()) + 1
+        # "a previous-token head" when most of its attention goes to the token just before (the stated test)
+        prev = (t(" It is a previous-token head: its previous-token score on this input is {p} (rank {r} of {n}; "
+                  "the test: over 0.5).", p=F.num(p), r=rank, n=w.previous_token.size) if p > 0.5 else
+                t(" Its previous-token score on this input is {p} (rank {r} of {n}): not a previous-token head by "
+                  "the test (over 0.5).", p=F.num(p), r=rank, n=w.previous_token.size))
+    fb = (FW.why_sentence(e, f"L{w.layer}H{w.head}", w.tokens) + " "
+          + t("{src} adds {v} of the lead {lead} at the key position.", src=labels[best], v=F.num(value),
+              lead=F.num(e.total)) + prev)
+    if row is not None:
+        fb += " " + t("Taken out of the key's input alone (the norm recomputed), it changes the lead by {a} "
+                      "(attributed: {b}){ok}.", a=F.num(row.actual), b=F.num(row.attributed),
+                      ok="" if row.agrees else t(": the two disagree, read the actual change"))
+    return Live(fig, ids, labels, (best,), fb,
+                args={"layer": w.layer, "head": w.head, "q": w.query, "k": w.key,
+                      "a": w.against if w.against is not None else "—"})
 
 
 DLA_TIE = 0.05  # heads within this many logits of the largest DLA are right answers too
@@ -739,5 +817,18 @@ LESSONS: list[Lesson] = [
         N_("In the global layers, what share of the last token's attention lands {w} or more tokens back, where "
            "no sliding layer can look?"),
         "viz/pages/since2017.py", source="lm", checkpoint=HORIZON_NAME, live=live_horizon),
+    Lesson(
+        "why-here", N_("Why does this head look there?"),
+        N_("A head's score for a (query, key) pair is q·k, and both q and k are built from the residual stream: the "
+           "embeddings plus everything each earlier head and MLP wrote there. With every norm frozen at its scale "
+           "on this run, each step to q and k is linear, so the score splits exactly into one term per (query "
+           "source, key source) pair. Here SmolLM2 reads [BOS] + 50 random tokens + the same 50 again; its top "
+           "induction head attends from the last token to the token after that token's earlier copy. Softmax "
+           "only sees differences, so the heatmap splits the score's lead over the runner-up key."),
+        N_("Open the Language model page on this head and click other cells of its heatmap: which sources carry "
+           "the induction stripe, and which the attention to token 0?"),
+        N_("Layer {layer}, head {head} attends from position {q} to {k} rather than {a}. Which source, written at "
+           "the key position, gives the most of that lead?"),
+        "viz/pages/llm.py", {"view": "heads"}, source="lm", checkpoint=LM_NAME, live=live_why_here),
 ]
 
