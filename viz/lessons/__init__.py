@@ -1,6 +1,7 @@
 """Short lessons: ten that follow the paper and the seeds, six on a real language model (SmolLM2), one on a model
-trained in the lab (induction heads forming: the Watch attention learn run). Each has text, one live view, a task,
-a question. Nothing counts them by hand: the page reads len(LESSONS).
+trained in the lab (induction heads forming: the Watch attention learn run), one on Gemma 3's horizon, and one on
+why a head looks where it does (19: the induction head's score split by source, model/analysis/why.py). Each has
+text, one live view, a task, a question. Nothing counts them by hand: the page reads len(LESSONS).
 
 Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a
 decode, a schedule) into a `Live` — the figure drawn by the app's figure builders, the answer
