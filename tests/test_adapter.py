@@ -328,6 +328,28 @@ def test_language_model_page_draws_the_lens_and_says_via_transformers(served, ma
         assert "Via transformers" in infos(model_page(served, "llm", "en", view=view))
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_why_here_on_an_adapter_model_says_it_has_no_decomposition(served, lang):
+    """/llm's heads view with `?why=Q,K` on a model opened through transformers: the panel opens on the cell and says
+    model.analysis.why's one sentence (no residual decomposition, so no split of the score), draws no split, and
+    nothing raises (model_page fails on an exception or an error element)."""
+    from model.analysis import why as W
+    from viz.i18n import t
+
+    lm = lm_models.load(served).obj
+    with pytest.raises(ValueError) as err:  # the analysis's own sentence, with the name the panel gives
+        W.explain_score(lm, lm.encode(PROMPT), 1, 0, 5, 2)
+    assert str(err.value) == W.NO_DECOMPOSITION.format(name=lm.name)
+    at = model_page(served, "llm", lang, view="heads", layer=1, head=0, why="5,2", prompt=PROMPT)
+    assert at.toggle(key="llm_why").value is True
+    assert at.number_input(key="llm_why_q").value == 5 and at.number_input(key="llm_why_k").value == 2
+    said = [i.value for i in at.info if t(W.NO_DECOMPOSITION, lang=lang, name=lm.name) == i.value]
+    assert len(said) == 1, [i.value for i in at.info]
+    assert not at.get("dataframe")  # no causal check table: nothing was split
+    if lang == "zh":
+        assert not english_in_zh(at), english_in_zh(at)
+
+
 def test_the_labs_own_families_never_import_transformers(tmp_path):
     """Loading a Llama (a family of the lab's) in a fresh interpreter, with the adapter module imported, leaves
     transformers unimported: it is a runtime dependency of the adapter's path only (pip extra .[any-model])."""

@@ -154,6 +154,65 @@ def test_attention_page_explains_the_translators_cross_attention(lang):
         assert not english_in_zh(at), english_in_zh(at)
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_inside_a_layer_explains_the_chosen_head(lang):
+    """Inside a layer has no per-cell attention heatmap: the panel's number inputs choose the cell (here from the URL)
+    on the chosen sublayer and head. The translator's cross-attention: the cells sum to the explanation's total, the
+    recorded score of that cell."""
+    from viz.ui.models import get_trace, load_ckpt
+
+    text = "3 november 2023"
+    at = _open({"checkpoint": "dates", "lang": lang, "text": text, "stack": "decoder", "layer": "1",
+                "sub": "cross_attn", "head": "2", "why": "3,4"}, page="viz/pages/layer.py")
+    assert at.toggle(key="ly_why").value is True
+    assert at.number_input(key="ly_why_q").value == 3 and at.number_input(key="ly_why_k").value == 4
+    tr = get_trace("dates", text)
+    name = "decoder.layers.1.cross_attn"
+    e = why.explain_score(load_ckpt("dates"), (tr.meta["src_ids"][0], tr.meta["tgt_ids"][0]), name, 2, 3, 4,
+                          trace=tr)
+    pairs = _pairs(at, lang)
+    assert len(pairs) == 2  # the cell, and the contrast with the runner-up
+    z = plotly_array(pairs[0]["data"][0]["z"])
+    assert abs(z.sum() - e.total) <= e.tolerance()
+    assert abs(e.total - float(tr[f"{name}.scores"][0, 2, 3, 4])) <= e.tolerance()
+    assert at.query_params["why"] in (["3,4"], "3,4")
+    md = "\n".join(m.value for m in at.markdown)
+    assert "H2" in md and t("Why here?", lang=lang) in md
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at), english_in_zh(at)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_learn_explains_a_cell_of_the_head_map(lang):
+    """/learn's head map at a checkpoint: `?why=Q,K` opens the panel on that cell of the chosen head; its cells sum
+    to the score of that checkpoint's own forward on the probe (explain_score on the checkpoint, a lab family)."""
+    from model.toy import learn as LR
+
+    step, q, k = 1015, 30, 11
+    at = _open({"lang": lang, "step": str(step), "lmodel": "attn2", "lhead": "1.0", "why": f"{q},{k}"},
+               page="viz/pages/learn.py")
+    assert at.toggle(key="learn_why").value is True
+    run = LR.load_run(score=False)["attn2"]
+    model = run.model_at(run.steps.index(step))
+    probe = LR.probe_ids(run.settings)[:1]
+    _, tr = model.run_with_trace(probe)
+    name = "decoder.layers.1.self_attn"
+    e = why.explain_score(model, probe, name, 0, q, k, trace=tr)
+    assert abs(e.total - float(tr[f"{name}.scores"][0, 0, q, k])) <= e.tolerance()
+    pairs = _pairs(at, lang)
+    assert len(pairs) == 2
+    z = plotly_array(pairs[0]["data"][0]["z"])
+    assert abs(z.sum() - e.total) <= e.tolerance()
+    assert FW.why_sentence(e, "L1H0", [str(x) for x in probe[0].tolist()], lang) in "\n".join(
+        m.value for m in at.markdown)
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at), english_in_zh(at)
+
+
 # ---------------------------------------------------------------- lesson 19 (§5)
 
 

@@ -168,6 +168,7 @@ def leaders(expl) -> dict:
 # them; the rest of a name (L3 H4, L0 ffn, W_Q) is notation and stays
 _STACK_WORDS = {"decoder": N_("decoder"), "encoder": N_("encoder")}
 _PART_WORDS = {"embed": N_("embed"), "positions": N_("positional encoding"), "token type": N_("token type")}
+_BIAS = N_("bias")
 
 
 def source_label(name: str, lang: str | None = None) -> str:
@@ -176,6 +177,8 @@ def source_label(name: str, lang: str | None = None) -> str:
     stack, _, rest = name.partition(" ")
     if stack in _STACK_WORDS and rest:
         return f"{t(_STACK_WORDS[stack], lang=lang)} {source_label(rest, lang)}"
+    if name.endswith(" bias"):  # a bias or a norm's offset, its own source: "L0 attn bias", "L1 norm1 bias"
+        return f"{source_label(name[:-5], lang)} {t(_BIAS, lang=lang)}"
     return t(_PART_WORDS[name], lang=lang) if name in _PART_WORDS else name
 
 

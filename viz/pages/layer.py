@@ -1,7 +1,8 @@
 """Inside a layer: the residual stream, Add & Norm (post-LN vs pre-LN), the FFN, W^O, one query step by step.
 
 URL parameters: stack (encoder|decoder), layer, sub (self_attn|cross_attn|ffn), token, head; first (a long
-prompt: the first token of the window that figures with one row per token show).
+prompt: the first token of the window that figures with one row per token show); why=Q,K and why_vs=J (the "Why here?"
+panel on the chosen head: viz/ui/why_panel.py).
 """
 
 import streamlit as st
@@ -15,6 +16,7 @@ from viz.ui.models import load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require_trace
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
+from viz.ui.why_panel import render_why
 
 STACKS = {"encoder": N_("Encoder"), "decoder": N_("Decoder")}
 SUMMARY_COLUMNS = (N_("run"), N_("steps"), N_("diverged"), N_("final loss"), N_("final accuracy"))  # prenorm.summary
@@ -389,3 +391,8 @@ with tabs[4]:
                    "+ M": "−∞" if qs["blocked"][i] else FL.F.num(last[i]), "p": FL.F.num(qs["weights"][i]),
                    **({t("q·k without RoPE"): FL.F.num(qs["qk_unrot"][i])} if "qk_unrot" in qs else {})}
                   for i in range(len(k_labels))], hide_index=True)
+    # "Why here?" on this head: no per-cell heatmap on this page to click, so the panel's number inputs choose the
+    # cell (any query of this sublayer, not only the chosen token). The lab's own families and the toy models have
+    # the residual decomposition the split needs; this page never opens a model via transformers (require_trace).
+    render_why(getattr(sel.ckpt, "obj", sel.ckpt), trace, attn, int(layer.rsplit(".", 1)[1]), head, list(tokens),
+               key="ly", key_tokens=list(k_tokens), label=f"{FL.F.module_title(attn, trace.meta)} · H{head}")

@@ -8,7 +8,8 @@ with one change, one run at a time on the server: a background thread (as Traini
 process that trains (model.toy.learn.train_in_child: its own GIL, one thread, a lower priority, so the other
 sessions' clicks do not wait for it); a fragment polls the job and redraws the progress and the curves. Any
 checkpoint, shipped or trained, opens on the Attention page or the Language model page with one click
-(viz/ui/learn_run.py: it joins the session's model list).
+(viz/ui/learn_run.py: it joins the session's model list). A click on a cell of the head map (or `?why=Q,K`,
+`?why_vs=J`) opens "Why here?" on it (viz/ui/why_panel.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from viz.ui.heap import training_job
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import switch_model
 from viz.ui.state import seed_from_query, write_query
+from viz.ui.why_panel import cell_clicks, render_why
 
 POLL_SECONDS = 0.5
 MODEL_LABELS = {"attn2": N_("2 layers"), "attn1": N_("1 layer (control)"), "yours": N_("your run")}
@@ -214,6 +216,21 @@ def train_section(base: LR.Run) -> None:
 # ---------------------------------------------------------------- the page
 
 
+def why_here(name: str, run: LR.Run, i: int, layer: int, head: int, tokens: list[str]) -> None:
+    """"Why here?" on the head map: a click on a cell (or the panel's inputs) splits that cell's score at this
+    checkpoint into what built its query and its key (the data-dependent composition, beside the weight-based
+    K-composition below). This session's own run is traced per session (kept for its last checkpoint)."""
+    cell_clicks("learn", "learn_map", len(tokens), len(tokens))
+    if name in LRUN.shipped()[0]:
+        model, trace = LRUN.shipped_why_trace(name, i)
+    else:
+        held = st.session_state.get("_learn_why")
+        if held is None or held[0] is not run or held[1] != i:
+            held = st.session_state["_learn_why"] = (run, i, *LRUN.why_trace(run, i))
+        model, trace = held[2:]
+    render_why(model, trace, f"decoder.layers.{layer}.self_attn", layer, head, tokens, key="learn")
+
+
 def main() -> None:
     st.title(t("Watch attention learn"))
     st.caption(t(
@@ -280,6 +297,7 @@ def main() -> None:
                      "stripe: each token of the second copy looking at the token after its first occurrence.",
                      n=run.settings.n))
     open_buttons(name, run, i, layer, h)
+    why_here(name, run, i, layer, h, [str(x) for x in ids])
 
     # ---- per-head scores over steps
     st.subheader(t("Every head over training"))

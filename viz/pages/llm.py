@@ -27,6 +27,7 @@ from viz.ui import lm_models
 from viz.ui.attention_views import _head_clicks, _on_head_click, cached_figure
 from viz.ui.long_views import EXACT_UP_TO, long_trace, render_long_attention, show_document, stats_first_query
 from viz.ui.models import capabilities, get_trace, load_ckpt
+from viz.ui.plotly_clicks import plotly_click_component
 from viz.ui.render import show_error, show_figure
 from viz.ui.sidebar import require
 from viz.ui.state import MAX_URL_TEXT, clamp_state, int_in, note_replaced, seed_from_query, write_query
@@ -285,23 +286,9 @@ def _statistics(trace, period=None):
 
 # Streamlit's on_select reports box/lasso selections, not a click on a heatmap cell: this listens to plotly's
 # own click event on the overview (key `figure`) and reports the cell's customdata [layer, head]. Draws nothing.
-_CELL_CLICKS_JS = """
-export default function ({ data, setTriggerValue }) {
-  let gd = null;
-  const onClick = (ev) => {
+_cell_clicks = plotly_click_component("attention_lab.llm_cell_clicks", """\
     const cd = ev && ev.points && ev.points[0] && ev.points[0].customdata;
-    if (cd && cd.length === 2) setTriggerValue("cell", [Number(cd[0]), Number(cd[1])]);
-  };
-  const attach = () => {
-    const el = document.querySelector(".st-key-" + data.figure + " .js-plotly-plot");
-    if (el && el !== gd && el.on) { gd = el; gd.on("plotly_click", onClick); }
-  };
-  attach();
-  const timer = setInterval(attach, 250);  // the chart is redrawn (a new element) on reruns
-  return () => clearInterval(timer);
-}
-"""
-_cell_clicks = st.components.v2.component("attention_lab.llm_cell_clicks", js=_CELL_CLICKS_JS)
+    if (cd && cd.length === 2) setTriggerValue("cell", [Number(cd[0]), Number(cd[1])]);""")
 
 
 def _on_overview_click() -> None:

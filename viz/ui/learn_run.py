@@ -63,6 +63,21 @@ class LearnModel(RealModel):
         return self.probe
 
 
+def why_trace(run: LR.Run, i: int):
+    """Checkpoint i's model and its full trace on the probe's first row (the rows head_map draws): what the "Why
+    here?" panel splits, every capture explain_score reads (a 2-layer toy on ~40 tokens: small)."""
+    model = run.model_at(i)
+    _, trace = model.run_with_trace(LR.probe_ids(run.settings)[:1])
+    return model, trace
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def shipped_why_trace(name: str, i: int):
+    """`why_trace` of the shipped run `name`, one object per checkpoint for every session (the panel's cache is
+    keyed by the trace object)."""
+    return why_trace(shipped()[0][name], i)
+
+
 def run_label(run: LR.Run) -> str:
     """A trained run's part of its checkpoints' names, numbered once per run object in this server."""
     number = getattr(run, "_model_list_id", None)

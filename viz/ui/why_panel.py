@@ -17,30 +17,17 @@ from viz.figures import why as FW
 from viz.figures.attention import num
 from viz.i18n import current_lang, t
 from viz.ui.attention_views import cached_figure
+from viz.ui.plotly_clicks import plotly_click_component
 from viz.ui.render import show_figure
 from viz.ui.state import clamp_state, note_replaced, write_query
 
 N_SOURCES = 8  # sources per side drawn in the heatmap; the rest binned as "other"
 CHECK_TOP = 3  # sources per side taken out in the causal check
 
-_CELL_CLICKS_JS = """
-export default function ({ data, setTriggerValue }) {
-  let gd = null;
-  const onClick = (ev) => {
+_cell_clicks = plotly_click_component("attention_lab.why_cell_clicks", """\
     const p = ev && ev.points && ev.points[0];
     if (!p || !Array.isArray(p.pointNumber) || p.pointNumber.length !== 2) return;
-    setTriggerValue("cell", [Number(p.pointNumber[0]), Number(p.pointNumber[1]), Number(p.curveNumber)]);
-  };
-  const attach = () => {
-    const el = document.querySelector(".st-key-" + data.figure + " .js-plotly-plot");
-    if (el && el !== gd && el.on) { gd = el; gd.on("plotly_click", onClick); }
-  };
-  attach();
-  const timer = setInterval(attach, 250);  // the chart is redrawn (a new element) on reruns
-  return () => clearInterval(timer);
-}
-"""
-_cell_clicks = st.components.v2.component("attention_lab.why_cell_clicks", js=_CELL_CLICKS_JS)
+    setTriggerValue("cell", [Number(p.pointNumber[0]), Number(p.pointNumber[1]), Number(p.curveNumber)]);""")
 
 
 def _on_cell_click(key: str, n_q: int, n_k: int, head_key: str | None, n_curves: int) -> None:
