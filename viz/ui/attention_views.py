@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
-from collections import OrderedDict
-from contextlib import nullcontext
 
 import streamlit as st
 
@@ -33,7 +30,8 @@ from model.core.describe import attention_of, described
 from viz.figures import attention as F
 from viz.figures import modern as FM
 from viz.i18n import N_, current_lang, t
-from viz.ui.models import per_trace, session_models
+from viz.ui.figure_cache import cached_figure  # noqa: F401  (pages import it from here too)
+from viz.ui.models import session_models
 from viz.ui.render import show_figure
 from viz.ui.state import clamp_state, int_in, seed_from_query, write_query
 
@@ -53,8 +51,6 @@ VIEWS = {  # stable id (URL value) -> label
     "heads": N_("All heads"), "model": N_("Model view"), "pipeline": N_("Score pipeline"),
     "masks": N_("Masks"), "qkvz": N_("Q · K · V · z"), "sqrt": N_("Why √d_k"),
 }
-FIGURE_CACHE = 8  # head-independent figures kept per session (each a few hundred kB at most)
-SHARED_FIGURES = 32  # ... and shared by all sessions (figures of shared traces; pooled, so small)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 # Reports a click on a head button of the head heatmap (key `figure`) as the trigger "head"; draws nothing.
@@ -156,25 +152,6 @@ def _query_rows(trace, name: str, key: str) -> tuple[int, int] | None:
     return a, b
 
 
-_SHARED: OrderedDict = OrderedDict()  # head-independent figures of shared traces, all sessions
-_SHARED_LOCK = threading.Lock()
-
-
-def cached_figure(trace, build, *args, shared: bool = False, **kw):
-    """`build(trace, *args, **kw)`, cached (bounded LRU) for figures that do not depend on the head, so a
-    head switch costs nothing for them. `kw` is not part of the key: it must follow from the trace itself
-    (e.g. its meta with the model's own predictions).
-
-    shared=False: in this session (the figure may be changed in place, e.g. the model view's outline).
-    shared=True: for every session (never changed after building): a class opening the same link builds
-    it once. An entry refers to its trace weakly (it never keeps a trace alive) and is used only for that
-    very trace object, so a new trace never meets an old trace's figure."""
-    key = (id(trace), build.__name__, args, current_lang())
-    if shared:
-        cache, lock, size = _SHARED, _SHARED_LOCK, SHARED_FIGURES
-    else:
-        cache, lock, size = st.session_state.setdefault("_al_figures", OrderedDict()), nullcontext(), FIGURE_CACHE
-    return per_trace(cache, lock, size, key, trace, lambda: build(trace, *args, **kw))
 
 
 def _shared(trace) -> bool:

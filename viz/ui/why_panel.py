@@ -16,7 +16,7 @@ from model.analysis import why as W
 from viz.figures import why as FW
 from viz.figures.attention import num
 from viz.i18n import current_lang, t
-from viz.ui.attention_views import cached_figure
+from viz.ui.figure_cache import cached_figure
 from viz.ui.plotly_clicks import plotly_click_component
 from viz.ui.render import show_figure
 from viz.ui.state import clamp_state, note_replaced, write_query
