@@ -213,6 +213,38 @@ def test_learn_explains_a_cell_of_the_head_map(lang):
         assert not english_in_zh(at), english_in_zh(at)
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_flow_attention_edges_open_why_on_their_cell(lang):
+    """/flow's attention edges (the links to the strongest, as a click on one) open the head with "Why here?" on the
+    edge's cell: query = the edge's destination position, key = its source. The translator: a cross-attention edge
+    from a source token; on the opened Attention page the panel's cells sum to that cell's recorded score."""
+    from urllib.parse import parse_qsl
+
+    from model.analysis import flow as FL
+    from viz.ui.models import get_trace, load_ckpt
+
+    text = "3 november 2023"
+    at = _open({"checkpoint": "dates", "lang": lang, "text": text}, page="viz/pages/flow.py")
+    ck = load_ckpt("dates")
+    fs = FL.prepare(ck, text)
+    heads = [e for e in FL.routes(fs).edges(at.select_slider(key="flow_tau").value) if e["kind"] == "head"]
+    best = max(heads, key=lambda e: e["weight"])
+    link = at.get("page_link")[0]
+    query = dict(parse_qsl(link.proto.query_string))
+    assert query["why"] == f"{best['dst'][2]},{best['src'][2]}" and int(query["head"]) == best["head"]
+    assert query["attn_kind"] == "cross"  # the Attention page's link (an LM's goes to /llm)
+    at2 = _open(query, page="viz/pages/attention.py")
+    q, k = (int(v) for v in query["why"].split(","))
+    assert at2.toggle(key="attn_why").value is True
+    tr = get_trace("dates", text)
+    name, h = best["module"], best["head"]
+    ids = (tr.meta["src_ids"][0], tr.meta["tgt_ids"][0]) if "cross" in name else tr.meta["tgt_ids"][0]
+    e = why.explain_score(ck, ids, name, h, q, k, trace=tr)
+    z = plotly_array(_pairs(at2, lang)[0]["data"][0]["z"])
+    assert abs(z.sum() - e.total) <= e.tolerance()
+    assert abs(e.total - float(tr[f"{name}.scores"][0, h, q, k])) <= e.tolerance()
+
+
 # ---------------------------------------------------------------- lesson 19 (§5)
 
 

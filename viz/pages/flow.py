@@ -28,8 +28,10 @@ from viz.ui.text import text_problems
 
 LLM_PAGE = "viz/pages/llm.py"
 ATTENTION_PAGE = "viz/pages/attention.py"
-HEAD_KEYS = {LLM_PAGE: ("llm_view", "llm_layer", "llm_head", "llm_prompt"),  # the target page's remembered widgets:
-             ATTENTION_PAGE: ("attn_kind", "attn_layer", "attn_head", "attn_view")}  # dropped so the URL wins
+WHY_KEYS = ("_why", "_why_q", "_why_k", "_why_vs")  # the "Why here?" panel's (viz/ui/why_panel.py), seeded from `why=`
+HEAD_KEYS = {LLM_PAGE: ("llm_view", "llm_layer", "llm_head", "llm_prompt",  # the target page's remembered widgets:
+                        *(f"llm{k}" for k in WHY_KEYS)),  # dropped so the URL wins
+             ATTENTION_PAGE: ("attn_kind", "attn_layer", "attn_head", "attn_view", *(f"attn{k}" for k in WHY_KEYS))}
 KIND_IDS = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}  # the Attention page's ?attn_kind=
 TAUS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3)
 MAX_EDGES_DRAWN = 1500  # a lower tau on a long prompt: the page asks for a higher one
@@ -231,15 +233,18 @@ st.caption(t("{n} of {total} edges have a contribution above τ = {tau} and are 
 
 
 def head_query(e: dict) -> tuple[str, dict]:
-    """The page and URL that open the head of an attention edge."""
+    """The page and URL that open the head of an attention edge, with "Why here?" open on the edge's cell: its query
+    is the edge's destination position, its key the source position (`why=Q,K`)."""
     info = s.module.describe()["attention"][e["module"]]
+    why = f"{e['dst'][2]},{e['src'][2]}"
     if kind == "lm":
-        q = {"checkpoint": sel.name, "view": "heads", "layer": info["layer"], "head": e["head"], "lang": lang}
+        q = {"checkpoint": sel.name, "view": "heads", "layer": info["layer"], "head": e["head"], "lang": lang,
+             "why": why}
         if len(text) <= MAX_URL_TEXT:
             q["prompt"] = text
         return LLM_PAGE, q
     q = {"checkpoint": sel.name, "attn_kind": KIND_IDS[info["kind"]], "layer": info["layer"], "head": e["head"],
-         "lang": lang}
+         "lang": lang, "why": why}
     if len(text) <= MAX_URL_TEXT:
         q["text"] = text
     if sel.target:
