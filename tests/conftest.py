@@ -148,11 +148,12 @@ _MODULE_START = r"(?:encoder|decoder)\.layers\.\d+\.(?:self|cross)_attn"
 def title_names(title: str, start: str) -> bool:
     """Whether a figure's title is the one `start` names. `start` may open with an attention module's capture name
     ("decoder.layers.1.self_attn · head 3"): the title says the module in words (viz.figures.attention.module_title:
-    "decoder layer 1 · self-attention · head 3") and its subtitle names the capture, so both are checked."""
+    "decoder layer 1 · self-attention · head 3") and its subtitle names the capture, so both are checked. A figure
+    that names a capture itself (snapshot diff: "encoder.layers.0.self_attn.weights · head 1: ...") matches as is."""
     import re
 
     m = re.match(_MODULE_START, start)
-    if m is None:
+    if m is None or title.startswith(start):
         return title.startswith(start)
     main, _, sub = title.partition("<br>")
     module, rest = m.group(), start[m.end():]

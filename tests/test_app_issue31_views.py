@@ -46,10 +46,10 @@ def test_llm_document_view_and_zoom_follow_the_end_after_the_prompt_grows(tiny):
     assert at.number_input(key="llm_long_pos").value == 5
 
 
-def test_needle_caption_cites_what_the_readme_measured(tiny):
-    """The caption's lengths are the README's (it measured 4,096 and 8,187; nothing is 'not measured')."""
+def test_needle_caption_on_another_model_cites_no_readme_measurement(tiny):
+    """The README's needle measurements are SmolLM2's: beside another model's grid the caption cites none of them
+    (issue 38 §5; the SmolLM2 caption's numbers are checked against the README in tests/test_issue38_class.py)."""
     import re
-    from pathlib import Path
 
     at = AppTest.from_file(APP, default_timeout=600)
     at.query_params.update({"checkpoint": tiny, "phen": "needle"})
@@ -57,13 +57,7 @@ def test_needle_caption_cites_what_the_readme_measured(tiny):
     at.run()
     assert not at.exception
     (cap,) = [c.value for c in at.caption if c.value.startswith("An easy haystack")]
-    assert "not measured" not in cap
-    readme = Path(APP).with_name("README.md").read_text(encoding="utf-8")
-    para = readme[readme.index("**Needle in a haystack on SmolLM2**"):]
-    para = para[:para.index("\n\n")]
-    numbers = re.findall(r"\b\d[\d,]*\d\b", cap)  # "135M" (the model) is no measurement
-    assert numbers and all(n in para for n in numbers), (numbers, para[:200])
-    assert "8,187" in cap
+    assert "README" not in cap and not re.findall(r"\b\d[\d,]*\d\b", cap), cap
 
 
 def test_flow_prints_each_rho_once_as_one_string():

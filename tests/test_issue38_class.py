@@ -199,3 +199,13 @@ def test_the_needle_cites_the_readme_only_beside_smollm2(name):
     said = " ".join(c.value for c in at.caption)
     assert "An easy haystack" in said
     assert ("The README reports SmolLM2" in said) is (name == "smollm2"), said
+    if name == "smollm2":  # what it cites is what the README measured (4,096 / 8,187 tokens; nothing "not measured")
+        import re
+        from pathlib import Path
+
+        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+        para = readme[readme.index("**Needle in a haystack on SmolLM2**"):]
+        para = para[:para.index("\n\n")]
+        (cap,) = [c.value for c in at.caption if c.value.startswith("An easy haystack")]
+        numbers = re.findall(r"\b\d[\d,]*\d\b", cap)  # "135M" (the model) is no measurement
+        assert numbers and all(n in para for n in numbers) and "8,187" in cap, (numbers, para[:200])
