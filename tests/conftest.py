@@ -268,3 +268,12 @@ def plotly_array(v):
         a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
         return a.reshape([int(s) for s in str(v["shape"]).split(",")]) if "shape" in v else a
     return np.asarray(v)
+
+
+@pytest.fixture(scope="module")
+def real():
+    """The two shipped real LMs, SmolLM2 (grouped K/V, RoPE) and Gemma 3 270M (q/k-norm, sandwich norms, sliding and
+    global layers), by name: the real-model checks of the residual decomposition and of explain_score."""
+    from model import load_model
+
+    return {name: load_model(name) for name in ("smollm2", "gemma3")}

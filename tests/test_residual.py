@@ -207,13 +207,6 @@ def test_norm_based_measures_what_enters_the_stream(models):
 IOI = "When Mary and John went to the store, John gave a drink to"
 
 
-@pytest.fixture(scope="module")
-def real():
-    from model import load_model
-
-    return {name: load_model(name) for name in ("smollm2", "gemma3")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 @torch.no_grad()

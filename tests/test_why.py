@@ -209,13 +209,6 @@ def test_minilm_post_ln():
         assert max(r.gap for r in chk.rows) <= 1e-9 * max(1.0, e.magnitude)
 
 
-@pytest.fixture(scope="module")
-def real():
-    from model import load_model
-
-    return {name: load_model(name) for name in ("smollm2", "gemma3")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 @torch.no_grad()
