@@ -26,14 +26,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flow import TEXT as FLOW_TEXT  # noqa: E402  (bench/flow.py, beside this file: the same text)
+
 from model import load_model  # noqa: E402
 from model.analysis import why  # noqa: E402
 from model.core import recorder  # noqa: E402
 
-TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
-        "movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years "
-        "presses were running in more than two hundred cities across Europe, and the price of books fell so "
-        "far that ordinary merchants could own them. ")
+TEXT = FLOW_TEXT + " "  # repeated to the length asked
 
 
 def timed(fn):
