@@ -17,7 +17,7 @@ import streamlit as st
 
 from viz import i18n
 from viz.i18n import N_, t
-from viz.ui import failover, lm_models, warmup
+from viz.ui import classroom, failover, lm_models, warmup
 from viz.ui.chrome import install_chrome_words
 from viz.ui.sidebar import sidebar
 from viz.ui.state import install_history_patch
@@ -28,11 +28,13 @@ ROOT = Path(__file__).parent
 # server offers beside the shipped ones (HF directories, .gguf files), loaded in that dtype / on that device.
 # Only these paths: a browser names a model by its label, never a path.
 lm_models.add_server_models(lm_models.parse_model_args(sys.argv[1:]), lm_models.parse_precision_args(sys.argv[1:]))
+classroom.configure(sys.argv[1:])  # `-- --class-store redis://HOST:PORT/N`: a live class across machines (issue 41)
 DEFAULT = "viz/pages/attention.py"  # opens at "/": the view that shows a Transformer thinking
 SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A page appears once its file exists.
     N_("Learn"): [
         ("viz/pages/lessons.py", N_("Lessons"), ":material/school:"),
         ("viz/pages/architecture.py", N_("Architecture map"), ":material/account_tree:"),
+        ("viz/pages/class.py", N_("Live class"), ":material/groups:"),
     ],
     N_("Look inside"): [
         ("viz/pages/tokens.py", N_("Tokens & embeddings"), ":material/text_fields:"),
@@ -46,6 +48,7 @@ SECTIONS = {  # section -> [(file, title, icon)]; url_path = the file's stem. A 
         ("viz/pages/phenomena.py", N_("Attention phenomena"), ":material/insights:"),
         ("viz/pages/flow.py", N_("Why this token?"), ":material/route:"),
         ("viz/pages/qk.py", N_("Q/K map"), ":material/scatter_plot:"),
+        ("viz/pages/vision.py", N_("Attention over an image"), ":material/image:"),
         ("viz/pages/since2017.py", N_("What changed since 2017"), ":material/history:"),
     ],
     N_("Experiment"): [
@@ -88,6 +91,7 @@ def main() -> None:
     failover.install()  # a tab whose replica died reloads its URL on the live one (viz/ui/failover.py)
     lang = i18n.language_switch()
     install_chrome_words(lang)  # Streamlit's own "Stop", "Running...", "Help for ..." in zh (viz/ui/chrome.py)
+    classroom.enter_from_url()  # ?room=CODE&teacher=TOKEN / &seat=S: this session's place in a live class
     pages = {  # the default page's address is the root ("/"), so its stem is free for the alias below
         t(section): [st.Page(f, title=t(title), icon=icon, url_path="" if f == DEFAULT else Path(f).stem,
                              default=(f == DEFAULT)) for f, title, icon in entries if (ROOT / f).is_file()]
@@ -108,12 +112,22 @@ def main() -> None:
         st.switch_page(DEFAULT, query_params=st.query_params.to_dict())
     if st.session_state.get(_LOST):
         st.warning(lost_note(st.session_state.pop(_LOST), page.title), icon="🧭")
+    if st.query_params.get("room") and not classroom.member() and page.url_path != "class":
+        st.switch_page(classroom.CLASS_PAGE, query_params={k: st.query_params[k] for k in ("room", "lang")
+                                                           if k in st.query_params})  # any page's &room= joins
+    # A class member's strip (teacher: publish the view; student: follow it, answer), url path -> page file.
+    files = {"" if f == DEFAULT else Path(f).stem: f for entries in SECTIONS.values() for f, _, _ in entries}
+    classroom.bar(page.url_path, files)
     task_help(sidebar())  # the model's grammar, example sentences, out-of-grammar warnings
-    page.run()
+    try:
+        page.run()
+    finally:  # the view as this run left it (its URL parameters), for the room's followers
+        classroom.publish(page.url_path)
 
 
 if __name__ == "__main__":  # a session's script run
-    main()
+    with warmup.script_run():  # the server's warm-up pauses while a session's run is active (viz/ui/warmup.py)
+        main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
     warmup.start()  # in the background, while the server starts and the first browser loads the frontend
     app = st.App(__file__, routes=failover.routes())  # + the replica boot id (viz/ui/failover.py)

@@ -694,6 +694,180 @@ def stop_training(page) -> None:
     page.context.close()
 
 
+# ---------------------------------------------------------------- issue 43 §1: the warm-up's measured order
+
+# Each piece the warm-up computes after the default page -> the views that show it on their defaults (read from the
+# pages: lm_compute and why_induction in viz/lessons, the sections of viz/pages/phenomena.py). SmolLM2 (its load and
+# /llm's trace) is every language-model view: the lessons on it, /llm, every /phenomena section.
+SHOWN_ON = {
+    "sink_effect": [("lesson", "sinks"), ("phen", "sinks")],
+    "induction": [("lesson", "induction"), ("lesson", "why-here"), ("phen", "patterns"), ("phen", "induction")],
+    "induction_ablation": [("phen", "induction")],
+    "ioi": [("lesson", "ioi"), ("phen", "ioi")],
+    "logit_lens": [("lesson", "lens")],
+    "needle_grid": [("phen", "needle")],
+    "needle_ablation": [("phen", "needle")],
+    "learn": [("lesson", "induction-forms"), ("page", "learn")],
+}
+PHEN_LINK = r"phen(?:=|[\"']\s*:\s*[\"'])(sinks|patterns|induction|ioi|needle)\b"
+
+
+def view_entry_points() -> dict:
+    """view -> how many entry points of the app open it: each lesson (its own view, and its link to the full page),
+    the sidebar (each page on its default view: /phenomena opens on sinks), and every `?phen=` link in the pages and
+    the README (the Lesson list and /phenomena's own menu aside: counted above, or the page itself)."""
+    import re
+    from collections import Counter
+
+    sys.path.insert(0, str(ROOT))
+    from viz import lessons as LS
+
+    views: Counter = Counter()
+    for lesson in LS.LESSONS:
+        views[("lesson", lesson.slug)] += 1
+        page = Path(lesson.page).stem
+        views[("phen", lesson.page_query.get("phen", "sinks")) if page == "phenomena" else ("page", page)] += 1
+    for view in (("page", "llm"), ("page", "learn"), ("phen", "sinks")):  # the sidebar's links
+        views[view] += 1
+    skip = {ROOT / "viz" / "lessons" / "__init__.py", ROOT / "viz" / "pages" / "phenomena.py"}
+    for f in [ROOT / "README.md", *sorted((ROOT / "viz").rglob("*.py"))]:
+        if f not in skip:
+            for m in re.finditer(PHEN_LINK, f.read_text(encoding="utf-8")):
+                views[("phen", m[1])] += 1
+    return dict(views)
+
+
+def warm_order_counts() -> dict[str, int]:
+    """piece -> entry points that open a view showing it (`view_entry_points`)."""
+    from viz import lessons as LS
+
+    views = view_entry_points()
+    counts = {piece: sum(views.get(v, 0) for v in shown) for piece, shown in SHOWN_ON.items()}
+    lm_views = {("lesson", x.slug) for x in LS.LESSONS if x.checkpoint == LS.LM_NAME} | {("page", "llm")}
+    counts["smollm2"] = sum(n for v, n in views.items() if v in lm_views or v[0] == "phen")
+    return counts
+
+
+NEEDS = {"induction_ablation": "induction", "needle_ablation": "needle_grid"}  # computed from the other's result
+
+
+def measured_order(cost: dict[str, float]) -> list[str]:
+    """The pieces, most entry points first; a tie, the cheaper first, where a piece that needs another's result
+    costs both (so it never comes before the one it needs)."""
+    counts = warm_order_counts()
+    return sorted(counts, key=lambda p: (-counts[p], cost[p] + cost.get(NEEDS.get(p, ""), 0.0)))
+
+
+# ---------------------------------------------------------------- issue 43: a class that opens together
+
+TARGET_CLASS_P50_S, TARGET_CLASS_P95_S = 10.0, 20.0  # 6 sessions on the default page right after the start
+TARGET_NEEDLE_COLD_S = 30.0  # the needle view, one browser, right after the start
+TARGET_SWITCH_WARM_S = 0.080  # a head switch once the server is warm (server CPU)
+CLASS_PAGES = {  # page -> (address, what must be drawn for its first view)
+    "default": ("/", ".js-plotly-plot .main-svg"),
+    "needle": ("/phenomena?checkpoint=smollm2&phen=needle", ".st-key-phen_needle_ablation .js-plotly-plot .main-svg"),
+}
+# When the first view is drawn, with the browser's clock: the script run finished, no status widget, the page's
+# figure drawn (or an error shown). Kept in the page, so that waiting for one session never delays the time
+# another records (Playwright's sync API waits on one page at a time).
+FIRST_VIEW = """(() => {
+    const tick = setInterval(() => {
+        const app = document.querySelector('[data-testid="stApp"]');
+        if (!app || window.__alFirst) return;
+        const failed = document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]');
+        const idle = app.getAttribute('data-test-script-state') === 'notRunning'
+            && !document.querySelector('[data-testid="stStatusWidget"]');
+        if (failed || (idle && document.querySelector(%r))) {
+            window.__alFirst = {at: Date.now(), error: failed ? failed.innerText.slice(0, 200) : null};
+            clearInterval(tick);
+        }
+    }, 100);
+})()"""
+
+
+def class_start(browser, page: str, n: int, env: dict | None = None, switch_clicks: int = 0) -> dict:
+    """A fresh server; as soon as it answers its health check, `n` sessions (contexts of one browser, made
+    before the start) open `page` at once. Each session's first view (s, from its own goto), the server's CPU
+    seconds until the last one (warm-up included), the load average; with switch_clicks, then the server CPU of a
+    head switch once the server is idle (the warm-up done)."""
+    path, drawn = CLASS_PAGES[page]
+    ctxs = []
+    for _ in range(n):
+        ctx = browser.new_context(viewport={"width": 1200, "height": 1600})
+        ctx.add_init_script(FIRST_VIEW % drawn)
+        ctxs.append(ctx)
+    pages = [c.new_page() for c in ctxs]
+    port = bench.free_port()
+    load_before = os.getloadavg()
+    t_start = time.time()
+    proc = bench.start_server(ROOT / "app.py", port, env=env)
+    out: dict = {"page": page, "n": n, "load_before": load_before}
+    try:
+        bench.wait_health(port, timeout=120)
+        out["health_s"] = time.time() - t_start
+        opened = []
+        for p in pages:
+            opened.append(time.time() * 1000)
+            p.goto(f"http://127.0.0.1:{port}{path}", wait_until="commit", timeout=300_000)
+        deadline = time.monotonic() + 600
+        firsts: list = [None] * n
+        while any(f is None for f in firsts) and time.monotonic() < deadline:
+            for i, p in enumerate(pages):
+                if firsts[i] is None:
+                    firsts[i] = p.evaluate("() => window.__alFirst || null")
+            time.sleep(0.25)
+        out["cpu_s"] = cpu_seconds(proc.pid)  # from the process's start: the warm-up's share included
+        out["load_after"] = os.getloadavg()
+        out["rss_mb"] = rss_mb(proc.pid)
+        out["views"] = [(f["at"] - o) / 1000 if f else None for f, o in zip(firsts, opened, strict=True)]
+        out["errors"] = [f["error"] for f in firsts if f and f["error"]]
+        for c in ctxs:
+            c.close()
+        if switch_clicks:
+            quiet_cpu(proc.pid, 3.0)  # the warm-up has finished: the steady state
+            out["switch_cpu"] = one_session(browser, f"http://127.0.0.1:{port}", proc.pid, switch_clicks)["cpu_click"]
+            out["load_switch"] = os.getloadavg()
+    finally:
+        bench.stop_server(proc)
+    return out
+
+
+def report_class_start(res: dict) -> None:
+    views = [v for v in res["views"] if v is not None]
+    missing = len(res["views"]) - len(views)
+    la = " / ".join(f"{x:.1f}" for x in res["load_before"][:1] + res["load_after"][:1])
+    p50, p95 = (statistics.median(views), percentile(views, .95)) if views else (float("nan"),) * 2
+    line = (f"class start: {res['n']:2d} sessions on {res['page']:7s} first view p50 {p50:5.1f} s, p95 {p95:5.1f} s "
+            f"(max {max(views, default=float('nan')):.1f}); server CPU {res['cpu_s']:5.1f} s until the last "
+            f"(health after {res['health_s']:.1f} s), RSS {res['rss_mb']:.0f} MB; load {la} (before / after)")
+    if missing or res["errors"]:
+        line += f"; {missing} not drawn in 10 min, {len(res['errors'])} errors: {res['errors'][:2]}"
+    print(line)
+    if res["page"] == "default" and res["n"] == 6:
+        print(f"   target p50 <= {TARGET_CLASS_P50_S:.0f} s, p95 <= {TARGET_CLASS_P95_S:.0f} s   "
+              f"[{verdict(p50 <= TARGET_CLASS_P50_S and p95 <= TARGET_CLASS_P95_S and not missing)}]")
+    if res["page"] == "needle" and res["n"] == 1:
+        print(f"   target <= {TARGET_NEEDLE_COLD_S:.0f} s   [{verdict(p50 <= TARGET_NEEDLE_COLD_S and not missing)}]")
+    if "switch_cpu" in res:
+        print(f"   then, warm: head switch server CPU {res['switch_cpu'] * 1000:.1f} ms/click (load "
+              f"{res['load_switch'][0]:.1f})   target <= {TARGET_SWITCH_WARM_S * 1000:.0f} ms   "
+              f"[{verdict(res['switch_cpu'] <= TARGET_SWITCH_WARM_S)}]")
+
+
+def class_start_main(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+        try:
+            for page in args.class_pages.split(","):
+                for n in (int(x) for x in args.class_sizes.split(",")):
+                    switch = args.clicks if (page, n) == ("default", 6) else 0
+                    report_class_start(class_start(browser, page, n, switch_clicks=switch))
+        finally:
+            browser.close()
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
@@ -725,7 +899,24 @@ def main() -> None:
     ap.add_argument("--long-tokens", type=int, default=2048, help="--llm-soak: the long prompts' length")
     ap.add_argument("--idle", type=float, default=0.0,
                     help="--llm-soak: the server's trace idle time (s); memory is measured again once it has passed")
+    ap.add_argument("--class-start", action="store_true",
+                    help="only: issue 43, sessions opening at once right after `streamlit run` (fresh server each)")
+    ap.add_argument("--class-pages", default="default,needle", help="--class-start: pages (default, needle)")
+    ap.add_argument("--class-sizes", default="1,6,20", help="--class-start: sessions at once, one server each")
+    ap.add_argument("--warm-order", action="store_true",
+                    help="only: the entry points that open each warm-up piece's views, and the order they give")
     args = ap.parse_args()
+    if args.warm_order:
+        from viz.ui import warmup
+
+        counts = warm_order_counts()
+        for piece in measured_order(warmup.COST_S):
+            print(f"{piece:20s} {counts[piece]:3d} entry points")
+        print("viz/ui/warmup.py ORDER:", ", ".join(warmup.ORDER))
+        return
+    if args.class_start:
+        class_start_main(args)
+        return
     if args.llm_soak:
         llm_soak(args)
         return

@@ -245,6 +245,74 @@ def test_flow_attention_edges_open_why_on_their_cell(lang):
     assert abs(e.total - float(tr[f"{name}.scores"][0, h, q, k])) <= e.tolerance()
 
 
+# ---------------------------------------------------------------- /phenomena: the circuits (§4)
+
+
+@pytest.fixture(scope="module")
+def circuits():
+    """The circuits /phenomena's "Why do these heads look there?" shows on SmolLM2, on small inputs: computed with
+    why_circuits' own functions and stored where the page reads them (why_circuits.circuits' per-process cache), so
+    the page runs in seconds; the defaults' numbers are tests/test_why_circuits.py's (the same functions)."""
+    from model.analysis import shared
+    from model.analysis import why_circuits as W
+    from viz.ui.models import load_ckpt
+
+    lm = load_ckpt("smollm2").obj  # the very object the page keys the cache on
+    small = W.Circuits(W.induction_composition(lm, n=12, top_heads=2, queries=3),
+                       W.ioi_query_sources(lm, n_prompts=2, movers=2), W.sink_sources(lm, top_heads=2, queries=3))
+    return shared.cached("why_circuits", lm, (), lambda: small)  # a result already stored (a warm-up's) wins
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_phenomena_shows_why_the_found_heads_look_there(circuits, lang):
+    """Each circuit's heads: its claim's sentence (the analysis's own, in the page's language) labelled by its test,
+    its group bars (the Lead's groups and lead), its table row (the claim's numbers) and a link to /llm on the same
+    input with "Why here?" open on its first explained cell."""
+    from urllib.parse import parse_qsl
+
+    from model.analysis import why_circuits as W
+
+    at = _open({"checkpoint": "smollm2", "lang": lang, "phen": "why"}, page="viz/pages/phenomena.py")
+    tr, label = (lambda s: t(s, lang=lang)), (lambda s: FW.source_label(s, lang))
+    sections = [("Induction heads: the key-side lead over the runner-up, by group", circuits.induction.heads,
+                 {"rep": f"{circuits.induction.n}:{circuits.induction.seed}"}),
+                ("Name movers: the query-side lead of IO over the subject, by group", circuits.ioi.movers,
+                 {"prompt": circuits.ioi.prompts[0]}),
+                ("Sink heads: token 0's key-side lead over the runner-up, by group", circuits.sinks.heads,
+                 {"prompt": circuits.sinks.text})]
+    boxes = {True: [s.value for s in at.success], False: [w.value for w in at.warning]}
+    links = [dict(parse_qsl(x.proto.query_string)) for x in at.get("page_link")]
+    bars = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+    assert all(heads for _, heads, _ in sections)  # on SmolLM2 every circuit finds heads
+    for title, heads, input_query in sections:
+        for h in heads:
+            text = h.render(tr, label)
+            if lang == "en":
+                assert text == h.sentence  # the analysis's own sentence, word for word
+            verdict = t("**Passes its test.** {sentence}" if h.claim.passes else "**Fails its test.** {sentence}",
+                        lang=lang, sentence=text)
+            assert verdict in boxes[h.claim.passes]
+            assert {"layer": str(h.layer), "head": str(h.head), "why": f"{h.lead.queries[0]},{h.lead.keys[0]}",
+                    **input_query}.items() <= next(q for q in links if q.get("head") == str(h.head)
+                                                   and q.get("layer") == str(h.layer) and all(
+                                                       q.get(a) == b for a, b in input_query.items())).items()
+        spec = bars[t(title, lang=lang)]
+        assert list(spec["data"][-1]["x"]) == [W.head_name(h.layer, h.head) for h in heads]
+        np.testing.assert_allclose(plotly_array(spec["data"][-1]["y"]), [h.lead.total for h in heads])
+        for trace in spec["data"][:-1]:  # one bar trace per group: the Lead's group terms
+            g = next(g for g in W.GROUPS + (W.S_INHIBITION_GROUP,) if t(g, lang=lang) == trace["name"])
+            np.testing.assert_allclose(plotly_array(trace["y"]), [h.lead.groups.get(g, 0.0) for h in heads])
+    # the claims' table: the removal's actual change against the attributed one, as the claims computed them
+    col = t("actual (taken out, live norm)", lang=lang)
+    table = next(d.value for d in at.dataframe if t("summed lead", lang=lang) in d.value.columns)
+    np.testing.assert_allclose(table[col].to_numpy(), [h.claim.removal.actual for h in circuits.induction.heads])
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at), english_in_zh(at)
+
+
 # ---------------------------------------------------------------- lesson 19 (§5)
 
 

@@ -201,6 +201,34 @@ def test_norm_based_measures_what_enters_the_stream(models):
     assert per_head.shape == (4, 1, T) and torch.isfinite(per_layer).all()
 
 
+
+@torch.no_grad()
+def test_vision_transformer_parts_sum_to_every_update_the_stream_and_the_logits():
+    """Issue 40: the ViT (pre-norm encoder blocks over [CLS], registers and patches) decomposes like the LMs: each
+    update's parts sum to it, the stream after it is the one recorded, all parts sum to the final norm's input, and
+    through the frozen final norm and the head they sum to the logits."""
+    from model.families.vit import VisionTransformer, ViTConfig
+
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(d_model=32, n_heads=2, n_layers=2, d_ff=64, n_registers=2)).eval()
+    torch.nn.init.normal_(m.head.weight, 0, 0.5)  # the trained head starts at 0
+    x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    desc = m.describe()
+    names = sorted(set(residual.vit_capture(m)) | set(residual.capture_names(desc)) | {"encoder.embed.out"})
+    logits, tr = m.run_with_trace(x, names=names)
+    pos = list(range(m.cfg.n_tokens))
+    resid = tr["encoder.embed.out"][0].double()
+    for u in residual.updates(desc)["encoder"]:
+        added = sum(tr[n][0].double() for n in u.outs)
+        assert rel(sum(p.vector for p in residual.update_parts(m, tr, u, pos)), added) <= REL, u
+        resid = resid + added
+        assert rel(resid, tr[u.whole][0]) <= REL, u  # pre-LN: the stream after it is the next norm's input
+    parts = residual.vit_parts(m, tr, pos)
+    assert rel(sum(p.vector for p in parts), tr["encoder.norm.in"][0]) <= REL
+    assert {"embed", "positions", "L0 H0", "L1 H1", "L1 ffn", "L1 attn bias"} <= {p.label for p in parts}
+    ro = residual.ClassReadout(m, tr)
+    assert rel(sum(ro.logit(p.vector) for p in residual.vit_parts(m, tr, [0])) + ro.bias_logit(), logits) <= REL
+
 # ---------------------------------------------------------------------- the real models
 
 

@@ -231,3 +231,35 @@ def test_smollm2_ioi_and_sinks(smol):
         assert h.lead.keys == [0] * len(h.lead.queries) and 0 not in h.lead.against
         assert sums_to_one(h.lead)
         assert "FFNs" in h.sentence
+
+
+# ---------------------------------------------------------------------- the page's words (viz/ui/why_circuits_view.py)
+
+
+def test_every_sentence_template_and_word_has_chinese():
+    """The page renders each claim in the user's language with `render(tr, label)`: every template and word the
+    sentences use has a zh entry with the same placeholders, and a rendered claim keeps its numbers."""
+    import string
+
+    from viz import i18n
+
+    zh = i18n.catalog("zh")
+    words = [W.LEADS_SENTENCE, W.NO_LEAD_SENTENCE, W.CHECK_DISAGREES, W.GROUP_PASS, W.GROUP_FAIL, W.REASON_NO_MEMBERS,
+             W.REASON_NO_LEAD, W.REASON_NOT_LARGEST, W.REASON_CHECK, W.IOI_NONE, W.SINK_WHAT, W.SINK_DOES,
+             W.SINK_NONE, W.IND_WHAT, W.IND_DOES, W.IND_WHERE, W.K_COMPOSITION, W.IOI_WHAT, W.IOI_DOES, W.IOI_WHERE,
+             W.S_INHIBITION_GROUP, W.Q_COMPOSITION, W.SINK_WHERE, W.MASSIVE, W.NONE, W.NOTHING, *W.GROUPS,
+             *W.SIDES, *W.SIDES.values()]
+    assert not [w for w in words if not zh.get(w, "").strip()]
+
+    def fields(s):
+        return {f for _, f, _, _ in string.Formatter().parse(s) if f is not None}
+
+    assert all(fields(zh[w]) == fields(w) for w in words)
+    m, ids, tr, head, pairs = last_checkpoint()
+    lead = W.explain_lead(m, ids, tr, 1, head, pairs, "key", {"L0 H0"})
+    claim = W.group_claim(lead, W.PREV_GROUP, ["L0 H0"])
+    args = ("L1 H0", "induction", "attends there", "queries", W.PREV_GROUP, "L0 H0 0.95", W.K_COMPOSITION)
+    en = W.claim_sentence(claim, lead, *args)
+    cn = W.claim_sentence(claim, lead, *args, tr=lambda s: zh.get(s, s))
+    assert en != cn and f"{lead.total:+.3g}" in cn and f"{claim.value:+.3g}" in en
+    assert W.claim_sentence(claim, lead, *args, tr=lambda s: s) == en  # identity: the English sentence

@@ -44,7 +44,11 @@ class SharedResults:
                 if event is None:  # ours to compute
                     event = self._running[key] = threading.Event()
                     break
-            event.wait()  # another caller computes it; then look again (it may have failed: then we try)
+            _note_waiting(True)  # the server's warm-up does not pause while a script run waits for its result
+            try:
+                event.wait()  # another caller computes it; then look again (it may have failed: then we try)
+            finally:
+                _note_waiting(False)
         try:
             t0 = time.perf_counter()
             result = compute()
@@ -72,6 +76,27 @@ class SharedResults:
     def clear(self) -> None:
         with self._lock:
             self._done.clear()
+
+
+_WAITING: dict[int, int] = {}  # thread id -> how many SharedResults.get calls of it wait for another's result
+_WAITING_LOCK = threading.Lock()
+
+
+def _note_waiting(on: bool) -> None:
+    ident = threading.get_ident()
+    with _WAITING_LOCK:
+        n = _WAITING.get(ident, 0) + (1 if on else -1)
+        if n > 0:
+            _WAITING[ident] = n
+        else:
+            _WAITING.pop(ident, None)
+
+
+def waiting_threads() -> set[int]:
+    """The threads now waiting for a result another thread computes (viz/ui/warmup.py: a script run waiting for the
+    warm-up's result must not make it pause)."""
+    with _WAITING_LOCK:
+        return set(_WAITING)
 
 
 RESULTS = SharedResults()

@@ -342,3 +342,44 @@ class Unembedding:
         """The final norm's gain (1 + w for Gemma): what a part is multiplied by before W_U, apart from the
         frozen scale (the same for every token)."""
         return self.norm.gain
+
+
+# ---------------------------------------------------------------------- vision transformer (issue 40)
+
+
+def vit_capture(model) -> list[str]:
+    """Every capture `vit_parts` and `ClassReadout` read for model/families/vit.py's VisionTransformer."""
+    names = ["encoder.embed.tok", "encoder.embed.pos", "encoder.norm.in", "logits"]
+    for layer in model.encoder.layers:
+        names += [f"{layer.self_attn.name}.z", f"{layer.self_attn.name}.out", f"{layer.ffn.name}.out"]
+    return names
+
+
+@torch.no_grad()
+def vit_parts(model, trace, positions) -> list[Part]:
+    """Every part of a vision transformer's last residual stream (the final norm's input) at token `positions`
+    (0 = [CLS]): the token embeddings ([CLS], registers, W_E·patch + b), the positions, then each pre-norm update's
+    parts (`update_parts`: each head, W^O's bias, the FFN). They sum to trace["encoder.norm.in"][0, positions]."""
+    pos = torch.as_tensor(positions).reshape(-1)
+    parts = [Part("embed", "embed", None, None, trace["encoder.embed.tok"][0, pos].double()),
+             Part("positions", "pos", None, None, trace["encoder.embed.pos"][pos].double())]
+    for u in updates(model.describe())["encoder"]:
+        parts += update_parts(model, trace, u, pos)
+    return parts
+
+
+class ClassReadout:
+    """A vision transformer's logits from its [CLS] stream, the final norm frozen at this run:
+    logits = W_head · (N°(x_CLS) + b_norm) + b_head, so Σ logit(part) + bias_logit() = the model's logits."""
+
+    def __init__(self, model, trace):
+        self.norm = FrozenNorm(model.encoder.norm, trace["encoder.norm.in"][0, :1])
+        self.W = model.head.weight.detach().double()  # (C, D)
+        self.b = model.head.bias.detach().double()
+
+    def logit(self, vector: torch.Tensor) -> torch.Tensor:
+        """[1, D] part at [CLS] -> [1, C] its contribution to each class's logit."""
+        return self.norm.part(vector) @ self.W.T
+
+    def bias_logit(self) -> torch.Tensor:
+        return ((self.W @ self.norm.bias) + self.b)[None]

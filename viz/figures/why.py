@@ -6,6 +6,7 @@
 - `top_pairs_figure(expl)`: the largest (query source, key source) terms, signed bars;
 - `check_figure(check)`: the causal check, attributed vs actual change of the score per source, disagreements
   marked;
+- `circuit_groups_figure(...)`: /phenomena's circuits (model.analysis.why_circuits): each head's summed lead by group;
 - `runner_up(weights, key)`: the key the head would otherwise pick (the row's highest weight other than `key`);
 - `why_sentence(expl, ...)`: one sentence computed from the explanation's numbers, with the test it states.
 No streamlit here; every drawn number is a term of the explanation (or of the check).
@@ -127,6 +128,30 @@ def check_figure(check, lang: str | None = None) -> go.Figure:
                       title={"text": t("Causal check: each source taken out of this head's input alone", lang=lang),
                              "x": 0.0}, legend={"orientation": "h", "y": -0.3})
     fig.update_yaxes(title=t("change of the score", lang=lang), zeroline=True)
+    return fig
+
+
+# the groups of model.analysis.why_circuits (GROUPS, and IOI's S-inhibition-like heads), coloured the same everywhere
+_GROUP_COLOURS = {"previous-token heads": "#1b7837", "S-inhibition-like heads": "#1b7837", "other heads": "#762a83",
+                  "FFNs": "#d6604d", "embeddings": "#4393c3", "biases": "#999999"}
+
+
+def circuit_groups_figure(heads: Sequence[str], groups: Sequence[dict], totals: Sequence[float], title: str,
+                          lang: str | None = None) -> go.Figure:
+    """Each found head's summed lead split by group (why_circuits.Lead.groups): one bar per group and head, signed;
+    a diamond marks the lead itself (Σ a head's bars). Group names are translated; the numbers are the Lead's."""
+    names = [g for g in _GROUP_COLOURS if any(g in gr for gr in groups)]
+    fig = go.Figure([go.Bar(name=t(g, lang=lang), x=list(heads), y=[gr.get(g, 0.0) for gr in groups],
+                            marker={"color": _GROUP_COLOURS[g]}, text=[num(gr.get(g, 0.0)) for gr in groups],
+                            textposition="outside", hovertemplate="%{x}: %{text}<extra>" + t(g, lang=lang) + "</extra>")
+                     for g in names])
+    fig.add_trace(go.Scatter(name=t("summed lead", lang=lang), x=list(heads), y=list(totals), mode="markers",
+                             marker={"symbol": "diamond", "size": 12, "color": "black"},
+                             text=[num(v) for v in totals], hovertemplate="%{x}: %{text}<extra></extra>"))
+    fig.update_layout(barmode="group", height=340, title={"text": title, "x": 0.0},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10}, legend={"orientation": "h", "y": -0.2})
+    fig.update_yaxes(title=t("term (summed over the positions)", lang=lang), zeroline=True)
+    fig.update_xaxes(type="category")
     return fig
 
 

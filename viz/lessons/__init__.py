@@ -1,6 +1,7 @@
 """Short lessons: ten that follow the paper and the seeds, six on a real language model (SmolLM2), one on a model
 trained in the lab (induction heads forming: the Watch attention learn run), one on Gemma 3's horizon, and one on
-why a head looks where it does (19: the induction head's score split by source, model/analysis/why.py). Each has
+why a head looks where it does (19: the induction head's score split by source, model/analysis/why.py), and one on
+an image read as patches (20: the lab's vision transformer, model/families/vit.py). Each has
 text, one live view, a task, a question. Nothing counts them by hand: the page reads len(LESSONS).
 
 Pure (no streamlit): a lesson's `live(data, param)` turns the model's own numbers (a `Trace`, a
@@ -636,6 +637,83 @@ def live_horizon(hz, param=None) -> Live:
     return Live(fig, list(HORIZON_BINS), labels, (correct,), fb, args={"w": hz.window})
 
 
+# ---------------------------------------------------------------- 20. an image is a sequence of patches
+
+VIT_NAME = "shapes"  # lesson 20 opens the lab's vision transformer (model/families/vit.py, trained on model/toy/shapes)
+
+
+@dataclass
+class VitSample:
+    """Lesson 20's numbers for one sample of the shapes set: the image, its label and deciding patch, the trace."""
+
+    image: np.ndarray  # (3, S, S)
+    label: int
+    decide: np.ndarray  # (rows, cols) bool
+    probs: np.ndarray  # (C,)
+    trace: object
+
+
+def vit_sample(model, seed: int) -> VitSample:
+    import torch
+
+    from model.toy.shapes import make_batch
+
+    cfg = model.cfg
+    images, labels, decide = make_batch(1, int(seed), image_size=cfg.image_size, patch_size=cfg.patch_size)
+    with torch.no_grad():
+        logits, trace = model.run_with_trace(torch.from_numpy(images), names="*.weights")
+    return VitSample(images[0], int(labels[0]), decide[0], torch.softmax(logits[0].double(), -1).numpy(), trace)
+
+
+def cls_map(trace, layer: int) -> tuple[np.ndarray, float]:
+    """[CLS]'s attention over the patches at `layer`, the heads' mean ((rows, cols), and what the prefix got)."""
+    from viz.figures import vision as FV
+
+    w = F.arr(trace[f"encoder.layers.{layer}.self_attn.weights"])[0].mean(0)[0]
+    return FV.patch_map(w, trace.meta["n_prefix"], trace.meta["grid"])
+
+
+def object_cells(image: np.ndarray, grid: Sequence[int], patch: int) -> list[tuple[int, int]]:
+    """The patches that hold something (a shape) rather than the black background, row-major."""
+    lit = np.asarray(image).max(0) > 0.3
+    rows, cols = grid
+    return [(r, c) for r in range(rows) for c in range(cols)
+            if lit[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].any()]
+
+
+def live_patches(data, param=0) -> Live:
+    """data: the loaded vision transformer; param: the sample's seed."""
+    from model.analysis import vision as AV
+    from viz.figures import vision as FV
+
+    model = data
+    sm = vit_sample(model, int(param))
+    meta = sm.trace.meta
+    L = model.cfg.n_layers
+    z, _ = cls_map(sm.trace, L - 1)
+    fig = FV.attention_over_image(sm.image, z, meta["patch_size"],
+                                  t("[CLS]'s attention in the last layer (layer {l}, heads' mean)", l=L - 1))
+    best = np.unravel_index(int(np.argmax(z)), z.shape)
+    cells = object_cells(sm.image, meta["grid"], meta["patch_size"])
+    near = [c for c in cells if z[c] >= z[best] - 0.02]  # a near-tie also counts
+    others = [c for c in cells if c not in near]
+    extra = [(r, c) for r in range(z.shape[0]) for c in range(z.shape[1]) if (r, c) not in cells]
+    picks = sorted(dict.fromkeys([tuple(int(v) for v in best), *near, *others[:3], *extra[:max(0, 3 - len(others))]]))
+    ids = [f"{r},{c}" for r, c in picks]
+    labels = {i: t("row {r}, column {c}", r=i.split(",")[0], c=i.split(",")[1]) for i in ids}
+    correct = tuple(f"{r},{c}" for r, c in picks if z[r, c] >= z[best] - 0.02)
+    share = AV.deciding_share(sm.trace, sm.decide[None])
+    s, covered = float(np.asarray(share["share"])[L - 1].mean()), float(share["coverage"])
+    dr, dc = (int(v) for v in np.argwhere(sm.decide)[0])
+    names = model.cfg.names()
+    fb = t("[CLS] gives {v} of its attention to the patch at row {r}, column {c}. The square is at row {dr}, column "
+           "{dc}: that patch covers {cov} of the image and gets {s} of [CLS]'s attention in this layer (the heads' "
+           "mean). The model answers {name} ({p}).", v=f"{z[best]:.1%}", r=int(best[0]), c=int(best[1]), dr=dr,
+           dc=dc, cov=f"{covered:.1%}", s=f"{s:.1%}", name=t(names[int(np.argmax(sm.probs))]),
+           p=f"{float(sm.probs.max()):.1%}")
+    return Live(fig, ids, labels, correct, fb)
+
+
 # ---------------------------------------------------------------- the syllabus
 
 # What "seed 001" means wherever a page names a seed post (st.caption(t(SEEDS_NOTE)) or help=t(SEEDS_NOTE)).
@@ -831,5 +909,19 @@ LESSONS: list[Lesson] = [
         N_("Layer {layer}, head {head} attends from position {q} to {k} rather than {a}. Which source, written at "
            "the key position, gives the most of that lead?"),
         "viz/pages/llm.py", {"view": "heads"}, source="lm", checkpoint=LM_NAME, live=live_why_here),
+    Lesson(
+        "patches", N_("An image is a sequence of patches"),
+        N_("A vision transformer reads an image the way a text model reads a sentence. It cuts the image into "
+           "square patches (here 4 × 4 patches of 8 × 8 pixels), flattens each patch's pixels into one vector and "
+           "maps it to d_model numbers with one linear layer: those are its tokens. A learned position embedding "
+           "says where each patch was, and a [CLS] token in front collects what the class head reads. The rest "
+           "is the encoder you know. This one was trained in the lab to answer “What colour is the square?”, "
+           "among other shapes: the patch that decides the answer is known."),
+        N_("Move the seed to draw other images: does [CLS] find the square wherever it is, and whatever shapes "
+           "share its colour? On the full page, compare the layers and the heads."),
+        N_("In the last layer, which patch gets the most of [CLS]'s attention?"),
+        "viz/pages/vision.py", {"q": "cls", "head": "mean", "img": "sample"}, source="vit",
+        checkpoint=None, param=("slider", N_("sample (seed)"), (0, 99), 0), param_query="seed",
+        live=live_patches),
 ]
 

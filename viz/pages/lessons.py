@@ -35,6 +35,7 @@ PAGE_KEYS = {
     "viz/pages/phenomena.py": ("phen_view",),
     "viz/pages/llm.py": ("llm_view", "llm_layer", "llm_head", "llm_prompt"),
     "viz/pages/learn.py": ("learn_model", "learn_head", "learn_step"),
+    "viz/pages/vision.py": ("vis_img", "vis_seed", "vis_layer", "vis_head", "vis_q", "vis_ablate"),
 }
 PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/tokens.py": N_("Tokens & embeddings"),
@@ -47,6 +48,7 @@ PAGE_TITLES = {  # the navigation titles (msgids shared with app.py's table)
     "viz/pages/flow.py": N_("Why this token?"),
     "viz/pages/learn.py": N_("Watch attention learn"),
     "viz/pages/since2017.py": N_("What changed since 2017"),
+    "viz/pages/vision.py": N_("Attention over an image"),
 }
 PRESENT_FIG_HEIGHT = 440  # px: the least a figure gets (the title row and it fit a 1280×720 projector); a
 # heatmap with many rows gets more (viz.figures.present: at least 26 px a row, up to 880 px)
@@ -107,6 +109,13 @@ def lm_data(slug: str, name: str, text: str):
 
 
 @st.cache_resource(show_spinner=False)
+def vision_model():
+    from model.families.vit import load_vit
+
+    return load_vit(LS.VIT_NAME)
+
+
+@st.cache_resource(show_spinner=False)
 def minilm():
     return pretrained.load_minilm()
 
@@ -148,6 +157,13 @@ def load(lesson: LS.Lesson, text: str):
             show_error(t("The recorded run cannot be read: {error}", error=e))
             return None
         return runs, sm
+    if lesson.source == "vit":  # the lab's vision transformer, loaded once per server (shared with /vision)
+        try:
+            with st.spinner(t("Loading the vision transformer…")):
+                return vision_model()
+        except (OSError, ValueError, KeyError) as e:
+            show_error(t("The vision transformer cannot be loaded: {error}", error=e))
+            return None
     problem = sentence_problem(text) or text_problems(text)
     if problem:
         show_error(problem)
@@ -400,6 +416,9 @@ def main() -> None:
                              for i, x in enumerate(LS.LESSONS, 1) if x.source == "learn")
                    + "".join(" " + t("Lesson {n} opens Gemma 3 270M and its sliding and global layers.", n=i)
                              for i, x in enumerate(LS.LESSONS, 1) if x.checkpoint == LS.HORIZON_NAME)
+                   + "".join(" " + t("Lesson {n} reads an image, patch by patch, with a vision transformer trained "
+                                     "in the lab.", n=i)
+                             for i, x in enumerate(LS.LESSONS, 1) if x.source == "vit")
                    + " " + t(LS.SEEDS_NOTE))
     slot = st.empty() if not present else None
     nav(n)

@@ -1,7 +1,8 @@
 """Attention phenomena: what an LLM's heads do, each found live by its published recipe (issue 19 §3).
 
-Five views (`?phen=`): attention sinks, previous- and duplicate-token heads, induction heads, IOI ("who
-gave the drink?") and a needle in a haystack (issue 24 §4). Each says what the phenomenon is in 2–3
+Six views (`?phen=`): attention sinks, previous- and duplicate-token heads, induction heads, IOI ("who
+gave the drink?"), a needle in a haystack (issue 24 §4) and why these heads look there (issue 39 §4: their scores
+split into sources, viz/ui/why_circuits_view.py). Each says what the phenomenon is in 2–3
 sentences, states its number and the threshold used, outlines the heads it found and links each one to the
 Language model page at that layer and head, and has a "try it". The numbers come from model/analysis
 (phenomena.py, ioi.py, patching.py, lessons_llm.py, long.py); this page only draws them. Heavy results are
@@ -27,6 +28,7 @@ from viz.figures import attention as F
 from viz.figures import long as FLONG
 from viz.figures import phenomena as FPH
 from viz.i18n import N_, current_lang, option_labels, t
+from viz.ui import why_circuits_view
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.progress import ProgressBar, estimate_text
 from viz.ui.render import show_error, show_figure
@@ -36,7 +38,7 @@ from viz.ui.text import text_problems
 
 VIEWS = {"sinks": N_("Attention sinks"), "patterns": N_("Previous- and duplicate-token heads"),
          "induction": N_("Induction heads"), "ioi": N_("Who gave the drink? (IOI)"),
-         "needle": N_("A needle in a haystack")}
+         "needle": N_("A needle in a haystack"), "why": N_("Why do these heads look there?")}
 LLM_PAGE = "viz/pages/llm.py"
 MAX_LINKS = 8  # found heads linked per detector (the map outlines them all)
 SOURCES = {"random": N_("[BOS] + 50 random tokens, repeated"), "prompt": N_("the sidebar's prompt")}
@@ -605,4 +607,4 @@ view = st.segmented_control(t("Phenomenon"), list(VIEWS), key="phen_view", requi
                             format_func=option_labels(list(VIEWS), lambda v: t(VIEWS[v]))) or "sinks"
 write_query(phen=view)
 {"sinks": sinks_view, "patterns": patterns_view, "induction": induction_view, "ioi": ioi_view,
- "needle": needle_view}[view]()
+ "needle": needle_view, "why": lambda: why_circuits_view.show(sel.name)}[view]()  # issue 39 §4

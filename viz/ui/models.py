@@ -19,7 +19,7 @@ import streamlit as st
 
 from model.core import recorder
 from viz.i18n import t
-from viz.ui import lm_models
+from viz.ui import lm_models, warmup
 from viz.ui.heap import freeze_after_load
 
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
@@ -116,7 +116,10 @@ def load_ckpt(name: str):
     """The checkpoint `name`: a model trained in this session, else a shipped name or directory,
     loaded once and shared read-only by all sessions (never train or mutate it)."""
     own = session_models().get(name)
-    return own if own is not None else _load_shared(name)
+    if own is not None:
+        return own
+    warmup.boost(name)  # if the warm-up is loading it at its low priority, the load runs at ours from now on
+    return _load_shared(name)
 
 
 @st.cache_resource(show_spinner=False, max_entries=TRACE_CACHE_ENTRIES, ttl=3600)

@@ -24,6 +24,7 @@ MAX_URL_TEXT = 1000  # characters of a text mirrored into the URL; a longer one 
 REF = "_ref"  # ?text_ref=<16 hex>: the long text `text` kept on this server
 _KEPT = "_al_kept_"  # prefix: the last value of a URL-seeded widget, kept while it is not drawn
 _LINKED = "_al_linked_"  # prefix: a widget's value as this run's URL gave it (clamp_state's note is for it alone)
+_SEEDED = "_al_seeded"  # the keys of every widget seed_from_query has seeded in this session (forget_view drops them)
 
 
 # ---------------------------------------------------------------- URL (query string) sync
@@ -93,6 +94,7 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
     replaced, and the page says so once (`note_replaced`).
     """
     kept = _KEPT + key
+    st.session_state.setdefault(_SEEDED, set()).add(key)
     if key in st.session_state:
         # Written back, so the widget tells the browser its value (set_value): after a run that did not
         # draw it (an input error stopped the page; a fragment's widgets outlive such runs) the browser
@@ -120,6 +122,15 @@ def seed_from_query(key: str, param: str, default: Any, cast: Callable[[str], An
     if raw is not None and url_ok:
         st.session_state[_LINKED + key] = value
     st.session_state[key] = st.session_state[kept] = value
+
+
+def forget_view() -> None:
+    """Drop every URL-seeded widget's value (and its kept copy), so the next run takes each from the URL, else its
+    default: a class follower switching to the teacher's view (viz/ui/classroom.py) gets the teacher's page state,
+    not the values it last had itself."""
+    for key in st.session_state.get(_SEEDED, ()):
+        for k in (key, _KEPT + key, _LINKED + key):
+            st.session_state.pop(k, None)
 
 
 _NOTED = "_al_noted"  # (what, value) pairs this session was already told about

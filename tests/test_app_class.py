@@ -1,0 +1,94 @@
+"""/class (AppTest, issue 41): a teacher starts a room and asks a question, a student session joins, follows the
+teacher's page and answers, and the teacher's results count the answer. Sessions share nothing but the store
+(a SQLite file of this module's own, via $ATTENTION_LAB_CLASS_STORE)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_clean, open_page
+
+from viz.classroom.store import open_store
+from viz.ui.classroom import KEY
+
+PAGE = "viz/pages/class.py"
+
+
+@pytest.fixture(scope="module")
+def room_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("class") / "rooms.sqlite3"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTENTION_LAB_CLASS_STORE", str(path))
+        yield open_store(str(path))
+
+
+def button(at, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def test_teacher_student_question_and_follow(room_store):
+    teacher = open_page(PAGE, query={"lang": "en"})
+    assert_clean(teacher)
+    button(teacher, "Start a room").click().run()
+    assert_clean(teacher)
+    me = teacher.session_state[KEY]
+    code, token = me["room"], me["token"]
+    assert room_store.is_teacher(code, token) and any(code in h.proto.body for h in teacher.get("html"))
+    assert teacher.get("image"), "the QR code"
+
+    # A student opens the join link on any page: the app takes them to /class's join form.
+    student = open_page(None, query={"lang": "en", "room": code.lower()})
+    assert_clean(student)
+    student.text_input(key="class_nick").input("<b>Ann</b>")
+    button(student, "Join").click().run()
+    assert_clean(student)
+    seat = student.session_state[KEY]["seat"]
+    assert room_store.seat_ok(code, seat) and student.query_params["seat"] == seat
+    assert not [b for b in student.button if b.label in ("Reveal the answer", "Start a room")], "no teacher control"
+
+    # The teacher asks a free question; the student's screen shows it and takes an answer.
+    teacher.text_input(key="class_q_text").input("Which head looks back one token?")
+    teacher.text_area(key="class_q_opts").input("head 1\nhead 3\nnone")
+    teacher.number_input(key="class_q_right").set_value(2)
+    button(teacher, "Ask").click().run()
+    assert_clean(teacher)
+    q = room_store.current_question(code)
+    assert q.options == ["head 1", "head 3", "none"] and q.answer == 1
+    student.run()
+    radio = next(r for r in student.radio if r.key.startswith("class_q_"))
+    radio.set_value(1).run()
+    assert_clean(student)
+    assert room_store.results(code, q.qid) == [0, 1, 0]
+    teacher.run()
+    assert any("1 of 1 joined have answered." in c.value for c in teacher.caption)
+    chart = teacher.get("plotly_chart")[0].proto.spec
+    assert '"x":[0,1,0]' in chart.replace(" ", "")
+    button(teacher, "Reveal the answer").click().run()
+    student.run()
+    assert any("Right: head 3." in s.value for s in student.success)
+
+    # The teacher moves to another page with its own URL state: the student's screen follows.
+    teacher.switch_page("viz/pages/schedule.py")
+    teacher.query_params["warmup"] = "1000"
+    teacher.run()
+    assert_clean(teacher)
+    version, state = room_store.get_state(code)
+    assert state["page"] == "schedule" and "teacher" not in state["params"]
+    student.run()
+    assert_clean(student)
+    assert student.query_params.get("room") == code and student.session_state[KEY]["seen"] == version
+    # ... and a student who explores on their own stays put until they rejoin.
+    button(student, "Explore on my own").click().run()
+    assert not student.session_state[KEY]["following"]
+    button(student, "Rejoin the teacher").click().run()
+    assert student.session_state[KEY]["following"] and student.session_state[KEY]["seen"] == version
+
+
+def test_forged_teacher_link_and_garbage_code(room_store):
+    code, _ = room_store.create_room()
+    at = open_page(None, query={"lang": "en", "room": code, "teacher": "forged"})
+    assert not at.exception and any("Only the teacher of room" in w.value for w in at.warning)
+    at.switch_page(PAGE).run()
+    assert KEY not in at.session_state and not [b for b in at.button if b.label == "Ask"]
+    assert "teacher" not in at.query_params  # the refused token is not kept in the address
+    at = open_page(None, query={"lang": "en", "room": "<script>"})
+    assert not at.exception and any("is not a room code" in w.value for w in at.warning)

@@ -1,0 +1,70 @@
+"""/vision in AppTest (en and zh): it opens with no exception, the attention map over the image is the shipped ViT's
+own weights for the chosen layer, head and query (a switch redraws the model's numbers, and goes into the URL),
+and a bad upload gets a sentence, not a traceback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_clean, figures_by_title, open_page, plotly_array
+
+from model.families.vit import load_vit
+from model.toy.shapes import make_batch
+
+PAGE = "viz/pages/vision.py"
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def weights():
+    """The shipped model's attention weights on the sample the page opens with: (L, H, T, T)."""
+    model = load_vit("shapes")
+    images, _, _ = make_batch(1, SEED, image_size=model.cfg.image_size, patch_size=model.cfg.patch_size)
+    with torch.no_grad():
+        _, trace = model.run_with_trace(torch.from_numpy(images), names="*.weights")
+    return model.cfg, np.stack([trace[f"encoder.layers.{i}.self_attn.weights"][0].numpy()
+                                for i in range(model.cfg.n_layers)])
+
+
+def raw_map(at) -> np.ndarray:
+    """The raw-weights panel of the attention map (its first heatmap), as drawn."""
+    fig = next(f for title, f in figures_by_title(at).items() if "[CLS]" in title or "patch" in title.lower()
+               or "图像" in title)
+    return plotly_array(next(d for d in fig["data"] if d["type"] == "heatmap")["z"]).astype(np.float64)
+
+
+def expected(cfg, w, layer, head, query=0) -> np.ndarray:
+    rows, cols = cfg.grid
+    row = w[layer].mean(0)[query] if head == "mean" else w[layer, head, query]
+    return row[cfg.n_prefix:].reshape(rows, cols)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_vision_opens_and_a_head_switch_draws_the_models_numbers(lang, weights):
+    cfg, w = weights
+    at = open_page(PAGE, query={"lang": lang, "seed": SEED, "layer": cfg.n_layers - 1, "head": "mean", "q": "cls"})
+    assert_clean(at)
+    L = cfg.n_layers
+    assert at.title[0].value == ("Attention over an image" if lang == "en" else "图像上的注意力")
+    np.testing.assert_allclose(raw_map(at), expected(cfg, w, L - 1, "mean"), rtol=0, atol=1e-6)
+    at.segmented_control(key="vis_layer").set_value(0).run()
+    at.segmented_control(key="vis_head").set_value(2).run()
+    assert_clean(at)
+    np.testing.assert_allclose(raw_map(at), expected(cfg, w, 0, 2), rtol=0, atol=1e-6)
+    assert at.query_params["layer"] == ["0"] and at.query_params["head"] == ["2"]
+    if lang == "en":  # a patch as the query, and the head knocked out: the answer is said from the model's run
+        at.selectbox(key="vis_q").set_value("1,2").run()
+        np.testing.assert_allclose(raw_map(at), expected(cfg, w, 0, 2, cfg.n_prefix + 1 * cfg.grid[1] + 2),
+                                   rtol=0, atol=1e-6)
+        at.toggle(key="vis_ablate").set_value(True).run()
+        assert_clean(at)
+        assert any("knocked out" in m.value for m in at.markdown)
+
+
+def test_a_bad_upload_gets_a_sentence():
+    at = open_page(PAGE, query={"lang": "en", "img": "upload"})
+    assert_clean(at)
+    at.file_uploader(key="vis_upload").set_value(("broken.png", b"\x89PNG\r\n\x1a\nnot really", "image/png")).run()
+    assert not at.exception
+    assert [e.value for e in at.error] and "not an image the page can read" in at.error[0].value

@@ -1,0 +1,257 @@
+"""A live class's Streamlit glue (issue 41): who this session is in a room, the teacher publishing their view, a
+student following it, and a question on a student's screen. The room itself is in the store
+(viz/classroom/store.py): this module keeps only this session's membership in `st.session_state`.
+
+Following is a poll: a fragment (`run_every=POLL_S`) on every page reads the room's version number, one small read;
+when the teacher's view changed, it reads the state (the page and its URL parameters, a few hundred bytes), drops
+this session's URL-seeded widget values (state.forget_view) and switches to that page with those parameters, so each
+widget seeds from the teacher's URL. No figure travels: the follower's server session draws its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import streamlit as st
+
+from viz.classroom.store import ENV, ClassError, ClassStore, Question, normalize_code, open_store
+from viz.i18n import t
+from viz.ui.state import forget_view, write_query
+
+POLL_S = 1.0  # a follower's poll: the teacher's change reaches it within this (plus a run)
+PUBLISH_S = 2.0  # the teacher's own poll, for URL changes a page's fragment made without a full run
+KEY = "_al_class"  # st.session_state: {"room", "role": "teacher"|"student", "token" | "seat", "following", "seen"}
+PRIVATE = ("room", "teacher", "seat", "lang", "present")  # URL parameters that are the session's own, not the view
+CLASS_PAGE = "viz/pages/class.py"
+
+
+def configure(argv: list[str]) -> None:
+    """`streamlit run app.py -- --class-store redis://HOST:PORT/N` (or `--class-store=...`): this server's rooms live
+    there; else $ATTENTION_LAB_CLASS_STORE, else SQLite in the lab's cache folder."""
+    it = iter(argv)
+    for a in it:
+        if a == "--class-store":
+            url = next(it, None)
+        elif a.startswith("--class-store="):
+            url = a.split("=", 1)[1]
+        else:
+            continue
+        if url:
+            os.environ[ENV] = url
+
+
+@st.cache_resource(show_spinner=False)
+def _store(url: str) -> ClassStore:
+    return open_store(url or None)  # a connection (pool) per process; the rooms are in the store, not here
+
+
+def store() -> ClassStore:
+    return _store(os.environ.get(ENV, ""))
+
+
+def error(e: ClassError) -> None:
+    st.warning(t(e.msg, **e.fmt), icon="🏫")
+
+
+def member() -> dict | None:
+    return st.session_state.get(KEY)
+
+
+def is_teacher() -> bool:
+    m = member()
+    return bool(m and m["role"] == "teacher")
+
+
+def enter_from_url() -> None:
+    """A link with `?room=CODE&teacher=TOKEN` makes this session the room's teacher (the token then leaves the
+    address bar, which a projector shows); `?room=CODE&seat=S` is a student's own link back (a reload). A wrong
+    token or seat is said once and ignored."""
+    room, token, seat = (st.query_params.get(k) for k in ("room", "teacher", "seat"))
+    if not room:
+        return
+    m = member()
+    try:
+        code = normalize_code(room)
+        if token:
+            if not store().is_teacher(code, token):
+                raise ClassError("Only the teacher of room {code} can do this.", code=code)
+            st.session_state[KEY] = {"room": code, "role": "teacher", "token": token}
+            write_query(teacher=None, room=code)
+        elif seat and not (m and m["room"] == code):
+            if store().seat_ok(code, seat):
+                st.session_state[KEY] = {"room": code, "role": "student", "seat": seat, "following": True, "seen": -1}
+            else:
+                write_query(seat=None)
+    except ClassError as e:
+        error(e)
+        write_query(room=None, teacher=None, seat=None)
+
+
+def start_room() -> str:
+    code, token = store().create_room()
+    st.session_state[KEY] = {"room": code, "role": "teacher", "token": token}
+    return code
+
+
+def join(code: str, nickname: str) -> None:
+    code = normalize_code(code)
+    seat = store().join(code, nickname)
+    st.session_state[KEY] = {"room": code, "role": "student", "seat": seat, "following": True, "seen": -1,
+                             "nick": nickname}
+
+
+def leave() -> None:
+    st.session_state.pop(KEY, None)
+    write_query(room=None, seat=None, teacher=None)
+
+
+def view_state(page: str) -> dict:
+    """What the teacher's screen shows, as a follower needs it: the page's address and its URL parameters."""
+    params = {k: st.query_params.get(k) for k in st.query_params if k not in PRIVATE}
+    return {"page": page, "params": params}
+
+
+def publish(page: str) -> None:
+    """The teacher's view into the room (a write only when it changed). Called after every full run (app.py) and by
+    the teacher's poll (a page's fragment can change the URL without a full run)."""
+    m = member()
+    if not m or m["role"] != "teacher":
+        return
+    state = view_state(page)
+    if state == m.get("published"):
+        return
+    try:
+        store().set_state(m["room"], m["token"], state)
+        m["published"] = state
+    except ClassError:
+        pass  # the room has ended: the bar says so on its next run
+
+
+def follow(pages: dict[str, str]) -> None:
+    """A follower's step: when the room's version moved, switch to the teacher's page with the teacher's URL
+    parameters (`pages`: url path -> page file; a page this app does not have is not followed)."""
+    m = member()
+    version, state = store().get_state(m["room"])
+    m["seen"] = version
+    target = pages.get(state.get("page"))
+    if target is None:
+        return
+    params = {str(k): str(v) for k, v in (state.get("params") or {}).items() if k not in PRIVATE}
+    params |= {"room": m["room"], "seat": m["seat"]}
+    if lang := st.query_params.get("lang"):
+        params["lang"] = lang  # the student's own language
+    forget_view()
+    st.switch_page(target, query_params=params)
+
+
+def bar(page: str, pages: dict[str, str]) -> None:
+    """The room's strip in the sidebar, on every page, for a member: the teacher's poll (publishing) or the
+    student's (following, the current question)."""
+    m = member()
+    if not m:
+        return
+    if m["role"] == "teacher":
+        publish(page)
+        with st.sidebar:
+            _teacher_bar(page)
+    else:
+        if m["room"] and not st.query_params.get("room"):
+            write_query(room=m["room"], seat=m["seat"])  # a reload rejoins with the same seat
+        with st.sidebar:
+            _student_bar(page, pages)
+
+
+@st.fragment(run_every=PUBLISH_S)
+def _teacher_bar(page: str) -> None:
+    m = member()
+    publish(page)
+    try:
+        n = store().joiners(m["room"])
+    except ClassError as e:
+        error(e)
+        return
+    st.markdown(t("**Room {code}** · teacher · {n} joined", code=m["room"], n=n))
+    if page != "class":
+        st.page_link(CLASS_PAGE, label=t("Room, questions and results"), icon=":material/groups:")
+
+
+@st.fragment(run_every=POLL_S)
+def _student_bar(page: str, pages: dict[str, str]) -> None:
+    m = member()
+    try:
+        version = store().version(m["room"])
+    except ClassError as e:
+        error(e)
+        if st.button(t("Leave the room"), key="class_leave"):
+            leave()
+            st.rerun()
+        return
+    st.markdown(t("**Room {code}**", code=m["room"]))
+    if m["following"]:
+        if version != m["seen"]:
+            follow(pages)  # switches page (a full run) unless the teacher's page is not one this app has
+        st.caption(t("Your screen follows the teacher's."))
+        st.button(t("Explore on my own"), key="class_explore", icon=":material/explore:", on_click=_following,
+                  args=(False,))
+    else:
+        st.caption(t("You are exploring on your own; the teacher's view goes on without you."))
+        # Rejoin: the run after this click finds seen = -1 and switches to the teacher's view.
+        st.button(t("Rejoin the teacher"), key="class_rejoin", icon=":material/groups:", type="primary",
+                  on_click=_following, args=(True,))
+    if page != "class":
+        question_box("bar")
+
+
+def _following(on: bool) -> None:  # a button's callback: it runs before the (fragment's) rerun the click makes
+    m = member()
+    if m:
+        m["following"], m["seen"] = on, -1
+
+
+def question_box(where: str) -> None:
+    """The room's current question on a student's screen: options, their answer (changeable until the reveal), and
+    after the reveal the right answer and the model's numbers behind it."""
+    m = member()
+    try:
+        q = store().current_question(m["room"])
+    except ClassError as e:
+        error(e)
+        return
+    if q is None:
+        return
+    st.markdown(t("**Question {n}:** {text}", n=q.qid, text=q.text.replace("\n", " ")))
+    mine = store().my_answer(m["room"], m["seat"], q.qid)
+    if q.revealed:
+        _revealed(q, mine)
+        return
+    choice = st.radio(t("Your answer"), range(len(q.options)), index=mine, format_func=lambda i: q.options[i],
+                      key=f"class_q_{where}_{m['room']}_{q.qid}", label_visibility="collapsed")
+    if choice is not None and choice != mine:
+        try:
+            store().answer(m["room"], m["seat"], q.qid, int(choice))
+            mine = choice
+        except ClassError as e:
+            error(e)
+    if mine is not None:
+        st.caption(t("Your answer is in: {option}. You can change it until the teacher reveals the answer.",
+                     option=q.options[mine]))
+
+
+def _revealed(q: Question, mine: int | None) -> None:
+    if q.answer is None:
+        st.caption(t("The teacher has closed this question."))
+    elif mine == q.answer:
+        st.success(t("Right: {option}.", option=q.options[q.answer]), icon="✅")
+    else:
+        st.info(t("The right answer: {option}.", option=q.options[q.answer]), icon="💡")
+    if q.extra.get("feedback"):
+        st.caption(q.extra["feedback"])
+
+
+def room_link(code: str, **params: Any) -> str:
+    """The address of /class for this room, on this server (st.context.url; a relative one in tests)."""
+    base = (st.context.url or "").split("?")[0].rstrip("/")
+    base = base.rsplit("/", 1)[0] if base.endswith("/class") else base
+    query = "&".join(f"{k}={v}" for k, v in {"room": code, **params}.items())
+    return f"{base}/class?{query}"
