@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import shlex
 import sys
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from model.families.vit import VIT_DIR, VisionTransformer, ViTConfig, save_vit
 from model.toy import shapes
 
-DEFAULTS = {"steps": 3000, "batch_size": 128, "lr": 2e-3, "weight_decay": 0.05, "warmup": 200}
+DEFAULTS = {"steps": 800, "batch_size": 128, "lr": 2e-3, "weight_decay": 0.05, "warmup": 200}
 EVAL_N = 2000
 
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=DEFAULTS["lr"])
     ap.add_argument("--weight-decay", type=float, default=DEFAULTS["weight_decay"])
     ap.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
-    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--config", default="{}", help="JSON overrides of ViTConfig, e.g. '{\"n_registers\": 4}'")
     a = ap.parse_args(argv)
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         "chance": 1.0 / cfg.n_classes,
         "final_loss": log["loss"][-1],
         "train_time_s": log["train_time_s"], "wall_time_s": round(time.perf_counter() - t0, 1),
-        "threads": a.threads, "torch": torch.__version__, "python": platform.python_version(),
+        "threads": a.threads, "load_average": [round(v, 2) for v in os.getloadavg()],  # the machine was shared
+        "torch": torch.__version__, "python": platform.python_version(),
         "numpy": np.__version__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     meta |= summarise(model, a.task)

@@ -61,6 +61,16 @@ def pytest_collection_modifyitems(config, items):
         runs_app = module is not None and any(n in vars(module) for n in ("AppTest", "model_page"))
         if item.get_closest_marker("browser") or runs_app:
             item.add_marker(pytest.mark.slow)
+    # The long files first: under `-n 2 --dist loadfile` each worker takes the next file when it is done, so a long
+    # file collected late (alphabetically, tests/test_view_matrix.py) ran on one worker while the other had nothing
+    # left. Files with real-browser tests, then files with other slow tests, then the rest; each file's tests stay
+    # together and in their order, and every worker sorts the same collection the same way (xdist checks).
+    rank: dict[str, int] = {}
+    for item in items:
+        f = item.nodeid.split("::")[0]
+        r = 0 if item.get_closest_marker("browser") else 1 if item.get_closest_marker("slow") else 2
+        rank[f] = min(rank.get(f, 2), r)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -66,21 +66,37 @@ def test_teacher_student_question_and_follow(room_store):
     student.run()
     assert any("Right: head 3." in s.value for s in student.success)
 
-    # The teacher moves to another page with its own URL state: the student's screen follows.
-    teacher.switch_page("viz/pages/schedule.py")
-    teacher.query_params["warmup"] = "1000"
+    # The teacher opens lesson 4 (its URL state): the student's screen follows, over the lesson the student had.
+    student.switch_page("viz/pages/lessons.py")
+    student.query_params["lesson"] = "1"
+    student.run()
+    assert student.session_state["lesson_n"] == 1  # the student's own choice: it must not win over the teacher's
+    teacher.switch_page("viz/pages/lessons.py")
+    teacher.query_params["lesson"] = "4"
     teacher.run()
     assert_clean(teacher)
     version, state = room_store.get_state(code)
-    assert state["page"] == "schedule" and "teacher" not in state["params"]
+    assert state["page"] == "lessons" and state["params"]["lesson"] == "4" and "teacher" not in state["params"]
     student.run()
     assert_clean(student)
-    assert student.query_params.get("room") == code and student.session_state[KEY]["seen"] == version
-    # ... and a student who explores on their own stays put until they rejoin.
+    assert student.session_state["lesson_n"] == 4 and student.query_params["lesson"] == "4"
+    assert student.query_params["room"] == code and student.session_state[KEY]["seen"] == version
+    # The teacher asks the lesson's own question: options and right answer as the lesson computed them.
+    button(teacher, "Ask the room this question").click().run()
+    q2 = room_store.current_question(code)
+    assert q2.lesson == "sqrt-dk" and q2.answer is not None and q2.extra["feedback"]
+    # A student who explores stays put while the teacher moves on, and rejoining brings the teacher's view back.
+    student.run()
     button(student, "Explore on my own").click().run()
     assert not student.session_state[KEY]["following"]
+    teacher.query_params["lesson"] = "6"
+    teacher.run()
+    student.run()
+    assert student.session_state["lesson_n"] == 4
     button(student, "Rejoin the teacher").click().run()
-    assert student.session_state[KEY]["following"] and student.session_state[KEY]["seen"] == version
+    assert_clean(student)
+    print("DBG", dict(student.query_params), student.session_state[KEY], room_store.get_state(code))
+    assert student.session_state[KEY]["following"] and student.session_state["lesson_n"] == 6
 
 
 def test_forged_teacher_link_and_garbage_code(room_store):

@@ -243,6 +243,11 @@ def test_flow_attention_edges_open_why_on_their_cell(lang):
     z = plotly_array(_pairs(at2, lang)[0]["data"][0]["z"])
     assert abs(z.sum() - e.total) <= e.tolerance()
     assert abs(e.total - float(tr[f"{name}.scores"][0, h, q, k])) <= e.tolerance()
+    assert query.get("lang") == lang  # the link keeps the page's language
+    if lang == "zh":
+        from test_i18n import english_in_zh
+
+        assert not english_in_zh(at2), english_in_zh(at2)
 
 
 # ---------------------------------------------------------------- /phenomena: the circuits (§4)

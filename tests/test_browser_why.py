@@ -48,3 +48,21 @@ def test_a_click_on_a_head_heatmap_cell_opens_why_here(server, browser, page):
     fresh.locator(".st-key-llm_why_pairs").scroll_into_view_if_needed(timeout=120_000)
     fresh.wait_for_function(f"() => ({TITLES})().some(t => String(t).startsWith('Query 13 '))", timeout=120_000)
     assert query(fresh)["why"] == "13,2"
+
+
+def test_a_click_on_learns_head_map_opens_why_here(server, page):
+    """/learn's head map (same server): a click on a cell off the induction stripe (query 25, key 3; the stripe's
+    markers sit on 25 → 6) opens the panel on it, from the checkpoint's own forward."""
+    page.goto(f"{server}/learn?lmodel=attn2&lhead=1.0&step=1015")
+    wait_drawn(page)
+    page.locator(".st-key-learn_map").scroll_into_view_if_needed(timeout=120_000)
+    xy = page.evaluate("""() => {
+      const gd = document.querySelector('.st-key-learn_map .js-plotly-plot');
+      const fl = gd._fullLayout, r = gd.querySelector('.nsewdrag').getBoundingClientRect();
+      return [r.left + fl.xaxis.l2p(3), r.top + fl.yaxis.l2p(25)];
+    }""")
+    page.mouse.click(*xy)
+    page.wait_for_function("() => new URLSearchParams(location.search).get('why') === '25,3'", timeout=120_000)
+    page.locator(".st-key-learn_why_pairs").scroll_into_view_if_needed(timeout=120_000)
+    page.wait_for_function(f"() => ({TITLES})().some(t => String(t).startsWith('Query 25 '))", timeout=120_000)
+    assert page.get_by_text("L1H0", exact=False).first.is_visible()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.analysis import vision as AV
-from model.families.vit import ViTConfig, VisionTransformer
+from model.families.vit import VisionTransformer, ViTConfig
 from model.toy.shapes import make_batch
 from viz.figures import vision as FV
 

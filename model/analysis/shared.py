@@ -31,6 +31,7 @@ class SharedResults:
         self.max_entries = max_entries
         self._done: OrderedDict[Hashable, tuple[Any, float]] = OrderedDict()  # key -> (result, seconds)
         self._running: dict[Hashable, threading.Event] = {}
+        self._owner: dict[Hashable, int] = {}  # key being computed -> the thread computing it
         self._lock = threading.Lock()
         self.computed = 0  # how many computations ran (a test counts them)
 
@@ -43,12 +44,13 @@ class SharedResults:
                 event = self._running.get(key)
                 if event is None:  # ours to compute
                     event = self._running[key] = threading.Event()
+                    self._owner[key] = threading.get_ident()
                     break
-            _note_waiting(True)  # the server's warm-up does not pause while a script run waits for its result
+            _note_waiting(self, key)  # the server's warm-up does not pause while a script run waits for its result
             try:
                 event.wait()  # another caller computes it; then look again (it may have failed: then we try)
             finally:
-                _note_waiting(False)
+                _note_waiting(self, None)
         try:
             t0 = time.perf_counter()
             result = compute()
@@ -61,6 +63,7 @@ class SharedResults:
         finally:
             with self._lock:
                 self._running.pop(key, None)
+                self._owner.pop(key, None)
             event.set()
 
     def has(self, key: Hashable) -> bool:
@@ -78,25 +81,36 @@ class SharedResults:
             self._done.clear()
 
 
-_WAITING: dict[int, int] = {}  # thread id -> how many SharedResults.get calls of it wait for another's result
+_WAITING: dict[int, tuple] = {}  # thread id -> (SharedResults, key) it waits for, while another thread computes it
 _WAITING_LOCK = threading.Lock()
 
 
-def _note_waiting(on: bool) -> None:
-    ident = threading.get_ident()
+def _note_waiting(results: SharedResults, key) -> None:
+    """This thread waits for `key` of `results` (None: no longer waits)."""
     with _WAITING_LOCK:
-        n = _WAITING.get(ident, 0) + (1 if on else -1)
-        if n > 0:
-            _WAITING[ident] = n
+        if key is None:
+            _WAITING.pop(threading.get_ident(), None)
         else:
-            _WAITING.pop(ident, None)
+            _WAITING[threading.get_ident()] = (results, key)
 
 
 def waiting_threads() -> set[int]:
-    """The threads now waiting for a result another thread computes (viz/ui/warmup.py: a script run waiting for the
-    warm-up's result must not make it pause)."""
+    """The threads now waiting for a result another thread computes."""
     with _WAITING_LOCK:
         return set(_WAITING)
+
+
+def waits_for(owner: int) -> bool:
+    """Whether some thread waits for a result that thread `owner` computes (viz/ui/warmup.py: a script run waiting
+    for the warm-up's result, maybe with other runs queued behind it on a page's own cache lock, must never make
+    the warm-up pause: that would stall them all)."""
+    with _WAITING_LOCK:
+        waits = list(_WAITING.values())
+    for results, key in waits:
+        with results._lock:
+            if results._owner.get(key) == owner:
+                return True
+    return False
 
 
 RESULTS = SharedResults()

@@ -607,3 +607,56 @@ def lm_architecture_figure(desc: Mapping, B: int, T: int, layer: int = 0, size: 
         title = title[:-len(kinds)].rstrip(", ，") + f"<br><sup>{kinds}</sup>"
     fig.update_layout(hoverlabel={"font": {"size": small}})
     return F._layout(fig, title, 900 if size <= LABEL_SIZE else 1100, plot_bgcolor="white", dragmode=False)
+
+
+# ---------------------------------------------------------------- vision transformers (issue 40)
+
+VIT_X = 0.42  # the column; the positions box sits to its right
+
+
+def vit_architecture_figure(cfg: Mapping, size: int = LABEL_SIZE) -> go.Figure:
+    """The lab's vision transformer (model/families/vit.py) as a block diagram, bottom to top: the image cut into
+    patches, the patch embedding, [CLS] (and registers) in front, the positions added, the pre-LN encoder blocks,
+    the final norm and the class head on [CLS]. `cfg`: ViTConfig.to_dict() (a trace's meta["config"])."""
+    S, p, C, D, H = cfg["image_size"], cfg["patch_size"], cfg["channels"], cfg["d_model"], cfg["n_heads"]
+    rows = cols = S // p
+    N, R = rows * cols, int(cfg.get("n_registers") or 0)
+    T = 1 + R + N
+    small = size - 2
+    pos = t("learned positions, one per patch") if cfg["positional"] == "learned" else \
+        t("fixed 2-D sin/cos positions (half row, half column)")
+    prefix = t("[CLS] in front") + (" " + t("+ {n} registers", n=R) if R else "")
+    boxes = [  # (y, label, colour, shape on the edge into the next box)
+        (0.06, t("image ({C} × {S} × {S})", C=C, S=S), "#eeeeee", f"({N}, {C}·{p}·{p} = {C * p * p})"),
+        (0.17, t("cut into {r} × {c} patches of {p} × {p}, row by row", r=rows, c=cols, p=p), EMB, f"({N}, {D})"),
+        (0.28, t("patch embedding: one linear layer {a} → {D}", a=C * p * p, D=D), EMB, f"({T}, {D})"),
+        (0.39, prefix, EMB, f"({T}, {D})"),
+        (0.50, "+", EMB, f"({T}, {D})"),
+        (0.64, t("{L} encoder blocks (pre-LN): LayerNorm → self-attention, {H} heads → +; LayerNorm → FFN "
+                 "{D} → {f} → {D} → +", L=cfg["n_layers"], H=H, D=D, f=cfg["d_ff"]), ATTN, f"({T}, {D})"),
+        (0.78, t("final LayerNorm"), NORM, f"[CLS]: ({D},)"),
+        (0.90, t("class head: linear {D} → {k}", D=D, k=cfg["n_classes"]), OUT, t("{k} class logits",
+                                                                                  k=cfg["n_classes"])),
+    ]
+    fig = go.Figure()
+    w, h = 0.5, 0.075
+    for i, (y, label, colour, edge) in enumerate(boxes):
+        bw = 0.08 if label == "+" else w
+        fig.add_shape(type="rect", x0=VIT_X - bw / 2, x1=VIT_X + bw / 2, y0=y - h / 2, y1=y + h / 2,
+                      fillcolor=colour, line={"color": "#555", "width": 1}, layer="below")
+        fig.add_annotation(x=VIT_X, y=y, text=wrap(label, size, BOX_PX * bw / BOX_W - 16), showarrow=False,
+                           font={"size": size, "color": INK})
+        top = boxes[i + 1][0] - h / 2 if i + 1 < len(boxes) else 1.0
+        _arrow(fig, VIT_X, y + h / 2, VIT_X, top, edge, size=small)
+    fig.add_shape(type="rect", x0=0.76, x1=0.98, y0=0.50 - h / 2, y1=0.50 + h / 2, fillcolor=EMB,
+                  line={"color": "#555", "width": 1}, layer="below")
+    fig.add_annotation(x=0.87, y=0.50, text=wrap(pos, size, BOX_PX * 0.22 / BOX_W - 12), showarrow=False,
+                       font={"size": size, "color": INK})
+    _arrow(fig, 0.76, 0.50, VIT_X + 0.04, 0.50)
+    fig.add_shape(type="rect", x0=VIT_X - w / 2 - 0.02, x1=VIT_X + w / 2 + 0.02, y0=0.58, y1=0.70,
+                  line={"color": "#888", "dash": "dot"}, fillcolor="rgba(0,0,0,0)", layer="below")
+    fig.update_xaxes(visible=False, range=[0, 1])
+    fig.update_yaxes(visible=False, range=[0.0, 1.03])
+    title = t("the vision transformer: {T} tokens = [CLS] + {R} registers + {N} patches, D = {D}, H = {H}",
+              T=T, R=R, N=N, D=D, H=H)
+    return F._layout(fig, title, 760 if size <= LABEL_SIZE else 900, plot_bgcolor="white", dragmode=False)

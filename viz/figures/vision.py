@@ -243,3 +243,23 @@ def prediction_figure(probs, class_names: Sequence[str], truth: int | None = Non
                       margin=dict(l=10, r=10, t=50, b=40), xaxis=dict(title=t("probability"), range=[0, 1]),
                       yaxis=dict(autorange="reversed"))
     return fig
+
+
+def blank_effect_figure(image, effect, patch_size: int, title: str, height: int = 380) -> go.Figure:
+    """The causal effect of blanking each patch (model.analysis.vision.blank_patch_effect: the drop in the answer's
+    probability when that patch's pixels are set to the background) over the image, on a scale centred at 0."""
+    img = to_hwc(image)
+    z = np.asarray(effect, dtype=np.float64)
+    rows, cols = z.shape
+    top = max(float(np.abs(z).max()), 1e-12)
+    heat = go.Heatmap(z=z, x=_centres(cols, patch_size), y=_centres(rows, patch_size), zmin=-top, zmax=top,
+                      colorscale="RdBu_r", opacity=OVERLAY_OPACITY, colorbar=dict(title=t("drop in p")),
+                      customdata=np.stack(np.meshgrid(np.arange(cols), np.arange(rows)), -1),
+                      hovertemplate=t("patch (row {r}, col {c}): {z}", r="%{customdata[1]}", c="%{customdata[0]}",
+                                      z="%{z:+.4f}") + "<extra></extra>")
+    fig = go.Figure([go.Image(z=img, hoverinfo="skip"), heat])
+    fig.update_layout(title=title, shapes=_grid_shapes(rows, cols, patch_size), height=height,
+                      margin=dict(l=10, r=10, t=60, b=10))
+    _image_axes(fig, img.shape[0], img.shape[1])
+    return fig
+

@@ -17,7 +17,7 @@ from model.loaders import minilm as pretrained
 from viz import lessons as LS
 from viz.figures import present as FPR
 from viz.i18n import N_, current_lang, option_labels, t
-from viz.ui import learn_run, lm_models
+from viz.ui import classroom, learn_run, lm_models
 from viz.ui.models import get_trace, load_ckpt
 from viz.ui.render import show_error, show_figure
 from viz.ui.state import clamp_state, int_in, link_params, long_text_note, seed_from_query, write_query
@@ -340,6 +340,8 @@ def question(lesson: LS.Lesson, live: LS.Live, text: str = "", value=None) -> No
     if not live.correct:
         st.info(live.note, icon="ℹ️")
         return
+    classroom.ask_lesson(lesson.slug, t(lesson.question, **live.args), [live.labels[o] for o in live.options],
+                         live.options.index(live.correct[0]), live.feedback)  # a live class's teacher (issue 41)
     asked = "\x1f".join([*live.options, "\x1e", text or "", str(value)])
     digest = hashlib.md5(asked.encode()).hexdigest()[:8]  # new options or new inputs -> a new, unanswered widget
     choice = st.radio(t("Your answer"), live.options, index=None, format_func=live.labels.get,

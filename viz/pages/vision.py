@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
+from viz.figures import arch as FA
 from viz.figures import vision as FV
-from viz.i18n import N_, option_labels, t
+from viz.i18n import N_, current_lang, option_labels, t
 from viz.ui.figure_cache import cached_figure
 from viz.ui.plotly_clicks import plotly_click_component
 from viz.ui.render import show_error, show_figure
@@ -44,8 +45,9 @@ CLASS_WORDS = {"red": N_("red"), "green": N_("green"), "blue": N_("blue"), "yell
 CANVAS_TOOLS = {"rect": N_("square"), "circle": N_("disk"), "freedraw": N_("free hand")}
 MEAN = "mean"
 OTHER_PAGES = N_("The Attention page, the Q/K map, Experiments' head ablation, /flow and Snapshots read the text "
-                 "models' traces and do not open this vision transformer yet: its views are here, with the head "
-                 "ablation's effect on the prediction below.")
+                 "models' traces and do not open this vision transformer yet; this page asks their questions of it: "
+                 "every head, a head knocked out and what the answer does, and attention against the effect of "
+                 "blanking a patch.")
 
 
 class ImageProblem(ValueError):
@@ -64,6 +66,7 @@ class View:
     distance: np.ndarray  # (L, H) pixels
     decide: np.ndarray | None  # (rows, cols) bool: a synthetic sample's deciding patches
     label: int | None  # a synthetic sample's true class
+    blank: np.ndarray  # (rows, cols): the drop in the answer's probability when that patch is blanked
 
 
 # ---------------------------------------------------------------- model, images and their traces
@@ -132,7 +135,8 @@ def _view(key: str, _x, decide: np.ndarray | None = None, label: int | None = No
     probs = torch.softmax(logits[0].double(), -1).numpy()
     image = np.asarray(_x[0].detach().cpu(), dtype=np.float64)
     return View(key, image, trace, probs, np.asarray(AV.attention_rollout(trace)),
-                np.asarray(AV.mean_attention_distance(trace)), decide, label)
+                np.asarray(AV.mean_attention_distance(trace)), decide, label,
+                np.asarray(AV.blank_patch_effect(model, _x.float())))
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
@@ -240,8 +244,8 @@ def drawn_view(model) -> View | None:
     try:
         from streamlit_drawable_canvas import st_canvas
     except ImportError:
-        st.info(t("Drawing needs the streamlit-drawable-canvas package (pip install -e '.[app]'); upload an image "
-                  "instead."), icon="📦")
+        st.info(t("Drawing needs the streamlit-drawable-canvas package (`pip install streamlit-drawable-canvas`); "
+                  "upload an image instead."), icon="📦")
         return None
     colours = canvas_colours()
     c1, c2 = st.columns(2)
@@ -300,7 +304,7 @@ def prediction(view: View, names: list[str]) -> None:
     text = t("The model says **{name}** with probability {p}.", name=class_label(names[best]),
              p=f"{view.probs[best]:.1%}")
     if view.label is not None:
-        text += " " + (t("That is the sample's label.") if best == view.label else
+        text += ("" if current_lang() == "zh" else " ") + (t("That is the sample's label.") if best == view.label else
                        t("The sample's label is **{name}**.", name=class_label(names[view.label])))
     st.markdown(text)
     show_figure(FV.prediction_figure(view.probs, [class_label(n) for n in names], view.label), key="vis_pred")
@@ -375,11 +379,12 @@ def main() -> None:
     _patch_clicks(key="vis_patch_clicks", data={"figure": "vis_map"}, height=0, on_cell_change=_on_patch_click)
     top = np.unravel_index(int(np.argmax(z)), z.shape)
     st.caption(t("Layer {l}, {which}: {who} gives {share} of its attention to the patches (the most, {top}, to "
-                 "patch (row {r}, col {c})) and {prefix} to [CLS] and the registers. The rollout multiplies the "
-                 "layers' head-averaged weights, each with the residual added (0.5·A + 0.5·I): where information "
-                 "from each patch can have reached {who} by layer {l}. Click a patch to draw its attention.",
+                 "patch (row {r}, col {c})) and {prefix} to {rest}. The rollout multiplies the layers' head-averaged "
+                 "weights, each with the residual added (0.5·A + 0.5·I): where information from each patch can "
+                 "have reached {who} by layer {l}. Click a patch to draw its attention.",
                  l=layer, which=which, who=who, share=f"{z.sum():.1%}", top=f"{z.max():.1%}", r=int(top[0]),
-                 c=int(top[1]), prefix=f"{prefix:.1%}"))
+                 c=int(top[1]), prefix=f"{prefix:.1%}",
+                 rest=t("[CLS] and the registers") if n_prefix > 1 else "[CLS]"))
     maps = np.stack([FV.patch_map(w[h, qi], n_prefix, (rows, cols))[0] for h in range(H)])
     show_figure(FV.heads_over_image(view.image, maps, p, t("Every head of layer {l}, {who} as the query", l=layer,
                                                                                                       who=who),
@@ -391,6 +396,8 @@ def main() -> None:
                       "({q}). The probability of {was} moves from {q} to {p2}.", l=layer, h=head,
                       name=class_label(names[b]), p=f"{knocked[b]:.1%}", was=class_label(names[a]),
                       q=f"{view.probs[a]:.1%}", p2=f"{knocked[a]:.1%}"))
+
+    blank_section(view, layer, n_prefix, rows, cols, p, names)
 
     st.subheader(t("Local and global heads"))
     show_figure(cached_figure(view.trace, _distance_fig, view.key, shared=True, distance=view.distance,
@@ -420,7 +427,39 @@ def main() -> None:
     else:
         st.caption(t("This model's positions are fixed 2-D sines and cosines (half the dimensions code the row, "
                      "half the column); each tile is one position's cosine similarity with every other."))
+    with st.expander(t("How this vision transformer is built"), icon=":material/account_tree:"):
+        show_figure(FA.vit_architecture_figure(meta["config"]), key="vis_arch")
+        card = _meta(model)
+        if isinstance(card.get("accuracy"), int | float):
+            st.caption(t("Held-out accuracy on fresh samples the training never drew: {a}.",
+                         a=f"{card['accuracy']:.1%}")
+                       + (" " + t("Trained with `{cmd}`.", cmd=card["command"]) if card.get("command") else ""))
     st.info(t(OTHER_PAGES), icon="ℹ️")
+
+
+def blank_section(view: View, layer: int, n_prefix: int, rows: int, cols: int, p: int, names) -> None:
+    """The causal effect of blanking each patch beside what attention says ([CLS]'s raw weights and rollout at
+    this layer), with Spearman's ρ over the patches: /flow's question, asked of an image."""
+    from model.analysis.attribution import spearman
+
+    st.subheader(t("Which patches the answer needs"))
+    best = int(np.argmax(view.probs))
+    show_figure(FV.blank_effect_figure(view.image, view.blank, p, t(
+        "Blanking each patch: the drop in p({name})", name=class_label(names[best]))), key="vis_blank")
+    raw, _ = FV.patch_map(view.trace[f"encoder.layers.{layer}.self_attn.weights"][0].double().mean(0)[0].numpy(),
+                          n_prefix, (rows, cols))
+    roll, _ = FV.patch_map(view.rollout[layer, 0], n_prefix, (rows, cols))
+    r = int(np.argmax(view.blank))
+    st.caption(t("Each patch set to the background (black), one at a time, and the model run again: blanking patch "
+                 "(row {r}, col {c}) costs the most, {d} of p({name}). Spearman's ρ over the {n} patches between this "
+                 "effect and [CLS]'s attention at layer {l}: raw weights (heads' mean) {a}, rollout {b}.",
+                 r=r // cols, c=r % cols, d=f"{view.blank.ravel()[r]:+.1%}", name=class_label(names[best]),
+                 n=rows * cols, l=layer, a=_rho(spearman(raw.ravel(), view.blank.ravel())),
+                 b=_rho(spearman(roll.ravel(), view.blank.ravel()))))
+
+
+def _rho(v: float) -> str:
+    return f"{v:+.2f}" if np.isfinite(v) else t("undefined (one side is constant)")
 
 
 def _distance_fig(trace, key, distance=None, size=None):

@@ -203,6 +203,21 @@ def _student_bar(page: str, pages: dict[str, str]) -> None:
         question_box("bar")
 
 
+def ask_lesson(slug: str, question: str, options: list[str], answer: int | None, feedback: str) -> None:
+    """On a lesson, for a room's teacher: ask the room this question (the options and the right one as the lesson
+    computed them from the model; the feedback, the model's numbers behind the answer, shown at the reveal)."""
+    m = member()
+    if not m or m["role"] != "teacher":
+        return
+    if st.button(t("Ask the room this question"), key=f"class_ask_{slug}", icon=":material/groups:"):
+        try:
+            qid = store().open_question(m["room"], m["token"], question, options, answer, lesson=slug,
+                                        extra={"feedback": feedback})
+            st.caption(t("Asked as question {n}: the answers come in on the Live class page.", n=qid))
+        except ClassError as e:
+            error(e)
+
+
 def _following(on: bool) -> None:  # a button's callback: it runs before the (fragment's) rerun the click makes
     m = member()
     if m:

@@ -101,26 +101,26 @@ def script_run():
             _cond.notify_all()
 
 
-def _waiting() -> set[int]:
+def someone_waits() -> bool:
+    """Whether some thread waits for a shared result that the warm-up is computing (model/analysis/shared.py)."""
     from model.analysis import shared
 
-    return shared.waiting_threads()
+    ident = _warming["ident"]
+    return ident is not None and shared.waits_for(ident)
 
 
 def busy() -> bool:
-    """Whether a script run is active that is not waiting for a shared result (a result the warm-up may be
-    computing: pausing for that run would stall it), or one ended less than GRACE_S ago."""
+    """Whether the warm-up should pause: a script run is active that is not waiting for a shared result, or one
+    ended less than GRACE_S ago; but never while anyone waits for the result the warm-up computes (pausing then
+    would stall them, and with them every run queued behind them on a page's own cache lock)."""
+    from model.analysis import shared
+
     with _cond:
         active = set(_active)
         recent = time.monotonic() - _last_end[0] < GRACE_S
-    return bool(active - _waiting()) or (recent and not active)
-
-
-def someone_waits() -> bool:
-    """Whether a script run waits for a shared result (maybe the one the warm-up computes now)."""
-    with _cond:
-        active = set(_active)
-    return bool(active & _waiting())
+    if not active and not recent:
+        return False
+    return not someone_waits() and (bool(active - shared.waiting_threads()) or not active)
 
 
 def yield_to_people() -> None:
