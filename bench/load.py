@@ -30,6 +30,20 @@ showed another session's prompt (each prompt names its own marker word), head-sw
 
 Issue 26 §3: server CPU per toy head switch on a server that warmed SmolLM2 and on one that did not.
 
+    .venv/bin/python bench/load.py --class-start [--class-pages default,needle] [--class-sizes 1,6,20] [--clicks 8]
+
+Issue 43: a class that opens together. For each page and size, a fresh `streamlit run`; as soon as it answers its
+health check, N sessions (contexts of one headless Chromium, made before the start) open the page at once: the
+default page (/, the toy Attention page) or the needle view (/phenomena?phen=needle on SmolLM2, its grid and its
+ablation drawn). Each session's first view (from its own goto to drawn: script finished, figure there; timed in
+the page), p50 / p95, the server's CPU seconds until the last (/proc/<pid>/stat, warm-up included) and the load
+average before and after; with 6 sessions on the default page, then the server CPU of a head switch once warm.
+
+    .venv/bin/python bench/load.py --warm-order
+
+Issue 43 §1: the entry points (lessons, sidebar, links) that open each warm-up piece's views, and the order they
+give (viz/ui/warmup.py ORDER must be it: tests/test_warmup_yield.py).
+
     .venv/bin/python bench/load.py --hall 2 --sessions 40 [--hall-port 8700] [--via select]
 
 A lecture hall (issue 20 §2): `deploy/hall.sh up N` (N replicas behind HAProxy, cookie affinity) and

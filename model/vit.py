@@ -57,7 +57,12 @@ def batch_seed(seed: int, step: int) -> int:
 def accuracy(model: VisionTransformer, task: str, n: int = EVAL_N, seed: int = shapes.HELD_OUT_SEED,
              chunk: int = 500) -> float:
     """Share of n fresh images (seed, never a training seed; digits: the test split) the model labels right."""
-    x, y, _ = shapes.batch(task, n, seed, model.cfg.image_size, model.cfg.patch_size, split="test")
+    c = model.cfg
+    if task == "digits":  # the whole test split (n and seed do not apply)
+        x, y, _ = shapes.digits_test(c.image_size, c.patch_size)
+        n = len(y)
+    else:
+        x, y, _ = shapes.batch(task, n, seed, c.image_size, c.patch_size)
     was = model.training
     model.eval()
     right = 0
@@ -129,7 +134,12 @@ def summarise(model: VisionTransformer, task: str, n: int = ANALYSIS_N, seed: in
     head) [CLS]'s share on the deciding patches (shapes only) and the mean attention distance in pixels."""
     from model.analysis import vision  # the analyses read a trace; imported here so the family never needs them
 
-    x, _, decide = shapes.batch(task, n, seed, model.cfg.image_size, model.cfg.patch_size, split="test")
+    c = model.cfg
+    if task == "digits":
+        x, _, decide = shapes.digits_test(c.image_size, c.patch_size)
+        n, seed = len(x), None
+    else:
+        x, _, decide = shapes.batch(task, n, seed, c.image_size, c.patch_size)
     _, tr = model.run_with_trace(torch.from_numpy(x), names="*.self_attn.weights")
     out = {"mean_attention_distance": {"n": n, "seed": seed, "pixels": vision.mean_attention_distance(tr).tolist()}}
     if task == "shapes":
@@ -169,10 +179,10 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": a.warmup, "optimizer": "AdamW(betas=(0.9, 0.99)) + linear warmup, cosine decay; grad clip 1.0",
         "n_parameters": model.num_parameters(),
         "accuracy": acc,
-        "eval": {"n": EVAL_N, "seed": shapes.HELD_OUT_SEED if a.task == "shapes" else shapes.HELD_OUT_SEED,
-                 "split": "fresh samples (seed >= 10**6; training seeds < 10**6)" if a.task == "shapes"
-                 else "the test split (20% of sklearn's digits, never trained on), drawn with that seed",
-                 "metric": "top-1 accuracy"},
+        "eval": ({"n": EVAL_N, "seed": shapes.HELD_OUT_SEED, "split": "fresh samples (seed >= 10**6; training "
+                  "seeds < 10**6)", "metric": "top-1 accuracy"} if a.task == "shapes" else
+                 {"n": len(shapes.digits_split("test")), "seed": None, "split": "the whole test split (20% of "
+                  "sklearn's digits, never trained on)", "metric": "top-1 accuracy"}),
         "chance": 1.0 / cfg.n_classes,
         "final_loss": log["loss"][-1],
         "train_time_s": log["train_time_s"], "wall_time_s": round(time.perf_counter() - t0, 1),

@@ -89,13 +89,12 @@ def test_teacher_student_question_and_follow(room_store):
     student.run()
     button(student, "Explore on my own").click().run()
     assert not student.session_state[KEY]["following"]
-    teacher.query_params["lesson"] = "6"
-    teacher.run()
+    teacher.selectbox(key="lesson_n").set_value(6).run()  # the teacher picks lesson 6
+    assert room_store.get_state(code)[1]["params"]["lesson"] == "6"
     student.run()
     assert student.session_state["lesson_n"] == 4
     button(student, "Rejoin the teacher").click().run()
     assert_clean(student)
-    print("DBG", dict(student.query_params), student.session_state[KEY], room_store.get_state(code))
     assert student.session_state[KEY]["following"] and student.session_state["lesson_n"] == 6
 
 

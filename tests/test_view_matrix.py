@@ -49,14 +49,15 @@ MORE_WIRINGS = {  # the wirings the analysis matrix lacks (its families share K/
 }
 FALCON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # multi-query (1 K/V head)
-CASES = FAMS + list(MORE_WIRINGS) + ["falcon_mqa", "transformer_2017"]
+CASES = FAMS + list(MORE_WIRINGS) + ["falcon_mqa", "transformer_2017", "vit"]
 # one family per wiring in the fast run (the rest of CASES: marked slow, as is every view on every head)
 WIRINGS = {"gqa_3to1": "grouped K/V 3:1", "mqa": "multi-query", "falcon_mqa": "multi-query via transformers",
            "llama": "grouped K/V 2:1, pre-norm", "gpt2": "learned positions, LayerNorm, one K/V head per head",
            "mistral": "sliding window", "gemma2": "soft-caps, sandwich norms, own query scale",
            "gemma3": "sliding and full layers, q/k norm", "qwen3_moe": "experts, q/k norm", "gpt_oss": "learned sinks",
            "phi": "partial rotary, parallel block", "olmo2": "post-norm", "smollm3": "layers without RoPE",
-           "attention_only": "no FFN", "transformer_2017": "encoder-decoder, post-LN, cross-attention"}
+           "attention_only": "no FFN", "transformer_2017": "encoder-decoder, post-LN, cross-attention",
+           "vit": "vision: [CLS], registers and patches, pre-LN encoder"}
 ONE_PER_WIRING = [c if c in WIRINGS else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
 # Every head of every module (and Q · K · V · z, and /layer's residual views on every layer): one case per distinct
 # wiring, slow. The other families share one of these wirings as far as these views go (checked on their
@@ -84,7 +85,14 @@ def traces(models, tmp_path_factory):
         if case in cache:
             return cache[case]
         x = test_residual.ids(T)
-        if case == "transformer_2017":
+        if case == "vit":  # issue 40: patches are the tokens (meta src_tokens: "[CLS]", "reg0", "p(r,c)")
+            from model.families.vit import VisionTransformer, ViTConfig
+
+            torch.manual_seed(0)
+            m = VisionTransformer(ViTConfig(d_model=32, n_heads=2, n_layers=2, d_ff=64, n_registers=1)).eval()
+            with torch.no_grad():
+                _, tr = m.run_with_trace(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+        elif case == "transformer_2017":
             from model import Transformer, TransformerConfig
 
             torch.manual_seed(0)

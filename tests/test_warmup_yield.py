@@ -78,24 +78,33 @@ def test_the_warm_up_pauses_inside_a_forward_while_a_script_run_is_active():
 
 
 def test_a_run_waiting_for_the_warm_ups_result_does_not_pause_it():
-    """A session that waits for the result the warm-up is computing (single flight) must not make it pause: that
-    would stall them both."""
+    """A session that waits for the result the warm-up is computing (single flight) must not make it pause, nor
+    may another run queued behind that session (on a page's own cache lock, which no one can see): that would stall
+    them all."""
     cache = shared.SharedResults()
-    started, done = threading.Event(), threading.Event()
+    started, done, release = threading.Event(), threading.Event(), threading.Event()
 
     def compute():
         started.set()
         while not shared.waiting_threads():  # the session has begun to wait for us
             threading.Event().wait(0.01)
-        warmup.yield_to_people()  # a yield point of a piece: the only active run waits for us, so on we go
+        warmup.yield_to_people()  # a yield point of a piece: the active runs wait for us, so on we go
         return 42
 
+    def queued():  # an active run that is not waiting for a shared result
+        with warmup.script_run():
+            release.wait(30)
+
+    queue = threading.Thread(target=queued, daemon=True)
+    queue.start()
     as_warm_up(lambda: cache.get("k", compute), done)
     assert started.wait(10)
     with warmup.script_run():
         assert cache.get("k", lambda: pytest.fail("computed twice")) == 42
     assert done.wait(10)
-    assert shared.waiting_threads() == set()
+    release.set()
+    queue.join()
+    assert shared.waiting_threads() == set() and not warmup.busy()
 
 
 def test_the_warm_up_order_is_the_measured_order():

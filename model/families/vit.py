@@ -413,6 +413,7 @@ def save_vit(model: VisionTransformer, out: str | Path, meta: Mapping | None = N
     (out / "config.json").write_text(json.dumps(model.cfg.to_dict(), indent=1))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": FORMAT, "version": FORMAT_VERSION})
+    (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600; package data is read by everyone
     (out / "meta.json").write_text(json.dumps(dict(meta or {}), indent=1))
     if log is not None:
         (out / "log.json").write_text(json.dumps(dict(log)))

@@ -12,10 +12,10 @@ patch that holds the square decides the answer, and its position is known: `deci
     decide   bool (n, rows, cols)  True on the patch(es) holding the square
 
 Objects never straddle a cell border, so each object is in exactly one patch and the deciding patches cover
-1/(rows·cols) of the image (1/16 at the shipped size). A little pixel noise (σ = 0.03, clipped to [0, 1]) keeps a
-model from keying on exact values. Everything is drawn from numpy's Generator(seed): the same seed gives the same
-bits. `make_batch(..., seed=s)` with s in TRAIN_SEEDS is what training sees; tests and the shipped checkpoint's
-held-out accuracy use other seeds (fresh samples).
+1/(rows·cols) of the image (1/16 at the shipped size). A little uniform pixel noise (standard deviation 0.03,
+clipped to [0, 1]) keeps a model from keying on exact values. Everything is drawn from numpy's Generator(seed):
+the same seed gives the same bits. `make_batch(..., seed=s)` with s in TRAIN_SEEDS is what training sees; tests
+and the shipped checkpoint's held-out accuracy use other seeds (fresh samples).
 
 Also `digits_batch` (optional): scikit-learn's 8x8 handwritten digits (shipped inside the sklearn wheel, so no
 download), scaled up to the model's input; only where scikit-learn is installed (`digits_available()`).
@@ -65,38 +65,55 @@ def grid_of(image_size: int, patch_size: int) -> tuple[int, int]:
     return g, g
 
 
+@functools.lru_cache(maxsize=8)
+def _placed(patch_size: int, lo_size: int) -> np.ndarray:
+    """(shapes, sizes, oy, ox, p, p) bool: every shape of every size lo_size..p at every offset inside a p x p cell
+    (offsets past p - size are left empty and never drawn)."""
+    p = patch_size
+    table = np.zeros((len(SHAPES), p - lo_size + 1, p, p, p, p), dtype=bool)
+    for s, shape in enumerate(SHAPES):
+        for z, size in enumerate(range(lo_size, p + 1)):
+            m = shape_mask(shape, size)
+            for oy in range(p - size + 1):
+                for ox in range(p - size + 1):
+                    table[s, z, oy, ox, oy:oy + size, ox:ox + size] = m
+    return table
+
+
 def make_batch(n: int, seed: int, image_size: int = 32, patch_size: int = 8, n_distractors: tuple[int, int] = (1, 3),
                noise: float = NOISE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n images of the task (see the module docstring): (images (n, 3, H, W) float32 in [0, 1], labels (n,) int64,
-    decide_mask (n, rows, cols) bool)."""
+    decide_mask (n, rows, cols) bool). Drawn as whole arrays (no loop over images): 0.1 ms an image."""
     rows, cols = grid_of(image_size, patch_size)
+    p, N = patch_size, rows * cols
     lo_d, hi_d = n_distractors
-    if rows * cols < 1 + hi_d:
+    K = 1 + hi_d  # object slots; slot 0 is the square
+    if N < K:
         raise ValueError(f"a {rows}x{cols} grid has no room for a square and {hi_d} distractors")
+    lo_size = max(3, (3 * p) // 4)  # 6..8 px in an 8 px cell: big enough to tell a square from a disk
     rng = np.random.default_rng(seed)
-    images = np.zeros((n, 3, image_size, image_size), dtype=np.float32)
-    labels = np.zeros(n, dtype=np.int64)
-    decide = np.zeros((n, rows, cols), dtype=bool)
-    lo_size = max(3, (3 * patch_size) // 4)  # 6..8 px in an 8 px cell: big enough to tell a square from a disk
-    for i in range(n):
-        k = 1 + int(rng.integers(lo_d, hi_d + 1))
-        cells = rng.choice(rows * cols, size=k, replace=False)
-        colours = rng.integers(0, len(CLASS_NAMES), size=k)
-        kinds = [0] + list(rng.integers(1, len(SHAPES), size=k - 1))
-        for j in range(k):
-            r, c = divmod(int(cells[j]), cols)
-            size = int(rng.integers(lo_size, patch_size + 1))
-            oy, ox = (int(v) for v in rng.integers(0, patch_size - size + 1, size=2))
-            y0, x0 = r * patch_size + oy, c * patch_size + ox
-            m = shape_mask(SHAPES[kinds[j]], size)
-            images[i, :, y0:y0 + size, x0:x0 + size][:, m] = COLOURS[colours[j]][:, None]
-        labels[i] = colours[0]
-        r0, c0 = divmod(int(cells[0]), cols)
-        decide[i, r0, c0] = True
+    k = 1 + rng.integers(lo_d, hi_d + 1, size=n)  # objects in each image
+    cells = np.argsort(rng.random((n, N)), axis=1)[:, :K]  # K distinct cells per image
+    colours = rng.integers(0, len(CLASS_NAMES), size=(n, K))
+    kinds = rng.integers(1, len(SHAPES), size=(n, K))
+    kinds[:, 0] = 0
+    sizes = rng.integers(lo_size, p + 1, size=(n, K))
+    offs = np.floor(rng.random((n, K, 2)) * (p - sizes + 1)[..., None]).astype(np.int64)
+    masks = _placed(p, lo_size)[kinds, sizes - lo_size, offs[..., 0], offs[..., 1]]  # (n, K, p, p)
+    present = np.arange(K)[None] < k[:, None]  # (n, K)
+    obj = (masks[:, :, None] * present[..., None, None, None]) * COLOURS[colours][..., None, None]  # (n, K, 3, p, p)
+    cell_img = np.zeros((n, N, 3, p, p), dtype=np.float32)
+    cell_img[np.arange(n)[:, None], cells] = obj
+    images = cell_img.reshape(n, rows, cols, 3, p, p).transpose(0, 3, 1, 4, 2, 5).reshape(n, 3, image_size,
+                                                                                        image_size)
+    images = np.ascontiguousarray(images)
+    decide = np.zeros((n, N), dtype=bool)
+    decide[np.arange(n), cells[:, 0]] = True
     if noise:
-        images += rng.normal(0.0, noise, size=images.shape).astype(np.float32)
+        half = np.float32(noise * 3 ** 0.5)  # uniform on [-half, half]: standard deviation `noise`, 4x cheaper to draw
+        images += (rng.random(images.shape, dtype=np.float32) * 2 - 1) * half
         np.clip(images, 0.0, 1.0, out=images)
-    return images, labels, decide
+    return images, colours[:, 0].astype(np.int64), decide.reshape(n, rows, cols)
 
 
 # ---------------------------------------------------------------------- scikit-learn's digits (optional)
@@ -144,6 +161,16 @@ def digits_batch(n: int, seed: int, image_size: int = 32, patch_size: int = 8, s
     big = np.repeat(np.repeat(x[pick], f, axis=1), f, axis=2)  # (n, H, W)
     images = np.repeat(big[:, None], 3, axis=1).astype(np.float32)
     return images, y[pick], np.zeros((n, rows, cols), dtype=bool)
+
+
+def digits_test(image_size: int = 32, patch_size: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The whole test split (360 digits, in split order), as digits_batch gives them: the held-out set."""
+    x, y = _digits()
+    idx = digits_split("test")
+    f = image_size // 8
+    big = np.repeat(np.repeat(x[idx], f, axis=1), f, axis=2)
+    rows, cols = grid_of(image_size, patch_size)
+    return np.repeat(big[:, None], 3, axis=1).astype(np.float32), y[idx], np.zeros((len(idx), rows, cols), bool)
 
 
 TASKS = {"shapes": (CLASS_NAMES, QUESTION), "digits": (DIGIT_NAMES, "Which digit is this?")}

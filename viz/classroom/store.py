@@ -350,37 +350,43 @@ CREATE TABLE IF NOT EXISTS answers (code TEXT NOT NULL, qid INTEGER NOT NULL, se
 
 
 class SQLiteStore(ClassStore):
-    """One file; a connection per thread (Streamlit runs sessions in threads); WAL, so replicas on one machine share
-    it; each write is one transaction (BEGIN IMMEDIATE: a join's seat count and its insert cannot interleave)."""
+    """One file; one connection per store object, used under a lock (Streamlit starts a thread per script run, so a
+    connection per thread would be a new connection per poll); WAL, so replicas on one machine share the file; each
+    write is one transaction (BEGIN IMMEDIATE: a join's seat count and its insert cannot interleave, across
+    processes too). Each statement takes microseconds: the lock is never held long."""
 
     def __init__(self, path: str | Path, idle_s: float = IDLE_S, clock: Callable[[], float] = time.time):
         self.path, self.idle_s, self.clock = Path(path), idle_s, clock
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._db().executescript(_SCHEMA)  # its own transaction (executescript commits first)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a committed answer survives a killed process
+        self._conn.executescript(_SCHEMA)  # its own transaction (executescript commits first)
 
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a committed answer survives a killed process
-            self._local.db = db
-        return db
-
-    class _Tx:
-        def __init__(self, db: sqlite3.Connection):
-            self.db = db
+    class _Locked:
+        def __init__(self, store: SQLiteStore, tx: bool):
+            self.store, self.tx = store, tx
 
         def __enter__(self) -> sqlite3.Connection:
-            self.db.execute("BEGIN IMMEDIATE")
-            return self.db
+            self.store._lock.acquire()
+            if self.tx:
+                self.store._conn.execute("BEGIN IMMEDIATE")
+            return self.store._conn
 
         def __exit__(self, exc_type, *_):
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            try:
+                if self.tx:
+                    self.store._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                self.store._lock.release()
 
-    def _tx(self) -> SQLiteStore._Tx:
-        return self._Tx(self._db())
+    def _tx(self) -> SQLiteStore._Locked:
+        return self._Locked(self, True)
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._Locked(self, False) as db:
+            return db.execute(sql, args).fetchall()
 
     def _create(self, code, token, now):
         with self._tx() as db:
@@ -396,16 +402,17 @@ class SQLiteStore(ClassStore):
         return True
 
     def _room(self, code):
-        row = self._db().execute(
+        rows = self._read(
             "SELECT token, touched, version, state, show_names, current, "
-            "(SELECT COUNT(*) FROM seats WHERE seats.code = rooms.code) FROM rooms WHERE code = ?", (code,)).fetchone()
-        if row is None:
+            "(SELECT COUNT(*) FROM seats WHERE seats.code = rooms.code) FROM rooms WHERE code = ?", (code,))
+        if not rows:
             return None
+        row = rows[0]
         keys = ("token", "touched", "version", "state", "show_names", "current", "nseats")
         return dict(zip(keys, row, strict=True)) | {"code": code}
 
     def _touch(self, code, now):
-        self._db().execute("UPDATE rooms SET touched = MAX(touched, ?) WHERE code = ?", (now, code))
+        self._read("UPDATE rooms SET touched = MAX(touched, ?) WHERE code = ?", (now, code))  # one autocommit write
 
     def _drop(self, code):
         with self._tx() as db:
@@ -421,8 +428,8 @@ class SQLiteStore(ClassStore):
         return True
 
     def _nick(self, code, seat):
-        row = self._db().execute("SELECT nick FROM seats WHERE code = ? AND seat = ?", (code, seat)).fetchone()
-        return None if row is None else row[0]
+        rows = self._read("SELECT nick FROM seats WHERE code = ? AND seat = ?", (code, seat))
+        return rows[0][0] if rows else None
 
     def _set(self, code, **fields):
         with self._tx() as db:
@@ -439,14 +446,14 @@ class SQLiteStore(ClassStore):
         return q.qid
 
     def _question(self, code, qid):
-        row = self._db().execute("SELECT body FROM questions WHERE code = ? AND qid = ?", (code, qid)).fetchone()
-        return None if row is None else Question.from_json(row[0])
+        rows = self._read("SELECT body FROM questions WHERE code = ? AND qid = ?", (code, qid))
+        return Question.from_json(rows[0][0]) if rows else None
 
     def _save_question(self, code, q):
-        self._db().execute("UPDATE questions SET body = ? WHERE code = ? AND qid = ?", (q.to_json(), code, q.qid))
+        self._read("UPDATE questions SET body = ? WHERE code = ? AND qid = ?", (q.to_json(), code, q.qid))
 
     def _questions(self, code):
-        rows = self._db().execute("SELECT body FROM questions WHERE code = ? ORDER BY qid", (code,))
+        rows = self._read("SELECT body FROM questions WHERE code = ? ORDER BY qid", (code,))
         return [Question.from_json(r[0]) for r in rows]
 
     def _rate(self, code, seat, window):
@@ -465,17 +472,14 @@ class SQLiteStore(ClassStore):
                        (code, qid, seat, option))
 
     def _answers(self, code, qid):
-        rows = self._db().execute("SELECT seat, option FROM answers WHERE code = ? AND qid = ?", (code, qid))
-        return dict(rows.fetchall())
+        return dict(self._read("SELECT seat, option FROM answers WHERE code = ? AND qid = ?", (code, qid)))
 
     def _seats(self, code):
-        return dict(self._db().execute("SELECT seat, nick FROM seats WHERE code = ?", (code,)).fetchall())
+        return dict(self._read("SELECT seat, nick FROM seats WHERE code = ?", (code,)))
 
     def close(self):
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        with self._lock:
+            self._conn.close()
 
 
 # ------------------------------------------------------------------------------------------------ Redis

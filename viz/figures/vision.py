@@ -31,7 +31,7 @@ from viz.i18n import t
 
 GRID = "rgba(255,255,255,0.55)"
 PICKED = "#d62728"  # the chosen query patch's outline
-OVERLAY_OPACITY = 0.62  # the attention map over the image: the image still shows through
+OVERLAY_OPACITY = 0.55  # the attention map over the image: the image still shows through
 HEAD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                "#bcbd22", "#17becf", "#393b79", "#637939")
 
@@ -145,14 +145,15 @@ def rollout_beside_raw(image, raw, rollout, patch_size: int, raw_title: str, rol
 
 
 def heads_over_image(image, maps, patch_size: int, title: str, picked: tuple[int, int] | None = None,
-                     chosen: int | None = None, height: int = 260) -> go.Figure:
+                     chosen: int | None = None, height: int = 260, labels: Sequence[str] | None = None) -> go.Figure:
     """Every head's map of one layer, side by side (maps: (H, rows, cols)); one shared scale, 0 to the largest
-    weight of any head, so heads compare."""
+    weight of any head, so heads compare. `labels`: the panels' titles (default "head h"; lesson 20: layers)."""
     img = to_hwc(image)
     maps = np.asarray(maps, dtype=np.float64)
     H = maps.shape[0]
     top = float(maps.max())
-    fig = make_subplots(1, H, subplot_titles=[t("head {h}", h=h) + (" ●" if h == chosen else "") for h in range(H)],
+    labels = list(labels) if labels is not None else [t("head {h}", h=h) for h in range(H)]
+    fig = make_subplots(1, H, subplot_titles=[labels[h] + (" ●" if h == chosen else "") for h in range(H)],
                         horizontal_spacing=0.02)
     shapes = []
     for h in range(H):
@@ -224,7 +225,7 @@ def deciding_share_figure(share, covered: float, title: str | None = None, heigh
                              hovertemplate="%{x}, " + t("head {h}", h=h) + ": %{y:.1%}<extra></extra>"))
     fig.add_hline(y=covered, line=dict(color="black", dash="dash"),
                   annotation_text=t("share of the image they cover: {v}", v=f"{covered:.1%}"),
-                  annotation_position="top left")
+                  annotation_position="top right")
     fig.update_layout(barmode="group", title=title or t("[CLS] attention on the deciding patches, per head"),
                       height=height, margin=dict(l=60, r=10, t=60, b=50),
                       yaxis=dict(title=t("share of [CLS] attention"), tickformat=".0%", range=[0, 1]))

@@ -665,53 +665,42 @@ def vit_sample(model, seed: int) -> VitSample:
     return VitSample(images[0], int(labels[0]), decide[0], torch.softmax(logits[0].double(), -1).numpy(), trace)
 
 
-def cls_map(trace, layer: int) -> tuple[np.ndarray, float]:
-    """[CLS]'s attention over the patches at `layer`, the heads' mean ((rows, cols), and what the prefix got)."""
+def cls_maps(trace) -> np.ndarray:
+    """[CLS]'s attention over the patches at every layer, the heads' mean: (L, rows, cols)."""
     from viz.figures import vision as FV
 
-    w = F.arr(trace[f"encoder.layers.{layer}.self_attn.weights"])[0].mean(0)[0]
-    return FV.patch_map(w, trace.meta["n_prefix"], trace.meta["grid"])
-
-
-def object_cells(image: np.ndarray, grid: Sequence[int], patch: int) -> list[tuple[int, int]]:
-    """The patches that hold something (a shape) rather than the black background, row-major."""
-    lit = np.asarray(image).max(0) > 0.3
-    rows, cols = grid
-    return [(r, c) for r in range(rows) for c in range(cols)
-            if lit[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].any()]
+    n, grid, L = trace.meta["n_prefix"], trace.meta["grid"], trace.meta["config"]["n_layers"]
+    return np.stack([FV.patch_map(F.arr(trace[f"encoder.layers.{i}.self_attn.weights"])[0].mean(0)[0], n, grid)[0]
+                     for i in range(L)])
 
 
 def live_patches(data, param=0) -> Live:
-    """data: the loaded vision transformer; param: the sample's seed."""
+    """data: the loaded vision transformer; param: the sample's seed. The question: in which layer does [CLS] put
+    the most attention (heads' mean) on the square's patch, measured by model.analysis.vision.deciding_share (the
+    number /vision shows per head)."""
     from model.analysis import vision as AV
     from viz.figures import vision as FV
 
     model = data
     sm = vit_sample(model, int(param))
     meta = sm.trace.meta
-    L = model.cfg.n_layers
-    z, _ = cls_map(sm.trace, L - 1)
-    fig = FV.attention_over_image(sm.image, z, meta["patch_size"],
-                                  t("[CLS]'s attention in the last layer (layer {l}, heads' mean)", l=L - 1))
-    best = np.unravel_index(int(np.argmax(z)), z.shape)
-    cells = object_cells(sm.image, meta["grid"], meta["patch_size"])
-    near = [c for c in cells if z[c] >= z[best] - 0.02]  # a near-tie also counts
-    others = [c for c in cells if c not in near]
-    extra = [(r, c) for r in range(z.shape[0]) for c in range(z.shape[1]) if (r, c) not in cells]
-    picks = sorted(dict.fromkeys([tuple(int(v) for v in best), *near, *others[:3], *extra[:max(0, 3 - len(others))]]))
-    ids = [f"{r},{c}" for r, c in picks]
-    labels = {i: t("row {r}, column {c}", r=i.split(",")[0], c=i.split(",")[1]) for i in ids}
-    correct = tuple(f"{r},{c}" for r, c in picks if z[r, c] >= z[best] - 0.02)
-    share = AV.deciding_share(sm.trace, sm.decide[None])
-    s, covered = float(np.asarray(share["share"])[L - 1].mean()), float(share["coverage"])
+    maps = cls_maps(sm.trace)
+    L = len(maps)
+    fig = FV.heads_over_image(sm.image, maps, meta["patch_size"],
+                              t("[CLS]'s attention over the image in every layer (heads' mean)"),
+                              labels=[t("layer {l}", l=i) for i in range(L)], height=300)
+    res = AV.deciding_share(sm.trace, sm.decide[None])
+    by_layer = np.asarray(res["share"], dtype=np.float64).mean(1)  # (L,): the heads' mean
+    best = int(np.argmax(by_layer))
+    ids = [str(i) for i in range(L)]
+    correct = tuple(str(i) for i in range(L) if by_layer[i] >= by_layer[best] - 0.05)  # a near-tie also counts
     dr, dc = (int(v) for v in np.argwhere(sm.decide)[0])
     names = model.cfg.names()
-    fb = t("[CLS] gives {v} of its attention to the patch at row {r}, column {c}. The square is at row {dr}, column "
-           "{dc}: that patch covers {cov} of the image and gets {s} of [CLS]'s attention in this layer (the heads' "
-           "mean). The model answers {name} ({p}).", v=f"{z[best]:.1%}", r=int(best[0]), c=int(best[1]), dr=dr,
-           dc=dc, cov=f"{covered:.1%}", s=f"{s:.1%}", name=t(names[int(np.argmax(sm.probs))]),
-           p=f"{float(sm.probs.max()):.1%}")
-    return Live(fig, ids, labels, correct, fb)
+    fb = t("[CLS]'s attention on the square's patch (row {r}, column {c}), heads' mean, layer by layer: {shares}; "
+           "the patch is {cov} of the image. The model answers {name} ({p}).", r=dr, c=dc,
+           shares=" · ".join(f"{v:.0%}" for v in by_layer), cov=f"{float(res['coverage']):.1%}",
+           name=t(names[int(np.argmax(sm.probs))]), p=f"{float(sm.probs.max()):.1%}")
+    return Live(fig, ids, {i: t("layer {l}", l=i) for i in ids}, correct, fb)
 
 
 # ---------------------------------------------------------------- the syllabus
@@ -918,8 +907,8 @@ LESSONS: list[Lesson] = [
            "is the encoder you know. This one was trained in the lab to answer “What colour is the square?”, "
            "among other shapes: the patch that decides the answer is known."),
         N_("Move the seed to draw other images: does [CLS] find the square wherever it is, and whatever shapes "
-           "share its colour? On the full page, compare the layers and the heads."),
-        N_("In the last layer, which patch gets the most of [CLS]'s attention?"),
+           "share its colour? On the full page, compare the heads and see what blanking each patch does."),
+        N_("In which layer does [CLS] put the most of its attention on the square's patch (the heads' mean)?"),
         "viz/pages/vision.py", {"q": "cls", "head": "mean", "img": "sample"}, source="vit",
         checkpoint=None, param=("slider", N_("sample (seed)"), (0, 99), 0), param_query="seed",
         live=live_patches),

@@ -138,12 +138,12 @@ def student() -> None:
     st.markdown(t("You are in room **{code}**.", code=m["room"]))
     if m.get("nick"):
         st.text(t("Your nickname: {nick}", nick=m["nick"]))  # plain text, as every nickname
-    question()
+    strip()
 
 
 @st.fragment(run_every=C.POLL_S)
-def question() -> None:  # its own poll: a student exploring on their own still sees a new question here
-    C.question_box("page")
+def strip() -> None:  # the student's poll, here in the page: follow the teacher, the current question
+    C.student_strip()
 
 
 def main() -> None:

@@ -338,7 +338,6 @@ def main() -> None:
     L, H = view.distance.shape
     with right:
         prediction(view, names)
-
     c1, c2, c3, c4 = st.columns([3, 4, 3, 2])
     seed_from_query("vis_layer", "layer", L - 1, int, int_in(0, L - 1))
     clamp_state("vis_layer", 0, L - 1, "layer")
@@ -361,6 +360,8 @@ def main() -> None:
     write_query(layer=layer, head=head, q=q, ablate=1 if ablate and head != MEAN else None)
     picked = parse_query(q, rows, cols)
     qi = 0 if picked is None else n_prefix + picked[0] * cols + picked[1]
+    with left:
+        show_figure(FV.image_figure(view.image, (rows, cols), p, picked, height=300), key="vis_image")
     who = "[CLS]" if picked is None else t("patch (row {r}, col {c})", r=picked[0], c=picked[1])
 
     w = view.trace[f"encoder.layers.{layer}.self_attn.weights"]
@@ -420,10 +421,13 @@ def main() -> None:
 
     st.subheader(t("Positions"))
     show_figure(_position_fig(), key="vis_positions")
+    near, far = neighbour_similarity(position_similarity())
     if model.cfg.positional == "learned":
         st.caption(t("The model learned one embedding per patch position, from a list with no notion of rows or "
                      "columns; each tile is one position's cosine similarity with every other. Where nearby "
-                     "positions come out similar, and rows and columns show, training found the 2-D layout."))
+                     "positions come out similar, and rows and columns show, training found the 2-D layout. Here "
+                     "side-by-side patches have a mean cosine of {near}, all other pairs {far}.",
+                     near=f"{near:+.2f}", far=f"{far:+.2f}"))
     else:
         st.caption(t("This model's positions are fixed 2-D sines and cosines (half the dimensions code the row, "
                      "half the column); each tile is one position's cosine similarity with every other."))
@@ -450,16 +454,28 @@ def blank_section(view: View, layer: int, n_prefix: int, rows: int, cols: int, p
                           n_prefix, (rows, cols))
     roll, _ = FV.patch_map(view.rollout[layer, 0], n_prefix, (rows, cols))
     r = int(np.argmax(view.blank))
+    p0 = float(view.probs[best])
     st.caption(t("Each patch set to the background (black), one at a time, and the model run again: blanking patch "
-                 "(row {r}, col {c}) costs the most, {d} of p({name}). Spearman's ρ over the {n} patches between this "
-                 "effect and [CLS]'s attention at layer {l}: raw weights (heads' mean) {a}, rollout {b}.",
-                 r=r // cols, c=r % cols, d=f"{view.blank.ravel()[r]:+.1%}", name=class_label(names[best]),
+                 "(row {r}, col {c}) lowers p({name}) the most, from {p0} to {p1}. Spearman's ρ over the {n} patches "
+                 "between this effect and [CLS]'s attention at layer {l}: raw weights (heads' mean) {a}, rollout {b}.",
+                 r=r // cols, c=r % cols, p0=f"{p0:.1%}", p1=f"{p0 - float(view.blank.ravel()[r]):.1%}",
+                 name=class_label(names[best]),
                  n=rows * cols, l=layer, a=_rho(spearman(raw.ravel(), view.blank.ravel())),
                  b=_rho(spearman(roll.ravel(), view.blank.ravel()))))
 
 
 def _rho(v: float) -> str:
     return f"{v:+.2f}" if np.isfinite(v) else t("undefined (one side is constant)")
+
+
+def neighbour_similarity(sim: np.ndarray) -> tuple[float, float]:
+    """Mean cosine similarity of the position embeddings of side-by-side patches (4-neighbours), and of all other
+    pairs of distinct patches. sim: (P, rows, cols) from model.analysis.vision.position_similarity."""
+    P, rows, cols = sim.shape
+    s = sim.reshape(P, P)
+    r, c = np.divmod(np.arange(P), cols)
+    d = np.abs(r[:, None] - r[None]) + np.abs(c[:, None] - c[None])
+    return float(s[d == 1].mean()), float(s[d > 1].mean())
 
 
 def _distance_fig(trace, key, distance=None, size=None):

@@ -24,6 +24,7 @@ PUBLISH_S = 2.0  # the teacher's own poll, for URL changes a page's fragment mad
 KEY = "_al_class"  # st.session_state: {"room", "role": "teacher"|"student", "token" | "seat", "following", "seen"}
 PRIVATE = ("room", "teacher", "seat", "lang", "present")  # URL parameters that are the session's own, not the view
 CLASS_PAGE = "viz/pages/class.py"
+PAGES = "_al_class_pages"  # st.session_state: url path -> page file (app.py's), for /class's own strip
 
 
 def configure(argv: list[str]) -> None:
@@ -156,10 +157,12 @@ def bar(page: str, pages: dict[str, str]) -> None:
         with st.sidebar:
             _teacher_bar(page)
     else:
+        st.session_state[PAGES] = pages
         if m["room"] and not st.query_params.get("room"):
             write_query(room=m["room"], seat=m["seat"])  # a reload rejoins with the same seat
-        with st.sidebar:
-            _student_bar(page, pages)
+        if page != "class":  # /class draws the strip itself, in the page (one poll per follower, not two)
+            with st.sidebar:
+                _student_bar(page, pages)
 
 
 @st.fragment(run_every=PUBLISH_S)
@@ -178,6 +181,13 @@ def _teacher_bar(page: str) -> None:
 
 @st.fragment(run_every=POLL_S)
 def _student_bar(page: str, pages: dict[str, str]) -> None:
+    student_strip(pages)
+
+
+def student_strip(pages: dict[str, str] | None = None) -> None:
+    """A student's poll, run as a fragment every POLL_S: the room's version (follow the teacher when it moved), the
+    follow / explore buttons, and the current question."""
+    pages = pages if pages is not None else st.session_state.get(PAGES, {})
     m = member()
     try:
         version = store().version(m["room"])
@@ -199,8 +209,7 @@ def _student_bar(page: str, pages: dict[str, str]) -> None:
         # Rejoin: the run after this click finds seen = -1 and switches to the teacher's view.
         st.button(t("Rejoin the teacher"), key="class_rejoin", icon=":material/groups:", type="primary",
                   on_click=_following, args=(True,))
-    if page != "class":
-        question_box("bar")
+    question_box()
 
 
 def ask_lesson(slug: str, question: str, options: list[str], answer: int | None, feedback: str) -> None:
@@ -224,7 +233,7 @@ def _following(on: bool) -> None:  # a button's callback: it runs before the (fr
         m["following"], m["seen"] = on, -1
 
 
-def question_box(where: str) -> None:
+def question_box() -> None:
     """The room's current question on a student's screen: options, their answer (changeable until the reveal), and
     after the reveal the right answer and the model's numbers behind it."""
     m = member()
@@ -241,7 +250,7 @@ def question_box(where: str) -> None:
         _revealed(q, mine)
         return
     choice = st.radio(t("Your answer"), range(len(q.options)), index=mine, format_func=lambda i: q.options[i],
-                      key=f"class_q_{where}_{m['room']}_{q.qid}", label_visibility="collapsed")
+                      key=f"class_q_{m['room']}_{q.qid}", label_visibility="collapsed")
     if choice is not None and choice != mine:
         try:
             store().answer(m["room"], m["seat"], q.qid, int(choice))

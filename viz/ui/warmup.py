@@ -82,7 +82,7 @@ _cond = threading.Condition()
 _active: set[int] = set()  # thread ids of the script runs now running (app.py: `with warmup.script_run()`)
 _last_end = [float("-inf")]  # time.monotonic() when the last script run ended
 _warming: dict = {"ident": None, "native": None, "nice": 0, "can_raise": None, "loading": None}
-paused_s = [0.0]  # total seconds the warm-up waited for people (bench/load.py, tests)
+paused_s = [0.0]  # total seconds the warm-up waited for people (in the server's log at the end)
 
 
 @contextlib.contextmanager
@@ -226,6 +226,7 @@ def warm() -> None:
     finally:
         _set_nice(0)
         _warming.update(ident=None, native=None, loading=None)
+        _LOG.info("warm-up done; it paused %.1f s for sessions' script runs", paused_s[0])
 
 
 def warm_default() -> None:

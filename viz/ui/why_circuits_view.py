@@ -88,8 +88,12 @@ def show(name: str) -> None:
     with st.spinner(t("Splitting the found heads' scores into their sources (once per model on this server)…")):
         try:
             c = _circuits(name)
-        except ValueError as e:
-            show_error(e)
+        except ValueError as e:  # a model via transformers has no decomposition: the analysis says why, in one sentence
+            lm_name = getattr(load_ckpt(name).obj, "name", None) or "?"
+            if str(e) == WHY.NO_DECOMPOSITION.format(name=lm_name):
+                st.info(t(WHY.NO_DECOMPOSITION, name=lm_name), icon="🧩")
+            else:
+                show_error(e)
             return
     tol = _tolerance()
 
