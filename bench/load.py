@@ -813,8 +813,9 @@ def class_start(browser, page: str, n: int, env: dict | None = None, switch_clic
     pages = [c.new_page() for c in ctxs]
     port = bench.free_port()
     load_before = os.getloadavg()
+    trace = Path(tempfile.mkstemp(prefix="warm-trace-", suffix=".txt")[1])
     t_start = time.time()
-    proc = bench.start_server(ROOT / "app.py", port, env=env)
+    proc = bench.start_server(ROOT / "app.py", port, env={**(env or {}), "ATTENTION_LAB_WARM_TRACE": str(trace)})
     out: dict = {"page": page, "n": n, "load_before": load_before}
     try:
         bench.wait_health(port, timeout=120)
@@ -834,6 +835,7 @@ def class_start(browser, page: str, n: int, env: dict | None = None, switch_clic
         out["load_after"] = os.getloadavg()
         out["rss_mb"] = rss_mb(proc.pid)
         out["views"] = [(f["at"] - o) / 1000 if f else None for f, o in zip(firsts, opened, strict=True)]
+        out["warm"] = warm_timeline(trace, t_start, max((f["at"] for f in firsts if f), default=0) / 1000)
         out["errors"] = [f["error"] for f in firsts if f and f["error"]]
         for c in ctxs:
             c.close()
@@ -843,7 +845,27 @@ def class_start(browser, page: str, n: int, env: dict | None = None, switch_clic
             out["load_switch"] = os.getloadavg()
     finally:
         bench.stop_server(proc)
+        trace.unlink(missing_ok=True)
     return out
+
+
+def warm_timeline(path: Path, t_start: float, t_last: float) -> str:
+    """The warm-up until the last first view, from its trace (viz/ui/warmup.py, $ATTENTION_LAB_WARM_TRACE): when
+    each piece began (s after the start) and how often and how long it paused for script runs."""
+    pieces, paused, pauses, since = [], 0.0, 0, None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        at, event = float(line.split()[0]), line.split(" ", 1)[1].rsplit(" active=", 1)[0]
+        if at > t_last:
+            break
+        if event.startswith("start ") or event in ("default page warm", "done"):
+            pieces.append(f"{event.removeprefix('start ')} {at - t_start:.0f}")
+        elif event == "pause":
+            pauses, since = pauses + 1, at
+        elif event == "resume" and since is not None:
+            paused, since = paused + at - since, None
+    if since is not None:
+        paused += t_last - since
+    return f"warm-up until the last view: {', '.join(pieces)}; paused {pauses}x, {paused:.0f} s"
 
 
 def report_class_start(res: dict) -> None:
@@ -857,6 +879,7 @@ def report_class_start(res: dict) -> None:
     if missing or res["errors"]:
         line += f"; {missing} not drawn in 10 min, {len(res['errors'])} errors: {res['errors'][:2]}"
     print(line)
+    print("  ", res["warm"])
     if res["page"] == "default" and res["n"] == 6:
         print(f"   target p50 <= {TARGET_CLASS_P50_S:.0f} s, p95 <= {TARGET_CLASS_P95_S:.0f} s   "
               f"[{verdict(p50 <= TARGET_CLASS_P50_S and p95 <= TARGET_CLASS_P95_S and not missing)}]")

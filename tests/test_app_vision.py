@@ -4,10 +4,12 @@ and a bad upload gets a sentence, not a traceback."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
-from conftest import APP, assert_clean, figures_by_title, plotly_array
+from conftest import APP, assert_clean, plotly_array
 from streamlit.testing.v1 import AppTest
 
 from model.families.vit import load_vit
@@ -41,9 +43,9 @@ def open_vision(lang: str, **query) -> AppTest:
 
 
 def raw_map(at) -> np.ndarray:
-    """The raw-weights panel of the attention map (its first heatmap), as drawn."""
-    fig = next(f for title, f in figures_by_title(at).items() if "[CLS]" in title or "patch" in title.lower()
-               or "图像" in title)
+    """The raw-weights panel of the attention map (the chart keyed vis_map: its first heatmap), as drawn."""
+    chart = next(c for c in at.get("plotly_chart") if c.proto.id.endswith("-vis_map"))
+    fig = json.loads(chart.proto.spec)
     return plotly_array(next(d for d in fig["data"] if d["type"] == "heatmap")["z"]).astype(np.float64)
 
 

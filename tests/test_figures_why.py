@@ -95,3 +95,18 @@ def test_check_figure_marks_disagreements():
     assert fig.data[0].x[1].startswith("✗") and not fig.data[0].x[0].startswith("✗")
     rows = FW.check_rows(chk)
     assert rows[1]["agrees"].startswith("✗") and rows[0]["actual (taken out, live norm)"] == 1.95
+
+
+def test_circuit_groups_figure_draws_each_heads_group_terms_and_lead():
+    """/phenomena's circuits: one signed bar per group and head (the Lead's groups), the lead a marker (Σ bars);
+    groups a head lacks are 0, groups no head has are not drawn; names in the page's language."""
+    groups = [{"previous-token heads": 80.3, "FFNs": -96.1, "other heads": 33.9, "embeddings": 0.4},
+              {"FFNs": 2.9, "other heads": 2.3}]
+    totals = [sum(g.values()) for g in groups]
+    fig = FW.circuit_groups_figure(["L18 H6", "L28 H1"], groups, totals, "t", lang="zh")
+    bars = {tr.name: list(tr.y) for tr in fig.data if tr.type == "bar"}
+    assert bars == {FW.t("previous-token heads", lang="zh"): [80.3, 0.0], FW.t("FFNs", lang="zh"): [-96.1, 2.9],
+                    FW.t("other heads", lang="zh"): [33.9, 2.3], FW.t("embeddings", lang="zh"): [0.4, 0.0]}
+    (lead,) = [tr for tr in fig.data if tr.type == "scatter"]
+    np.testing.assert_allclose(lead.y, totals)
+    np.testing.assert_allclose(np.sum(list(bars.values()), axis=0), totals)  # every group drawn: Σ bars = the lead

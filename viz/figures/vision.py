@@ -114,7 +114,7 @@ def attention_over_image(image, z, patch_size: int, title: str, picked: tuple[in
     img = to_hwc(image)
     z = np.asarray(z, dtype=np.float64)
     fig = go.Figure([go.Image(z=img, hoverinfo="skip"),
-                     _overlay(z, patch_size, float(z.max()), "map", dict(title=t("weight")), True)])
+                     _overlay(z, patch_size, float(z.max()), title, dict(title=t("weight")), True)])
     shapes = _grid_shapes(*z.shape, patch_size)
     if picked is not None:
         shapes.append(_outline(picked[0], picked[1], patch_size))
@@ -130,7 +130,7 @@ def rollout_beside_raw(image, raw, rollout, patch_size: int, raw_title: str, rol
     img = to_hwc(image)
     raw, rollout = np.asarray(raw, dtype=np.float64), np.asarray(rollout, dtype=np.float64)
     fig = make_subplots(1, 2, subplot_titles=(raw_title, rollout_title), horizontal_spacing=0.12)
-    for i, (z, name) in enumerate(((raw, "raw"), (rollout, "rollout")), start=1):
+    for i, (z, name) in enumerate(((raw, raw_title), (rollout, rollout_title)), start=1):
         fig.add_trace(go.Image(z=img, hoverinfo="skip"), 1, i)
         bar = dict(title=t("weight"), x=0.44 if i == 1 else 1.0, len=0.9)
         fig.add_trace(_overlay(z, patch_size, float(z.max()), name, bar, True), 1, i)
@@ -158,7 +158,7 @@ def heads_over_image(image, maps, patch_size: int, title: str, picked: tuple[int
     shapes = []
     for h in range(H):
         fig.add_trace(go.Image(z=img, hoverinfo="skip"), 1, h + 1)
-        fig.add_trace(_overlay(maps[h], patch_size, top, f"head {h}", dict(title=t("weight")), h == H - 1), 1, h + 1)
+        fig.add_trace(_overlay(maps[h], patch_size, top, labels[h], dict(title=t("weight")), h == H - 1), 1, h + 1)
         _image_axes(fig, img.shape[0], img.shape[1], 1, h + 1)
         if picked is not None:
             ref = "" if h == 0 else str(h + 1)

@@ -60,7 +60,7 @@ def teacher() -> None:
     m = C.member()
     code, token = m["room"], m["token"]
     link = C.room_link(code)
-    left, right = st.columns([3, 2], gap="large")
+    left, right = st.columns(2, gap="large")
     with left:
         st.html(f"<div style='font-size:7rem;font-weight:700;letter-spacing:.3rem;line-height:1.1'>{code}</div>")
         st.markdown(t("Join at **{link}**, or scan the code.", link=md_escape(link)))

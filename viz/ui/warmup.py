@@ -92,6 +92,7 @@ def script_run():
     ident = threading.get_ident()
     with _cond:
         _active.add(ident)
+    _note("run begins")
     try:
         yield
     finally:
@@ -99,6 +100,7 @@ def script_run():
             _active.discard(ident)
             _last_end[0] = time.monotonic()
             _cond.notify_all()
+        _note("run ends")
 
 
 def someone_waits() -> bool:
@@ -123,6 +125,17 @@ def busy() -> bool:
     return not someone_waits() and (bool(active - shared.waiting_threads()) or not active)
 
 
+TRACE_ENV = "ATTENTION_LAB_WARM_TRACE"  # a file: the warm-up appends when it paused, resumed and ran each piece
+
+
+def _note(event: str) -> None:
+    """One line in $ATTENTION_LAB_WARM_TRACE (bench/load.py --class-start reads it), if set."""
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.3f} {event} active={len(_active)}\n")
+
+
 def yield_to_people() -> None:
     """In the warm-up thread: wait until no script run needs the cores (`busy`), and run at the priority the moment
     asks (0 while a script run waits for a result, else WARM_NICE). Anywhere else: nothing."""
@@ -130,12 +143,15 @@ def yield_to_people() -> None:
         return
     t0 = None
     while busy():
+        if t0 is None:
+            _note("pause")
         t0 = t0 or time.monotonic()
         _set_nice(WARM_NICE)
         with _cond:
             _cond.wait(POLL_S)
     if t0 is not None:
         paused_s[0] += time.monotonic() - t0
+        _note("resume")
     _set_nice(0 if someone_waits() else WARM_NICE)
 
 
@@ -166,7 +182,7 @@ def boost(name: str) -> None:
     lower priority, that load runs at the session's priority from here on (the wait is Streamlit's cache lock,
     which no yield point sees)."""
     w = _warming
-    if w["loading"] == name and w["nice"] != 0 and w["can_raise"]:
+    if w["loading"] == name and w["nice"] != 0 and w["can_raise"] and threading.get_ident() != w["ident"]:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, w["native"], 0)
             w["nice"] = 0
@@ -211,7 +227,9 @@ def warm() -> None:
     try:
         warm_default()
         lm = None
+        _note("default page warm")
         for piece in ORDER:
+            _note(f"start {piece}")
             if piece == "learn":
                 yield_to_people()
                 warm_learn()
@@ -227,6 +245,7 @@ def warm() -> None:
         _set_nice(0)
         _warming.update(ident=None, native=None, loading=None)
         _LOG.info("warm-up done; it paused %.1f s for sessions' script runs", paused_s[0])
+        _note("done")
 
 
 def warm_default() -> None:
