@@ -130,4 +130,5 @@ if __name__ == "__main__":  # a session's script run
         main()
 else:  # `streamlit run app.py` imports this module once, to find the app to serve
     warmup.start()  # in the background, while the server starts and the first browser loads the frontend
-    app = st.App(__file__, routes=failover.routes())  # + the replica boot id (viz/ui/failover.py)
+    # + the replica boot id (viz/ui/failover.py) and a live class's version, which following tabs poll (classroom.py)
+    app = st.App(__file__, routes=failover.routes() + classroom.routes())

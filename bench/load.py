@@ -729,7 +729,8 @@ PHEN_LINK = r"phen(?:=|[\"']\s*:\s*[\"'])(sinks|patterns|induction|ioi|needle)\b
 def view_entry_points() -> dict:
     """view -> how many entry points of the app open it: each lesson (its own view, and its link to the full page),
     the sidebar (each page on its default view: /phenomena opens on sinks), and every `?phen=` link in the pages and
-    the README (the Lesson list and /phenomena's own menu aside: counted above, or the page itself)."""
+    the README before its Performance section (the Lesson list and /phenomena's own menu aside: counted above, or the
+    page itself)."""
     import re
     from collections import Counter
 
@@ -744,10 +745,12 @@ def view_entry_points() -> dict:
     for view in (("page", "llm"), ("page", "learn"), ("phen", "sinks")):  # the sidebar's links
         views[view] += 1
     skip = {ROOT / "viz" / "lessons" / "__init__.py", ROOT / "viz" / "pages" / "phenomena.py"}
-    for f in [ROOT / "README.md", *sorted((ROOT / "viz").rglob("*.py"))]:
-        if f not in skip:
-            for m in re.finditer(PHEN_LINK, f.read_text(encoding="utf-8")):
-                views[("phen", m[1])] += 1
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    texts = [readme.split("\n## Performance\n")[0]]  # what a reader opens; the benchmarks' own addresses are not
+    texts += [f.read_text(encoding="utf-8") for f in sorted((ROOT / "viz").rglob("*.py")) if f not in skip]
+    for text in texts:
+        for m in re.finditer(PHEN_LINK, text):
+            views[("phen", m[1])] += 1
     return dict(views)
 
 
@@ -852,7 +855,9 @@ def class_start(browser, page: str, n: int, env: dict | None = None, switch_clic
 def warm_timeline(path: Path, t_start: float, t_last: float) -> str:
     """The warm-up until the last first view, from its trace (viz/ui/warmup.py, $ATTENTION_LAB_WARM_TRACE): when
     each piece began (s after the start) and how often and how long it paused for script runs."""
-    pieces, paused, pauses, since = [], 0.0, 0, None
+    pieces, paused, pauses, since, runs, last_run = [], 0.0, 0, None, 0, 0.0
+    began: dict[str, float] = {}
+    took: list[float] = []  # each script run, on the server: begin -> end
     for line in path.read_text(encoding="utf-8").splitlines():
         at, event = float(line.split()[0]), line.split(" ", 1)[1].rsplit(" active=", 1)[0]
         if at > t_last:
@@ -863,9 +868,18 @@ def warm_timeline(path: Path, t_start: float, t_last: float) -> str:
             pauses, since = pauses + 1, at
         elif event == "resume" and since is not None:
             paused, since = paused + at - since, None
+        elif event.startswith("run begins"):
+            runs += 1
+            began[event.split()[-1]] = at
+        elif event.startswith("run ends"):
+            last_run = at - t_start
+            took.append(at - began.pop(event.split()[-1], at))
     if since is not None:
         paused += t_last - since
-    return f"warm-up until the last view: {', '.join(pieces)}; paused {pauses}x, {paused:.0f} s"
+    return (f"warm-up until the last view: {', '.join(pieces)}; paused {pauses}x, {paused:.0f} s; the sessions' "
+            f"{runs} script runs (each on the server: p50 {statistics.median(took) if took else 0:.1f} s, max "
+            f"{max(took, default=0):.1f} s), the last ended {last_run:.0f} s after the start; the last view drawn at "
+            f"{t_last - t_start:.0f} s")
 
 
 def report_class_start(res: dict) -> None:

@@ -107,3 +107,19 @@ def test_forged_teacher_link_and_garbage_code(room_store):
     assert "teacher" not in at.query_params  # the refused token is not kept in the address
     at = open_page(None, query={"lang": "en", "room": "<script>"})
     assert not at.exception and any("is not a room code" in w.value for w in at.warning)
+
+
+def test_room_in_chinese(room_store):
+    """The teacher's and a student's views in zh: no English sentence (the question is the teacher's own text)."""
+    from test_i18n import english_in_zh
+
+    teacher = open_page(PAGE, query={"lang": "zh"})
+    button(teacher, "开一个房间").click().run()
+    code, token = teacher.session_state[KEY]["room"], teacher.session_state[KEY]["token"]
+    room_store.open_question(code, token, "哪个头看向前一个词？", ["头 1", "头 3"], answer=1)
+    student = open_page(None, query={"lang": "zh", "room": code})
+    button(student, "加入").click().run()
+    teacher.run()
+    for at in (teacher, student):
+        assert_clean(at)
+        assert not english_in_zh(at), english_in_zh(at)

@@ -35,7 +35,7 @@ def test_every_page_renders(server, page):
     assert {"attention", "decoder", "training"} <= set(paths), paths
     problems = []
     for name, path in paths.items():
-        page.goto(server + path)
+        page.goto(server + path, timeout=PAGE_TIMEOUT_MS)  # (Playwright's default 30 s ran out at load 30)
         wait_drawn(page, need_chart=name not in NO_CHARTS)
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
         if page.locator('[data-testid="stException"]').count():

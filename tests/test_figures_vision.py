@@ -103,3 +103,14 @@ def test_prediction_figure_orders_the_softmax(run):
     assert np.allclose(np.asarray(fig.data[0].x), np.sort(p)[::-1])
     assert [y.removesuffix(" ✓") for y in fig.data[0].y] == [model.cfg.names()[i] for i in np.argsort(-p)]
     assert sum(y.endswith("✓") for y in fig.data[0].y) == 1
+
+
+def test_the_architecture_map_draws_the_vit_from_its_config(run):
+    from viz.figures.arch import vit_architecture_figure
+
+    cfg = run[0].cfg.to_dict()
+    fig = vit_architecture_figure(cfg)
+    texts = " ".join(a.text for a in fig.layout.annotations)
+    assert "18 tokens = [CLS] + 1 registers + 16 patches" in fig.layout.title.text  # 1 + 1 + 4·4
+    assert "cut into 4 × 4 patches of 4 × 4" in texts and "one linear layer 48 → 16" in texts  # 3·4·4 → d_model
+    assert "2 encoder blocks" in texts and "linear 16 → 4" in texts and "learned positions" in texts

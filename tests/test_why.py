@@ -239,3 +239,31 @@ def test_a_model_opened_through_transformers_is_refused_in_one_sentence(tmp_path
     with pytest.raises(ValueError, match="opened through transformers") as err:
         why.explain_score(lm, lm.encode("When Mary and John"), 0, 0, 2, 1)
     assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")  # one sentence
+
+
+def test_the_panel_keeps_one_explanation_trace_per_long_prompt():
+    """A long prompt's page trace is lazy (q, k, v and layer outputs only): the panel keeps one lazy trace with the
+    names an explanation reads (viz.ui.why_panel._long_trace), so only the first cell runs a forward. Its
+    explanations equal the per-cell forward's (float32 rounding: the fast attention path), sum exactly, and a
+    prompt over the budget falls back to the per-cell forward (None)."""
+    from test_long_trace import LLAMA, ids_of, tiny
+
+    from model.loaders.lm import LanguageModel
+    from viz.ui import why_panel as P
+
+    lm = LanguageModel(tiny(LLAMA))
+    x = ids_of(300)[0].tolist()
+    P._why_trace.clear()
+    tr = P._long_trace(lm, x)
+    assert tr is not None and P._long_trace(lm, x) is tr  # the second cell reads the same trace
+    for layer, head, q, k, vs in [(2, 1, 299, 7, None), (1, 3, 250, 250, 0), (0, 0, 120, 30, 100)]:
+        e = why.explain_score(lm, [x], layer, head, q, k, against=vs, trace=tr)
+        ref = why.explain_score(lm, [x], layer, head, q, k, against=vs)
+        _assert_exact(e)
+        assert e.total == pytest.approx(ref.total, abs=1e-5 * max(1.0, abs(ref.total)))
+    budget = P.WHY_TRACE_BUDGET
+    try:
+        P.WHY_TRACE_BUDGET = 1000
+        assert P._long_trace(lm, x) is None
+    finally:
+        P.WHY_TRACE_BUDGET = budget

@@ -299,6 +299,7 @@ class ClassStore:
         if not q.revealed:
             q.frozen, q.revealed = self._count(code, q), True
             self._save_question(code, q)
+            self._set(code)  # a new version: the students' screens redraw the question with its answer
         self._touch(code, self.clock())
         return q
 
@@ -563,7 +564,8 @@ class RedisStore(ClassStore):
 
     def _set(self, code, **fields):
         p = self.r.pipeline(transaction=True)
-        p.hset(self._k(code), mapping=fields)
+        if fields:
+            p.hset(self._k(code), mapping=fields)
         p.hincrby(self._k(code), "version", 1)
         p.execute()
 

@@ -141,7 +141,7 @@ def student() -> None:
     strip()
 
 
-@st.fragment(run_every=C.POLL_S)
+@st.fragment
 def strip() -> None:  # the student's poll, here in the page: follow the teacher, the current question
     C.student_strip()
 

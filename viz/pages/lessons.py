@@ -340,8 +340,10 @@ def question(lesson: LS.Lesson, live: LS.Live, text: str = "", value=None) -> No
     if not live.correct:
         st.info(live.note, icon="ℹ️")
         return
-    classroom.ask_lesson(lesson.slug, t(lesson.question, **live.args), [live.labels[o] for o in live.options],
-                         live.options.index(live.correct[0]), live.feedback)  # a live class's teacher (issue 41)
+    if classroom.is_teacher():  # a live class's teacher can ask the room this question (issue 41)
+        right = live.options.index(live.correct[0]) if live.correct[0] in live.options else None
+        classroom.ask_lesson(lesson.slug, t(lesson.question, **live.args), [live.labels[o] for o in live.options],
+                             right, live.feedback)
     asked = "\x1f".join([*live.options, "\x1e", text or "", str(value)])
     digest = hashlib.md5(asked.encode()).hexdigest()[:8]  # new options or new inputs -> a new, unanswered widget
     choice = st.radio(t("Your answer"), live.options, index=None, format_func=live.labels.get,

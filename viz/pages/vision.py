@@ -13,7 +13,8 @@ on the synthetic shapes of model/toy/shapes.py) reads an image as a sequence of 
 
 The image: a sample of the synthetic set by seed, an uploaded file, or a drawing (streamlit-drawable-canvas). URL:
 `?img=sample|upload|draw&seed=N&layer=L&head=H|mean&q=cls|R,C&ablate=1`. The trace of an image is computed once
-and cached for every session (`_view`), so a layer, head or query switch only slices it.
+and cached for every session (`_view`), so a layer, head or query switch only slices it; the controls and the views
+that depend on them are a fragment (`explore`), so a switch reruns only them, not the app's sidebar.
 """
 
 from __future__ import annotations
@@ -333,11 +334,65 @@ def main() -> None:
         return
     meta = view.trace.meta
     rows, cols = (int(v) for v in meta["grid"])
-    p, n_prefix = int(meta["patch_size"]), int(meta["n_prefix"])
+    p = int(meta["patch_size"])
     names = list(meta.get("class_names") or _meta(model).get("class_names") or [])
     L, H = view.distance.shape
     with right:
         prediction(view, names)
+    with left:
+        show_figure(FV.image_figure(view.image, (rows, cols), p, height=300), key="vis_image")
+    explore(view, names)
+
+    st.subheader(t("Local and global heads"))
+    show_figure(cached_figure(view.trace, _distance_fig, view.key, shared=True, distance=view.distance,
+                              size=int(meta["image_size"])), key="vis_distance")
+    st.caption(t("Each point is one head: the mean distance, in pixels, between a query patch and the patches it "
+                 "attends to, weighted by the attention (over every patch query of this image; the ViT paper's "
+                 "Figure 7 averages many images). From layer 0 to layer {last}, each layer's range: {ranges}.",
+                 last=L - 1, ranges=" · ".join(f"{d.min():.1f}–{d.max():.1f} px" for d in view.distance)))
+    share = deciding(view)
+    if share is not None:
+        st.subheader(t("Does [CLS] look at the patches that decide the answer?"))
+        s = np.asarray(share["share"], dtype=np.float64)
+        covered = float(share["coverage"])
+        show_figure(FV.deciding_share_figure(s, covered), key="vis_decide")
+        best = np.unravel_index(int(np.argmax(s)), s.shape)
+        st.caption(t("The deciding patches cover {c} of the image; layer {l} head {h} puts the most of [CLS]'s "
+                     "attention there: {v} ({x:.1f} times what attending evenly would give).", c=f"{covered:.1%}",
+                     l=int(best[0]), h=int(best[1]), v=f"{s[best]:.1%}", x=float(s[best]) / max(covered, 1e-12)))
+
+    st.subheader(t("Positions"))
+    show_figure(_position_fig(), key="vis_positions")
+    near, far = neighbour_similarity(position_similarity())
+    if model.cfg.positional == "learned":
+        st.caption(t("The model learned one embedding per patch position, from a list with no notion of rows or "
+                     "columns; each tile is one position's cosine similarity with every other. Where nearby "
+                     "positions come out similar, and rows and columns show, training found the 2-D layout. Here "
+                     "side-by-side patches have a mean cosine of {near}, all other pairs {far}.",
+                     near=f"{near:+.2f}", far=f"{far:+.2f}"))
+    else:
+        st.caption(t("This model's positions are fixed 2-D sines and cosines (half the dimensions code the row, "
+                     "half the column); each tile is one position's cosine similarity with every other."))
+    with st.expander(t("How this vision transformer is built"), icon=":material/account_tree:"):
+        show_figure(FA.vit_architecture_figure(meta["config"]), key="vis_arch")
+        card = _meta(model)
+        if isinstance(card.get("accuracy"), int | float):
+            st.caption(t("Held-out accuracy on fresh samples the training never drew: {a}.",
+                         a=f"{card['accuracy']:.1%}")
+                       + (" " + t("Trained with `{cmd}`.", cmd=card["command"]) if card.get("command") else ""))
+    st.info(t(OTHER_PAGES), icon="ℹ️")
+
+
+
+
+@st.fragment
+def explore(view: View, names: list[str]) -> None:
+    """The layer, head and query controls and every view that depends on them: a fragment, so a switch reruns
+    only this part (not the app's sidebar nor the head-independent figures below)."""
+    meta = view.trace.meta
+    rows, cols = (int(v) for v in meta["grid"])
+    p, n_prefix = int(meta["patch_size"]), int(meta["n_prefix"])
+    L, H = view.distance.shape
     c1, c2, c3, c4 = st.columns([3, 4, 3, 2])
     seed_from_query("vis_layer", "layer", L - 1, int, int_in(0, L - 1))
     clamp_state("vis_layer", 0, L - 1, "layer")
@@ -360,8 +415,6 @@ def main() -> None:
     write_query(layer=layer, head=head, q=q, ablate=1 if ablate and head != MEAN else None)
     picked = parse_query(q, rows, cols)
     qi = 0 if picked is None else n_prefix + picked[0] * cols + picked[1]
-    with left:
-        show_figure(FV.image_figure(view.image, (rows, cols), p, picked, height=300), key="vis_image")
     who = "[CLS]" if picked is None else t("patch (row {r}, col {c})", r=picked[0], c=picked[1])
 
     w = view.trace[f"encoder.layers.{layer}.self_attn.weights"]
@@ -399,46 +452,6 @@ def main() -> None:
                       q=f"{view.probs[a]:.1%}", p2=f"{knocked[a]:.1%}"))
 
     blank_section(view, layer, n_prefix, rows, cols, p, names)
-
-    st.subheader(t("Local and global heads"))
-    show_figure(cached_figure(view.trace, _distance_fig, view.key, shared=True, distance=view.distance,
-                              size=int(meta["image_size"])), key="vis_distance")
-    st.caption(t("Each point is one head: the mean distance, in pixels, between a query patch and the patches it "
-                 "attends to, weighted by the attention (over every patch query of this image; the ViT paper's "
-                 "Figure 7 averages many images). Layer {l}: from {lo:.1f} to {hi:.1f} px.", l=layer,
-                 lo=float(view.distance[layer].min()), hi=float(view.distance[layer].max())))
-
-    share = deciding(view)
-    if share is not None:
-        st.subheader(t("Does [CLS] look at the patches that decide the answer?"))
-        s = np.asarray(share["share"], dtype=np.float64)
-        covered = float(share["coverage"])
-        show_figure(FV.deciding_share_figure(s, covered), key="vis_decide")
-        best = np.unravel_index(int(np.argmax(s)), s.shape)
-        st.caption(t("The deciding patches cover {c} of the image; layer {l} head {h} puts the most of [CLS]'s "
-                     "attention there: {v} ({x:.1f} times what attending evenly would give).", c=f"{covered:.1%}",
-                     l=int(best[0]), h=int(best[1]), v=f"{s[best]:.1%}", x=float(s[best]) / max(covered, 1e-12)))
-
-    st.subheader(t("Positions"))
-    show_figure(_position_fig(), key="vis_positions")
-    near, far = neighbour_similarity(position_similarity())
-    if model.cfg.positional == "learned":
-        st.caption(t("The model learned one embedding per patch position, from a list with no notion of rows or "
-                     "columns; each tile is one position's cosine similarity with every other. Where nearby "
-                     "positions come out similar, and rows and columns show, training found the 2-D layout. Here "
-                     "side-by-side patches have a mean cosine of {near}, all other pairs {far}.",
-                     near=f"{near:+.2f}", far=f"{far:+.2f}"))
-    else:
-        st.caption(t("This model's positions are fixed 2-D sines and cosines (half the dimensions code the row, "
-                     "half the column); each tile is one position's cosine similarity with every other."))
-    with st.expander(t("How this vision transformer is built"), icon=":material/account_tree:"):
-        show_figure(FA.vit_architecture_figure(meta["config"]), key="vis_arch")
-        card = _meta(model)
-        if isinstance(card.get("accuracy"), int | float):
-            st.caption(t("Held-out accuracy on fresh samples the training never drew: {a}.",
-                         a=f"{card['accuracy']:.1%}")
-                       + (" " + t("Trained with `{cmd}`.", cmd=card["command"]) if card.get("command") else ""))
-    st.info(t(OTHER_PAGES), icon="ℹ️")
 
 
 def blank_section(view: View, layer: int, n_prefix: int, rows: int, cols: int, p: int, names) -> None:

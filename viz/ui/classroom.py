@@ -10,6 +10,7 @@ widget seeds from the teacher's URL. No figure travels: the follower's server se
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -25,6 +26,51 @@ KEY = "_al_class"  # st.session_state: {"room", "role": "teacher"|"student", "to
 PRIVATE = ("room", "teacher", "seat", "lang", "present")  # URL parameters that are the session's own, not the view
 CLASS_PAGE = "viz/pages/class.py"
 PAGES = "_al_class_pages"  # st.session_state: url path -> page file (app.py's), for /class's own strip
+
+
+ROUTE = "/_al/class/version"  # ?room=CODE -> the room's version number, or "gone": what a follower's tab polls
+SYNC = "class_sync"  # the hidden button the tab's poller clicks when the room's version moved (a fragment rerun)
+# The follower's poll runs in the browser: one small HTTP read a second, no script run. Only when the room's version
+# differs from the one this strip drew does it click the hidden button, which reruns the strip's fragment (follow the
+# teacher, redraw the question). Installed once per tab (window.__alClass); each redraw updates the version it knows.
+_POLLER = """<script>
+(() => {
+  const c = window.__alClass = window.__alClass || {};
+  c.room = %s; c.v = %s; c.asked = null;
+  if (c.timer) return;
+  c.timer = setInterval(async () => {
+    try {
+      const url = %s + "?room=" + encodeURIComponent(c.room);
+      const r = await fetch(url, {cache: "no-store", credentials: "same-origin"});
+      const v = (await r.text()).trim();
+      if (v !== String(c.v) && v !== c.asked) {
+        const b = document.querySelector(".st-key-%s button");
+        if (b) { c.asked = v; b.click(); }
+      }
+    } catch (e) { /* a replica going away: the failover script handles it */ }
+  }, %d);
+})();
+</script>
+<style>.st-key-%s { display: none; }</style>"""
+
+
+def routes() -> list:
+    """The version route for `st.App(routes=...)`: no session, no script run; the store read off the event loop."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    def read(room: str) -> str:
+        try:
+            return str(store().version(room))
+        except ClassError:
+            return "gone"
+
+    async def version(request) -> PlainTextResponse:
+        text = await run_in_threadpool(read, request.query_params.get("room", ""))
+        return PlainTextResponse(text, headers={"Cache-Control": "no-store"})
+
+    return [Route(ROUTE, version)]
 
 
 def configure(argv: list[str]) -> None:
@@ -136,8 +182,9 @@ def follow(pages: dict[str, str]) -> None:
     version, state = store().get_state(m["room"])
     m["seen"] = version
     target = pages.get(state.get("page"))
-    if target is None:
+    if target is None or state == m.get("followed"):  # a question or a reveal moved the version, not the view
         return
+    m["followed"] = state
     params = {str(k): str(v) for k, v in (state.get("params") or {}).items() if k not in PRIVATE}
     params |= {"room": m["room"], "seat": m["seat"]}
     if lang := st.query_params.get("lang"):
@@ -152,8 +199,7 @@ def bar(page: str, pages: dict[str, str]) -> None:
     m = member()
     if not m:
         return
-    if m["role"] == "teacher":
-        publish(page)
+    if m["role"] == "teacher":  # publishes after the page ran (app.py), not before: the URL is then final
         with st.sidebar:
             _teacher_bar(page)
     else:
@@ -165,10 +211,17 @@ def bar(page: str, pages: dict[str, str]) -> None:
                 _student_bar(page, pages)
 
 
+def _fragment_rerun() -> bool:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    return bool(getattr(get_script_run_ctx(), "fragment_ids_this_run", None))
+
+
 @st.fragment(run_every=PUBLISH_S)
 def _teacher_bar(page: str) -> None:
     m = member()
-    publish(page)
+    if _fragment_rerun():  # in a full run the page has not run yet: its URL is the last one (app.py publishes after)
+        publish(page)
     try:
         n = store().joiners(m["room"])
     except ClassError as e:
@@ -179,7 +232,7 @@ def _teacher_bar(page: str) -> None:
         st.page_link(CLASS_PAGE, label=t("Room, questions and results"), icon=":material/groups:")
 
 
-@st.fragment(run_every=POLL_S)
+@st.fragment
 def _student_bar(page: str, pages: dict[str, str]) -> None:
     student_strip(pages)
 
@@ -198,6 +251,9 @@ def student_strip(pages: dict[str, str] | None = None) -> None:
             st.rerun()
         return
     st.markdown(t("**Room {code}**", code=m["room"]))
+    st.button("↻", key=SYNC)  # hidden (the poller's CSS); its click reruns this fragment
+    st.html(_POLLER % (json.dumps(m["room"]), version, json.dumps(ROUTE), SYNC, int(POLL_S * 1000), SYNC),
+            unsafe_allow_javascript=True)
     if m["following"]:
         if version != m["seen"]:
             follow(pages)  # switches page (a full run) unless the teacher's page is not one this app has
@@ -230,7 +286,7 @@ def ask_lesson(slug: str, question: str, options: list[str], answer: int | None,
 def _following(on: bool) -> None:  # a button's callback: it runs before the (fragment's) rerun the click makes
     m = member()
     if m:
-        m["following"], m["seen"] = on, -1
+        m["following"], m["seen"], m["followed"] = on, -1, None  # rejoin: back to the teacher's view, whatever it is
 
 
 def question_box() -> None:

@@ -55,7 +55,8 @@ POLL_S = 0.2
 # The order after the default page's model and trace (issue 43 §1), measured, not guessed: how many entry points
 # of the app open a view that shows each piece on its defaults: the lessons (each lesson, and its link to the full
 # page), the sidebar (each page opens on its default view: /phenomena on sinks), and the `?phen=…` links in the pages
-# and the README. `python bench/load.py --warm-order` counts them from the sources; tests/test_warmup_yield.py checks
+# and the README (before its Performance section: the benchmarks' addresses are no entry point).
+# `python bench/load.py --warm-order` counts them from the sources; tests/test_warmup_yield.py checks
 # that ORDER is that count's order (more first; a tie, the cheaper first, a piece that needs another's result
 # costing both). Counted when this was written: SmolLM2 (its load and /llm's trace: every language-model view) 18,
 # sink_effect 4, induction 3, ioi 3, /learn's run 3, logit_lens 1, induction_ablation 1, needle_grid 1,
@@ -92,7 +93,7 @@ def script_run():
     ident = threading.get_ident()
     with _cond:
         _active.add(ident)
-    _note("run begins")
+    _note(f"run begins {ident}")
     try:
         yield
     finally:
@@ -100,7 +101,7 @@ def script_run():
             _active.discard(ident)
             _last_end[0] = time.monotonic()
             _cond.notify_all()
-        _note("run ends")
+        _note(f"run ends {ident}")
 
 
 def someone_waits() -> bool:

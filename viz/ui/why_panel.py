@@ -90,10 +90,42 @@ def _ids(trace, lazy: bool):
     return meta.get("tgt_ids") or meta["src_ids"]
 
 
+WHY_TRACE_BUDGET = 2**30  # the long prompt's explanation trace, at most this (SmolLM2 at 2,048 tokens: ~405 MiB)
+
+
+@st.cache_resource(max_entries=1, show_spinner=False)
+def _why_trace(model_id: int, ids: tuple[int, ...], _m):
+    """One lazy trace per long prompt holding the O(T·d) names every explanation reads (W.lazy_names): the
+    page's own lazy trace keeps q, k, v and the layers' outputs, not the FFN outputs and norm inputs. The first
+    cell pays one forward (cold); every other cell, head and layer on this prompt reads it (warm). One entry: a
+    new prompt replaces it, so the memory held is one prompt's."""
+    import torch
+
+    _, tr = _m.run_with_trace(torch.tensor([ids]), names=W.lazy_names(_m), lazy=True, fast=True,
+                               budget_bytes=WHY_TRACE_BUDGET)
+    return tr
+
+
+def _long_trace(lm, ids):
+    """The cached explanation trace for a long prompt, or None (the analysis then runs a forward up to the layer,
+    per cell) when it would not fit WHY_TRACE_BUDGET or the model has no byte estimate."""
+    m = getattr(lm, "model", lm)
+    T = len(ids)
+    if not (hasattr(lm, "trace_bytes") and hasattr(m, "describe")) or "lacks" in m.describe():
+        return None
+    if lm.trace_bytes(T, lazy=True, names=W.lazy_names(m)) > WHY_TRACE_BUDGET:
+        return None
+    return _why_trace(id(m), tuple(int(i) for i in ids), m)
+
+
 def _explain(trace, layer, head, q, k, against, lm=None, lazy=False):
-    # a page's full trace holds every capture explain_score reads; a long prompt's lazy trace may not: the analysis
-    # then runs its own lazy trace (the O(T·d) names only)
-    return W.explain_score(lm, _ids(trace, lazy), layer, head, q, k, against=against, trace=None if lazy else trace)
+    # a page's full trace holds every capture explain_score reads; a long prompt's lazy trace does not: the panel
+    # keeps one explanation trace per prompt (_long_trace), or the analysis runs a forward up to the layer
+    ids = _ids(trace, lazy)
+    if lazy:
+        flat = ids[0] if isinstance(ids[0], list | tuple) else ids
+        trace = _long_trace(lm, flat)
+    return W.explain_score(lm, ids, layer, head, q, k, against=against, trace=trace)
 
 
 def _row(trace, module: str, head: int, q: int, lazy: bool):
