@@ -19,7 +19,7 @@ import streamlit as st
 
 from model.core import recorder
 from viz.i18n import t
-from viz.ui import lm_models, warmup
+from viz.ui import lm_models
 from viz.ui.heap import freeze_after_load
 
 TRACE_CACHE_ENTRIES = 16  # a full trace of a 256-token input is ~20 MB: bound the shared cache
@@ -112,13 +112,19 @@ def _load_shared(name: str):
     return ckpt
 
 
+# called with a model's name before a session waits for its shared load; the warm-up registers itself here (its
+# module imports this one: an import the other way would be a circle)
+BEFORE_SHARED_LOAD: list = []
+
+
 def load_ckpt(name: str):
     """The checkpoint `name`: a model trained in this session, else a shipped name or directory,
     loaded once and shared read-only by all sessions (never train or mutate it)."""
     own = session_models().get(name)
     if own is not None:
         return own
-    warmup.boost(name)  # if the warm-up is loading it at its low priority, the load runs at ours from now on
+    for hook in BEFORE_SHARED_LOAD:  # the warm-up's boost: if it is loading `name` at its low priority, the load
+        hook(name)  # runs at ours from now on
     return _load_shared(name)
 
 

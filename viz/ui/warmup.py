@@ -224,6 +224,10 @@ def warm() -> None:
     where it belongs)."""
     # its priority is lowered in the warm-up thread only (a test that calls warm() keeps its own)
     own = threading.current_thread().name == _THREAD
+    from viz.ui import models
+
+    if boost not in models.BEFORE_SHARED_LOAD:
+        models.BEFORE_SHARED_LOAD.append(boost)
     _warming.update(ident=threading.get_ident(), native=threading.get_native_id() if own else None, nice=0)
     try:
         warm_default()
