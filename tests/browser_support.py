@@ -26,8 +26,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 VIEWPORT = {"width": 1400, "height": 3400}  # Streamlit scrolls inside an inner container: be tall
 PAGE_TIMEOUT_MS = 120_000  # first visits load the model and decode on a shared 2-core CPU
 # pages that may legitimately draw no plotly chart up front (on the default toy model, /llm and /phenomena say in
-# one sentence that they need a language model, with a button to open SmolLM2: tests/test_app_llm.py checks it)
-NO_CHARTS = {"snapshots", "pretrained", "llm", "phenomena"}
+# one sentence that they need a language model, with a button to open SmolLM2: tests/test_app_llm.py checks it;
+# /class draws its room controls and, once a room is open, a QR code, and a chart only once a question is asked:
+# tests/test_browser_class.py checks that chart)
+NO_CHARTS = {"snapshots", "pretrained", "llm", "phenomena", "class"}
 DEFAULT_PAGE = "attention"  # app.py's default page, served at "/"
 
 
