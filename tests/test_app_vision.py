@@ -83,3 +83,34 @@ def test_a_bad_upload_gets_a_sentence():
     at.file_uploader(key="vis_upload").set_value(("broken.png", b"\x89PNG\r\n\x1a\nnot really", "image/png")).run()
     assert not at.exception
     assert [e.value for e in at.error] and "not an image the page can read" in at.error[0].value
+
+
+def test_an_uploaded_image_gets_the_models_prediction_and_map():
+    """A PNG of a sample, 4x larger than the model's input: the page draws the model's own [CLS] weights on the
+    resized picture (model.families.vit.image_to_input) and its prediction."""
+    import io
+
+    from PIL import Image
+
+    from model.families.vit import image_to_input
+
+    model = load_vit("shapes")
+    images, labels, _ = make_batch(1, SEED + 1, image_size=model.cfg.image_size, patch_size=model.cfg.patch_size)
+    big = np.repeat(np.repeat((images[0].transpose(1, 2, 0) * 255).round().astype(np.uint8), 4, 0), 4, 1)
+    buf = io.BytesIO()
+    Image.fromarray(big).save(buf, format="PNG")
+    x = image_to_input(big, model.cfg.image_size)
+    with torch.no_grad():
+        logits, trace = model.run_with_trace(x, names="*.weights")
+    L = model.cfg.n_layers
+    w = trace[f"encoder.layers.{L - 1}.self_attn.weights"][0].numpy()
+    at = open_vision("en", img="upload", layer=L - 1, head=1, q="cls")
+    at.file_uploader(key="vis_upload").set_value(("square.png", buf.getvalue(), "image/png")).run()
+    assert_clean(at)
+    rows, cols = model.cfg.grid
+    np.testing.assert_allclose(raw_map(at), w[1, 0, model.cfg.n_prefix:].reshape(rows, cols), rtol=0, atol=1e-6)
+    pred = json.loads(next(c for c in at.get("plotly_chart") if c.proto.id.endswith("-vis_pred")).proto.spec)
+    drawn = plotly_array(next(d for d in pred["data"] if d["type"] == "bar")["x"]).astype(np.float64)
+    probs = torch.softmax(logits[0].double(), -1).numpy()
+    np.testing.assert_allclose(drawn, np.sort(probs)[::-1], rtol=0, atol=1e-6)  # drawn most probable first
+    assert int(logits[0].argmax()) == int(labels[0])  # the resized sample keeps its answer

@@ -107,8 +107,9 @@ def read_image(data: bytes) -> np.ndarray:
     except ImageProblem:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
-        raise ImageProblem(t("This file is not an image the page can read (PNG, JPEG, GIF, BMP or WebP): {e}",
-                             e=type(e).__name__)) from e
+        # the reader's exception name is no word of the UI's: the sentence says what to do instead
+        raise ImageProblem(t("This file is not an image the page can read: it may be damaged, or in another format. "
+                             "Save it as PNG, JPEG, GIF, BMP or WebP and upload it again.")) from e
     return rgb
 
 
