@@ -2,6 +2,8 @@
 # A lecture hall on one machine: N `streamlit run app.py` replicas behind HAProxy (deploy/haproxy.cfg).
 #
 #   deploy/hall.sh up N      start N replicas and the proxy; students open http://127.0.0.1:$HALL_PORT/
+#   deploy/hall.sh up N --redis   the same, and a redis-server beside them for the live class's rooms (/class):
+#                            every replica gets ATTENTION_LAB_CLASS_STORE=redis://127.0.0.1:$HALL_REDIS_PORT/0
 #   deploy/hall.sh down      stop the proxy and every replica this hall started
 #   deploy/hall.sh status    replicas and proxy, with HAProxy's view (UP/DOWN, sessions)
 #
@@ -12,6 +14,11 @@
 #   HALL_THREADS  torch threads per replica (default: CPU cores / N, at least 1: replicas must not
 #                 fight over the same cores)
 #   HALL_ARGS     extra `streamlit run` options for every replica (e.g. --server.disconnectedSessionTTL 2)
+#   HALL_REDIS    1: as `--redis`
+#   HALL_REDIS_PORT  the redis-server's port with --redis (default HALL_PORT + 9, below the replicas' ports)
+# Without --redis the replicas share the rooms through SQLite (a file in the lab's cache folder): enough on one
+# machine. Redis is for replicas on several machines (point theirs at one redis-server), or a shared disk you
+# would rather not lock; the redis-server keeps rooms in memory only (no dump file), and rooms expire anyway.
 # Everything listens on 127.0.0.1 only; a real hall changes the proxy's `bind` line.
 set -euo pipefail
 
@@ -55,11 +62,51 @@ wait_health() {
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+ensure_redis() {
+    command -v redis-server >/dev/null && return 0
+    echo "hall: redis-server is missing; installing Debian's package with apt-get"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    command -v redis-server >/dev/null || die "apt-get installed no redis-server binary"
+}
+
+# start_redis PORT: a redis-server on 127.0.0.1:PORT in its own process group (pid in redis.pid), memory only;
+# returns once it answers PING (bounded).
+start_redis() {
+    local port="$1"
+    ensure_redis
+    setsid redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$HALL_RUN" \
+        >"$HALL_RUN/redis.log" 2>&1 </dev/null &
+    echo $! >"$HALL_RUN/redis.pid"
+    local deadline=$((SECONDS + 20))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        alive "$HALL_RUN/redis.pid" || break
+        # PING in the protocol's inline form, over bash's /dev/tcp: no redis-cli needed
+        if { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
+            printf 'PING\r\n' >&3
+            local reply=""
+            read -r -t 2 reply <&3 || true
+            exec 3>&- 3<&-
+            [ "${reply%$'\r'}" = "+PONG" ] && return 0
+        fi
+        sleep 0.2
+    done
+    tail -20 "$HALL_RUN/redis.log" >&2
+    return 1
+}
+
 up() {
-    local n="${1:-}"
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 up N   (N = number of replicas, 1 or more)"
+    local n="${1:-}" redis="${HALL_REDIS:-0}"
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 up N [--redis]   (N = number of replicas, 1 or more)"
+    case "${2:-}" in
+        --redis) redis=1 ;;
+        "") ;;
+        *) die "usage: $0 up N [--redis]   (unknown option ${2})" ;;
+    esac
     [ "$n" -le 79 ] || die "at most 79 replicas (ports HALL_PORT+11 .. HALL_PORT+89)"
-    if alive "$HALL_RUN/haproxy.pid" || compgen -G "$HALL_RUN/replica-*.pid" >/dev/null; then
+    if alive "$HALL_RUN/haproxy.pid" || alive "$HALL_RUN/redis.pid" || compgen -G "$HALL_RUN/replica-*.pid" >/dev/null; then
         die "a hall is already running in $HALL_RUN (HALL_PORT=$HALL_PORT); run '$0 down' first"
     fi
     ensure_haproxy
@@ -79,6 +126,12 @@ up() {
         echo "    server r$i 127.0.0.1:$((HALL_PORT + 10 + i)) cookie r$i" >>"$HALL_RUN/haproxy.cfg"
     done
     "$(haproxy_bin)" -c -q -f "$HALL_RUN/haproxy.cfg" || die "HAProxy refuses $HALL_RUN/haproxy.cfg"
+    local store="${ATTENTION_LAB_CLASS_STORE:-}"
+    if [ "$redis" = 1 ]; then
+        local rport="${HALL_REDIS_PORT:-$((HALL_PORT + 9))}"
+        start_redis "$rport" || { down; die "redis-server did not answer on port $rport (log above)"; }
+        store="redis://127.0.0.1:$rport/0"  # one store for every replica: a room is the same room on each
+    fi
     cd "$ROOT"  # streamlit reads .streamlit/config.toml from the working directory
     for i in $(seq 1 "$n"); do
         local port=$((HALL_PORT + 10 + i))
@@ -86,7 +139,8 @@ up() {
         # replica) reaches all of its processes and nothing else. HALL_ARGS is split on purpose.
         # shellcheck disable=SC2086
         # (Streamlit takes the cookie secret from the environment only, never from the command line.)
-        OMP_NUM_THREADS="$threads" STREAMLIT_SERVER_COOKIE_SECRET="$secret" setsid "$PY" -m streamlit run app.py \
+        OMP_NUM_THREADS="$threads" STREAMLIT_SERVER_COOKIE_SECRET="$secret" ATTENTION_LAB_CLASS_STORE="$store" \
+            setsid "$PY" -m streamlit run app.py \
             --server.headless true --server.address 127.0.0.1 --server.port "$port" \
             --server.fileWatcherType none --browser.gatherUsageStats false ${HALL_ARGS:-} \
             >"$HALL_RUN/replica-$i.log" 2>&1 </dev/null &
@@ -100,6 +154,7 @@ up() {
     wait_health "$HALL_PORT" 20 || { down; die "the proxy on port $HALL_PORT does not answer"; }
     echo "hall: $n replica(s) (ports $((HALL_PORT + 11))-$((HALL_PORT + 10 + n)), $threads torch thread(s) each)" \
          "behind HAProxy: http://127.0.0.1:$HALL_PORT/   (run dir $HALL_RUN)"
+    if [ "$redis" = 1 ]; then echo "hall: the live class's rooms in $store"; fi
 }
 
 # stop PIDFILE: SIGTERM the process group it names, SIGKILL after 10 s (bounded), remove the file.
@@ -124,6 +179,7 @@ down() {
     fi
     local f
     for f in "$HALL_RUN"/replica-*.pid; do [ -e "$f" ] && stop "$f"; done
+    stop "$HALL_RUN/redis.pid"  # after the replicas: none is left to write a room into it
     rm -f "$HALL_RUN/cookie_secret" "$HALL_RUN/haproxy.sock"
     echo "hall: stopped (logs kept in $HALL_RUN)"
 }
@@ -136,6 +192,7 @@ status() {
         if alive "$f"; then echo "replica $i: pid $(cat "$f"), port $((HALL_PORT + 10 + i))"
         else echo "replica $i: not running"; fi
     done
+    if alive "$HALL_RUN/redis.pid"; then echo "redis-server: pid $(cat "$HALL_RUN/redis.pid")"; fi
     if alive "$HALL_RUN/haproxy.pid"; then
         echo "haproxy: pid $(cat "$HALL_RUN/haproxy.pid"), http://127.0.0.1:$HALL_PORT/"
         # pxname,svname,...,scur(5),...,status(18): current sessions and state per replica
@@ -154,8 +211,8 @@ EOF
 }
 
 case "${1:-}" in
-    up) up "${2:-}" ;;
+    up) up "${2:-}" "${3:-}" ;;
     down) down ;;
     status) status ;;
-    *) die "usage: $0 up N | down | status" ;;
+    *) die "usage: $0 up N [--redis] | down | status" ;;
 esac

@@ -11,6 +11,7 @@ from viz.classroom.store import open_store
 from viz.ui.classroom import KEY
 
 PAGE = "viz/pages/class.py"
+LESSONS = "viz/pages/lessons.py"
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +124,49 @@ def test_room_in_chinese(room_store):
     for at in (teacher, student):
         assert_clean(at)
         assert not english_in_zh(at), english_in_zh(at)
+    # The lesson plan in zh: the teacher's presented lesson with the plan's line and its buttons.
+    teacher.multiselect(key="class_plan").select(4).select(9).run()
+    button(teacher, "开始计划").click().run()
+    teacher.switch_page(LESSONS).run()
+    assert_clean(teacher)
+    assert teacher.session_state["lesson_n"] == 4 and any("全班的课程计划" in c.value for c in teacher.caption)
+    assert not english_in_zh(teacher), english_in_zh(teacher)
+
+
+def test_lesson_plan_moves_the_room(room_store):
+    """§6: the teacher picks a plan of two lessons on /class and starts it (presentation mode); the student follows
+    to the first, the teacher's Next moves the room to the second, and the question the teacher asks there is
+    answered on the student's lesson page, into the room."""
+    teacher = open_page(PAGE, query={"lang": "en"})
+    button(teacher, "Start a room").click().run()
+    code = teacher.session_state[KEY]["room"]
+    student = open_page(None, query={"lang": "en", "room": code})
+    button(student, "Join").click().run()
+    teacher.multiselect(key="class_plan").select(4).select(9).run()
+    button(teacher, "Start the plan").click().run()
+    assert_clean(teacher)
+    assert teacher.session_state["lesson_n"] == 4 and teacher.session_state["lesson_present"]
+    assert teacher.query_params["plan"] == "4.9" and any("1 of 2" in c.value for c in teacher.caption)
+    # AppTest runs its own page on the next run (a browser stays where st.switch_page took it): go there too.
+    teacher.switch_page(LESSONS)
+    student.run()
+    assert_clean(student)
+    assert student.session_state["lesson_n"] == 4 and "present" not in student.query_params
+    assert "plan" not in room_store.get_state(code)[1]["params"]  # the plan is the teacher's, not the room's view
+    teacher.button(key="lesson_next").click().run()  # Next: the plan's next lesson (9), not lesson 5
+    assert_clean(teacher)
+    assert teacher.session_state["lesson_n"] == 9 and teacher.button(key="lesson_next").disabled
+    button(teacher, "Ask the room this question").click().run()
+    q = room_store.current_question(code)
+    assert q.lesson == "noam" and q.answer is not None
+    student.run()
+    assert_clean(student)
+    assert student.session_state["lesson_n"] == 9 and student.query_params["lesson"] == "9"
+    student.switch_page(LESSONS).run()
+    assert any("your answer goes to the room" in c.value for c in student.caption)
+    radio = student.radio(key=f"class_q_{code}_{q.qid}p")  # on the page, and the lesson's own radio is not drawn
+    assert radio.options == q.options and not [r for r in student.radio if r.key.startswith("lesson_q_")]
+    radio.set_value(q.answer).run()
+    assert room_store.results(code, q.qid)[q.answer] == 1
+    teacher.button(key="lesson_prev").click().run()  # Previous: back to lesson 4
+    assert teacher.session_state["lesson_n"] == 4

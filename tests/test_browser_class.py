@@ -81,3 +81,12 @@ def test_teacher_and_three_students(class_server, browser):
     assert "lesson=4" in explorer.url  # exploring: not moved
     explorer.get_by_role("button", name="Rejoin the teacher").click()
     explorer.wait_for_url(re.compile(r"lesson=5"), timeout=WAIT)
+
+    # The teacher asks the room this lesson's question: a following student answers it on the lesson page, under
+    # the figure (the strip's poll reruns the page to draw it), into the room.
+    teacher.get_by_role("button", name="Ask the room this question").click()
+    s = students[0]
+    main = s.locator('[data-testid="stMain"]')
+    main.get_by_text("your answer goes to the room").wait_for(timeout=WAIT)
+    main.locator('[role="radiogroup"] label').first.click()
+    main.get_by_text("Your answer is in:").wait_for(timeout=WAIT)

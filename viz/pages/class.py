@@ -12,8 +12,9 @@ import streamlit as st
 
 from viz.classroom.store import MAX_NICK, MAX_OPTIONS, ClassError
 from viz.figures.classroom import results_figure
-from viz.i18n import t
+from viz.i18n import option_labels, t
 from viz.ui import classroom as C
+from viz.ui.state import forget_view
 from viz.ui.text import md_escape
 
 RESULTS_S = 1.0  # the projector's results refresh
@@ -70,11 +71,32 @@ def teacher() -> None:
                   on_change=lambda: C.store().set_show_names(code, token, st.session_state["class_names"]))
     with right:
         st.image(qr_png(link), width=420)
+    lesson_plan(code)
     ask(code, token)
     results(code, token)
     if st.button(t("Leave the room"), key="class_leave_t"):
         C.leave()
         st.rerun()
+
+
+def lesson_plan(code: str) -> None:
+    """The teacher picks lessons in order; "Start the plan" opens the first in presentation mode, and the lessons
+    page's Previous / Next (← / →) then move the room through them (viz/pages/lessons.py, `?plan=`)."""
+    from viz.lessons import LESSONS
+
+    with st.container(border=True):
+        st.markdown(t("**A lesson plan**"))
+        numbers = list(range(1, len(LESSONS) + 1))
+        picked = st.multiselect(t("Lessons for the room, in the order you pick them"), numbers, key="class_plan",
+                                format_func=option_labels(numbers, lambda i: f"{i}. {t(LESSONS[i - 1].title)}"))
+        if st.button(t("Start the plan"), key="class_plan_start", type="primary", disabled=not picked,
+                     icon=":material/slideshow:"):
+            forget_view()  # the first lesson's own state, not what this session last had on the lessons page
+            st.session_state["lesson_n"] = picked[0]
+            query = {"lesson": picked[0], "present": 1, C.PLAN_PARAM: ".".join(map(str, picked)), "room": code}
+            if lang := st.query_params.get("lang"):
+                query["lang"] = lang
+            st.switch_page(C.LESSONS_PAGE, query_params=query)
 
 
 def ask(code: str, token: str) -> None:

@@ -228,19 +228,56 @@ def done_to_url(done: set[str]) -> str | None:
     return ".".join(numbers) or None
 
 
+def parse_plan(raw: str | None) -> list[int]:
+    """`?plan=4.9.12` -> [4, 9, 12]: lesson numbers in the teacher's order (a number out of range or said twice is
+    dropped)."""
+    out: list[int] = []
+    for part in (raw or "").split("."):
+        if part.isdigit() and 1 <= int(part) <= N and int(part) not in out:
+            out.append(int(part))
+    return out
+
+
+def plan() -> list[int]:
+    """A live class's lesson plan (issue 41), for the room's teacher only: Previous / Next (and ← / →, a clicker)
+    then go through the plan's lessons, and every following student's screen goes with them (the view published
+    after each run). It is in the teacher's URL (a reload or a failover keeps it), never published to the room."""
+    return parse_plan(st.query_params.get(classroom.PLAN_PARAM)) if classroom.is_teacher() else []
+
+
+def plan_step(steps: list[int], n: int, delta: int) -> int:
+    """The lesson `delta` places from `n` in the plan (a lesson off the plan goes back to its first)."""
+    if n not in steps:
+        return steps[0]
+    return steps[min(len(steps) - 1, max(0, steps.index(n) + delta))]
+
+
 def go(delta: int) -> None:
-    st.session_state["lesson_n"] = min(N, max(1, st.session_state["lesson_n"] + delta))
+    n = st.session_state["lesson_n"]
+    steps = plan()
+    st.session_state["lesson_n"] = plan_step(steps, n, delta) if steps else min(N, max(1, n + delta))
+
+
+def end_plan() -> None:
+    write_query(**{classroom.PLAN_PARAM: None})
 
 
 def nav(n: int) -> None:
+    steps = plan()
+    at = steps.index(n) if n in steps else None
+    if steps:
+        left, right = st.columns([5, 1], vertical_alignment="center")
+        left.caption(t("The room's lesson plan: {lessons}. This is {i} of {m}; Previous and Next move the whole room.",
+                       lessons=" → ".join(map(str, steps)), i=at + 1 if at is not None else "–", m=len(steps)))
+        right.button(t("End the plan"), key="lesson_plan_end", on_click=end_plan, width="stretch")
     prev_col, pick_col, next_col = st.columns([1, 4, 1], vertical_alignment="bottom")
-    prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,), disabled=n <= 1,
-                    width="stretch")
+    prev_col.button(t("← Previous"), key="lesson_prev", on_click=go, args=(-1,),
+                    disabled=at == 0 if steps else n <= 1, width="stretch")
     numbers = range(1, N + 1)
     pick_col.selectbox(t("Lesson"), numbers, key="lesson_n", label_visibility="collapsed",
                        format_func=option_labels(numbers, lambda i: f"{i}. {t(LS.LESSONS[i - 1].title)}"))
-    next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,), disabled=n >= N,
-                    width="stretch")
+    next_col.button(t("Next →"), key="lesson_next", on_click=go, args=(1,),
+                    disabled=at == len(steps) - 1 if steps else n >= N, width="stretch")
 
 
 def progress(slot, n: int) -> None:
@@ -344,6 +381,8 @@ def question(lesson: LS.Lesson, live: LS.Live, text: str = "", value=None) -> No
         right = live.options.index(live.correct[0]) if live.correct[0] in live.options else None
         classroom.ask_lesson(lesson.slug, t(lesson.question, **live.args), [live.labels[o] for o in live.options],
                              right, live.feedback)
+    elif classroom.lesson_question(lesson.slug):  # a student: the teacher asked the room this question, answered here
+        return
     asked = "\x1f".join([*live.options, "\x1e", text or "", str(value)])
     digest = hashlib.md5(asked.encode()).hexdigest()[:8]  # new options or new inputs -> a new, unanswered widget
     choice = st.radio(t("Your answer"), live.options, index=None, format_func=live.labels.get,

@@ -23,7 +23,10 @@ from viz.ui.state import forget_view, write_query
 POLL_S = 1.0  # a follower's poll: the teacher's change reaches it within this (plus a run)
 PUBLISH_S = 2.0  # the teacher's own poll, for URL changes a page's fragment made without a full run
 KEY = "_al_class"  # st.session_state: {"room", "role": "teacher"|"student", "token" | "seat", "following", "seen"}
-PRIVATE = ("room", "teacher", "seat", "lang", "present")  # URL parameters that are the session's own, not the view
+PRIVATE = ("room", "teacher", "seat", "lang", "present", "plan")  # URL parameters that are the session's own, not
+# the view: a student's screen is not in presentation mode, and the lesson plan is the teacher's to move
+PLAN_PARAM = "plan"  # the teacher's lessons page: `?plan=4.9.12`, the lessons the room goes through, in order
+LESSONS_PAGE = "viz/pages/lessons.py"
 CLASS_PAGE = "viz/pages/class.py"
 PAGES = "_al_class_pages"  # st.session_state: url path -> page file (app.py's), for /class's own strip
 
@@ -204,11 +207,22 @@ def bar(page: str, pages: dict[str, str]) -> None:
             _teacher_bar(page)
     else:
         st.session_state[PAGES] = pages
-        if m["room"] and not st.query_params.get("room"):
-            write_query(room=m["room"], seat=m["seat"])  # a reload rejoins with the same seat
+        if not _fragment_rerun():  # the lesson the page is about to draw (its URL's), whose question it answers
+            m["lesson_here"] = _url_lesson() if page == "lessons" else None
+        if (st.query_params.get("room"), st.query_params.get("seat")) != (m["room"], m["seat"]):
+            # a reload (or a failover to another replica, which reloads this URL) rejoins with the same seat; a
+            # join link's `?room=CODE` alone would show the join form again and take a second seat
+            write_query(room=m["room"], seat=m["seat"])
         if page != "class":  # /class draws the strip itself, in the page (one poll per follower, not two)
             with st.sidebar:
                 _student_bar(page, pages)
+
+
+def _url_lesson() -> str | None:
+    from viz.lessons import LESSONS
+
+    raw = st.query_params.get("lesson", "")
+    return LESSONS[int(raw) - 1].slug if raw.isdigit() and 1 <= int(raw) <= len(LESSONS) else None
 
 
 def _fragment_rerun() -> bool:
@@ -291,7 +305,9 @@ def _following(on: bool) -> None:  # a button's callback: it runs before the (fr
 
 def question_box() -> None:
     """The room's current question on a student's screen: options, their answer (changeable until the reveal), and
-    after the reveal the right answer and the model's numbers behind it."""
+    after the reveal the right answer and the model's numbers behind it. A question the teacher asked from the
+    lesson this student's page shows is answered on the page, under the lesson's figure (lesson_question); when it
+    is new or revealed, this strip's poll reruns the whole page so the page draws it."""
     m = member()
     try:
         q = store().current_question(m["room"])
@@ -300,13 +316,43 @@ def question_box() -> None:
         return
     if q is None:
         return
+    if q.lesson and q.lesson == m.get("lesson_here"):
+        if _fragment_rerun() and m.get("page_q") != (q.qid, q.revealed):
+            st.rerun()  # the page (drawn before this question or its reveal) draws it now
+        st.caption(t("The teacher asked the room this lesson's question: answer it on the page."))
+        return
     st.markdown(t("**Question {n}:** {text}", n=q.qid, text=q.text.replace("\n", " ")))
+    answer_box(q)
+
+
+def lesson_question(slug: str) -> bool:
+    """On a lesson, for a student of a room: when the room's current question is this lesson's (the teacher asked
+    it), draw it here, answered into the room, and say True (the page then draws no answer of its own)."""
+    m = member()
+    if not m or m["role"] != "student":
+        return False
+    m["lesson_here"] = slug
+    try:
+        q = store().current_question(m["room"])
+    except ClassError:
+        return False  # the strip says why
+    if q is None or q.lesson != slug:
+        return False
+    m["page_q"] = (q.qid, q.revealed)
+    st.caption(t("Your teacher asked the room this question ({n}): your answer goes to the room.", n=q.qid))
+    answer_box(q, "p")
+    return True
+
+
+def answer_box(q: Question, where: str = "") -> None:
+    """The answer buttons (`where`: a key suffix, so the page's and the strip's never clash in one run)."""
+    m = member()
     mine = store().my_answer(m["room"], m["seat"], q.qid)
     if q.revealed:
         _revealed(q, mine)
         return
     choice = st.radio(t("Your answer"), range(len(q.options)), index=mine, format_func=lambda i: q.options[i],
-                      key=f"class_q_{m['room']}_{q.qid}", label_visibility="collapsed")
+                      key=f"class_q_{m['room']}_{q.qid}{where}", label_visibility="collapsed")
     if choice is not None and choice != mine:
         try:
             store().answer(m["room"], m["seat"], q.qid, int(choice))
