@@ -114,3 +114,22 @@ def test_an_uploaded_image_gets_the_models_prediction_and_map():
     probs = torch.softmax(logits[0].double(), -1).numpy()
     np.testing.assert_allclose(drawn, np.sort(probs)[::-1], rtol=0, atol=1e-6)  # drawn most probable first
     assert int(logits[0].argmax()) == int(labels[0])  # the resized sample keeps its answer
+
+
+def test_lesson_20_states_the_numbers_vision_draws():
+    """One claim, one number: lesson 20's per-layer shares (heads' mean of [CLS] on the square's patch) are the
+    mean over heads of the bars /vision draws for the same sample (both from model.analysis.vision.deciding_share)."""
+    import re
+
+    from viz.lessons import live_patches
+
+    model = load_vit("shapes")
+    live = live_patches(model, SEED)
+    stated = [float(v) / 100 for v in re.search(r"layer by layer: ([^;]+);", live.feedback).group(1)
+              .replace("%", "").split(" · ")]
+    at = open_vision("en", seed=SEED)
+    assert_clean(at)
+    fig = json.loads(next(c for c in at.get("plotly_chart") if c.proto.id.endswith("-vis_decide")).proto.spec)
+    bars = np.stack([plotly_array(d["y"]).astype(np.float64) for d in fig["data"] if d["type"] == "bar"])  # (H, L)
+    np.testing.assert_allclose(stated, bars.mean(0), atol=0.005)  # the lesson rounds to whole percents
+

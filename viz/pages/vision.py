@@ -114,13 +114,14 @@ def read_image(data: bytes) -> np.ndarray:
 
 
 def to_input(model, rgb: np.ndarray):
-    """(H, W, 3) in [0, 1] -> the model's (1, 3, S, S) input, or ImageProblem with the model's own sentence."""
+    """(H, W, 3) in [0, 1] -> the model's (1, 3, S, S) input, or ImageProblem with the sentence to show."""
     from model.families.vit import image_to_input
 
     try:
         return image_to_input(rgb, image_size(model))
-    except ValueError as e:
-        raise ImageProblem(str(e)) from e
+    except ValueError as e:  # the model's sentence is English and names array shapes: say it in the UI's words
+        raise ImageProblem(t("The model cannot read this picture: it needs at least one pixel, in colour or grey. "
+                             "Draw something, or upload another image.")) from e
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
