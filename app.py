@@ -18,7 +18,7 @@ import streamlit as st
 from viz import i18n
 from viz.i18n import N_, t
 from viz.ui import classroom, failover, lm_models, warmup
-from viz.ui.chrome import install_chrome_words
+from viz.ui.chrome import install_chrome_words, install_still_skeletons
 from viz.ui.sidebar import sidebar
 from viz.ui.state import install_history_patch
 from viz.ui.task_help import task_help
@@ -87,6 +87,7 @@ def lost_note(path: str, default_title: str) -> str:
 def main() -> None:
     # A local favicon: a :material/...: page icon is fetched from fonts.gstatic.com, and the app must work offline.
     st.set_page_config(page_title="Attention Lab", page_icon=str(ROOT / "viz/static/icon.png"), layout="wide")
+    install_still_skeletons()  # before any element the browser must load: no skeleton shimmers (viz/ui/chrome.py)
     install_history_patch()  # before the first ?lang= write, so that write replaces the history entry
     failover.install()  # a tab whose replica died reloads its URL on the live one (viz/ui/failover.py)
     lang = i18n.language_switch()

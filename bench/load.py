@@ -39,6 +39,26 @@ ablation drawn). Each session's first view (from its own goto to drawn: script f
 the page), p50 / p95, the server's CPU seconds until the last (/proc/<pid>/stat, warm-up included) and the load
 average before and after; with 6 sessions on the default page, then the server CPU of a head switch once warm.
 
+    .venv/bin/python bench/load.py --class-follow [--followers 40] [--follow-idle 20] [--follow-changes 6]
+
+Issue 41: a live class's followers. One `streamlit run` with a SQLite room store of its own, a room and N seats
+(made in the store, as joins would), and N headless followers (class Follower: one asyncio websocket session each,
+doing what a following tab does to follow: the HTTP poll of /_al/class/version once a second and, when it moved,
+the hidden button's fragment rerun that follows the teacher; not the browser's drawing). The server's CPU
+(/proc/<pid>/stat) over --follow-idle seconds with nobody following (the reference, same server, same run) and with
+N following an idle room gives the CPU per follower per second; then the teacher switches heads on the default page
+--follow-changes times (the room's state written as the teacher's run writes it), and for each follower and change
+the time until its address showed the change and until the run that drew it ended (p50 / p95), with the server CPU
+per change and the load average.
+
+    .venv/bin/python bench/load.py --first-view-cost [--class-pages default,needle] [--shimmer-reference]
+
+Issue 43: where one first view's time goes, robust under load (CPU, not wall time): a fresh server, one session
+(its tab up on a blank page before the server starts) opens the page; the tab's main-thread time (CDP
+Performance.getMetrics), the CPU of Chromium's processes by type, the server's CPU, the script runs, websocket
+frames and figures. --shimmer-reference: the same with Streamlit's animated skeletons put back (what the app's
+still-skeleton style saves: viz/ui/chrome.py).
+
     .venv/bin/python bench/load.py --warm-order
 
 Issue 43 §1: the entry points (lessons, sidebar, links) that open each warm-up piece's views, and the order they
@@ -905,6 +925,121 @@ def report_class_start(res: dict) -> None:
               f"[{verdict(res['switch_cpu'] <= TARGET_SWITCH_WARM_S)}]")
 
 
+def browser_cpu() -> dict[str, float]:
+    """CPU seconds (utime + stime) of the Chromium processes this benchmark started, by process type (renderer,
+    gpu-process: where headless Chromium composites and rasterizes in software, browser, utilities)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out: dict[str, float] = {}
+    todo = list(parents.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += parents.get(pid, [])
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            if "chrom" not in Path(argv[0]).name:
+                continue
+            kind = next((a.split("=", 1)[1] for a in argv if a.startswith("--type=")), "browser")
+            out[kind] = out.get(kind, 0.0) + cpu_seconds(pid)
+        except (OSError, IndexError):
+            pass
+    return out
+
+
+# Streamlit's skeleton shimmer put back for the reference run (--first-view-cost): the app's still-skeleton style
+# (viz/ui/chrome.py STILL_SKELETONS) is taken out of the page as soon as it arrives.
+SHIMMER_BACK = """new MutationObserver(ms => ms.forEach(m => m.addedNodes.forEach(n => {
+    if (n.nodeType !== 1) return;
+    for (const s of n.tagName === 'STYLE' ? [n] : n.querySelectorAll ? n.querySelectorAll('style') : [])
+        if (s.textContent.includes("stSkeleton'] { animation: none")) s.remove();
+}))).observe(document, {childList: true, subtree: true})"""
+TAB_METRICS = ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")
+
+
+def first_view_cost(browser, page: str, shimmer: bool = False) -> dict:
+    """One session's first view of `page` right after a fresh `streamlit run` (its warm-up running, as a class
+    meets it): the tab's main-thread time (CDP Performance.getMetrics: TaskDuration, ScriptDuration, ...), the
+    CPU of every Chromium process by type, the server's CPU, the script runs the first view took, the websocket
+    frames and figures it got. The browser and the tab (on a blank page) are started before the server, so none of
+    their start-up is counted. shimmer: Streamlit's animated skeletons put back (the reference)."""
+    path, drawn = CLASS_PAGES[page]
+    ctx = browser.new_context(viewport={"width": 1200, "height": 1600})
+    ctx.add_init_script(FIRST_VIEW % drawn)
+    ctx.add_init_script("""(() => { window.__alRuns = 0; let last = null; new MutationObserver(() => {
+        const s = document.querySelector('[data-testid="stApp"]')?.getAttribute('data-test-script-state');
+        if (s !== last) { if (s === 'running') window.__alRuns++; last = s; } })
+        .observe(document, {attributes: true, childList: true, subtree: true}); })()""")
+    if shimmer:
+        ctx.add_init_script(SHIMMER_BACK)
+    tab = ctx.new_page()
+    tab.goto("data:text/html,<p>ready</p>")  # the tab's renderer is up before the clock starts
+    cdp = ctx.new_cdp_session(tab)
+    cdp.send("Performance.enable")
+    frames = [0, 0]
+    tab.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.__setitem__(0, frames[0] + 1)
+                                         or frames.__setitem__(1, frames[1] + len(f))))
+    port = bench.free_port()
+    load_before = os.getloadavg()
+    proc = bench.start_server(ROOT / "app.py", port)
+    try:
+        bench.wait_health(port, timeout=120)
+        m0 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+        b0, s0 = browser_cpu(), cpu_seconds(proc.pid)
+        opened = time.time() * 1000
+        tab.goto(f"http://127.0.0.1:{port}{path}", wait_until="commit", timeout=600_000)
+        deadline, first = time.monotonic() + 600, None
+        while first is None and time.monotonic() < deadline:
+            first = tab.evaluate("() => window.__alFirst || null")
+            time.sleep(0.1)
+        m1 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+        b1, s1 = browser_cpu(), cpu_seconds(proc.pid)
+        out = {"page": page, "shimmer": shimmer, "load": (load_before[0], os.getloadavg()[0]),
+               "view_s": (first["at"] - opened) / 1000 if first else None, "error": first and first["error"],
+               "tab": {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in TAB_METRICS},
+               "browser": {k: v - b0.get(k, 0.0) for k, v in b1.items() if v - b0.get(k, 0.0) >= 0.005},
+               "server_s": s1 - s0, "runs": tab.evaluate("() => window.__alRuns"), "frames": tuple(frames),
+               "figures": tab.evaluate("() => document.querySelectorAll('.js-plotly-plot').length")}
+    finally:
+        bench.stop_server(proc)
+        ctx.close()
+    return out
+
+
+def report_first_view_cost(res: dict) -> None:
+    tab = ", ".join(f"{k.removesuffix('Duration')} {v:.2f}" for k, v in res["tab"].items())
+    procs = ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["browser"].items(), key=lambda kv: -kv[1]))
+    view = f"{res['view_s']:.1f} s" if res["view_s"] is not None else "not drawn in 10 min"
+    print(f"first view of {res['page']}{' (skeletons shimmering: the reference)' if res['shimmer'] else ''}: {view}"
+          f"{' ERROR ' + res['error'] if res['error'] else ''}; load {res['load'][0]:.1f} / {res['load'][1]:.1f}")
+    print(f"   tab main thread (s): {tab}; Chromium CPU {sum(res['browser'].values()):.2f} s ({procs}); server CPU "
+          f"{res['server_s']:.2f} s; {res['runs']} script run(s), {res['frames'][0]} websocket frames "
+          f"({res['frames'][1] / 1e3:.0f} kB), {res['figures']} figures")
+
+
+def first_view_cost_main(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=bench.CHROMIUM, args=bench.ARGS)
+        try:
+            for page in args.class_pages.split(","):
+                ours = first_view_cost(browser, page)
+                report_first_view_cost(ours)
+                if args.shimmer_reference:
+                    ref = first_view_cost(browser, page, shimmer=True)
+                    report_first_view_cost(ref)
+                    cpu, cpu_ref = sum(ours["browser"].values()), sum(ref["browser"].values())
+                    print(f"   Chromium CPU, still / shimmering skeletons: {cpu:.2f} / {cpu_ref:.2f} s = "
+                          f"{cpu / cpu_ref:.2f}")
+        finally:
+            browser.close()
+
+
 def class_start_main(args) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -917,6 +1052,259 @@ def class_start_main(args) -> None:
                     report_class_start(class_start(browser, page, n, switch_clicks=switch))
         finally:
             browser.close()
+
+
+# ---------------------------------------------------------------- issue 41: a class that follows the teacher
+# Headless followers. Each one is what a following student's tab does to follow, over the same wire:
+# - the tab's poller (viz/ui/classroom.py _POLLER): GET /_al/class/version?room=CODE every POLL_S on one kept-alive
+#   connection, and when the answer differs from the version the strip last drew (and was not asked already), the
+#   hidden button's click: a fragment rerun over the websocket (BackMsg rerun_script, the strip's fragment id and
+#   the button's trigger), which follows the teacher (st.switch_page: a full run of the teacher's page);
+# - the Streamlit session itself: a websocket (/_stcore/stream) that asks for the first run with the student's link
+#   (?room=CODE&seat=S), reads every ForwardMsg (the address from page_info_changed, the strip's version from its
+#   html, the button's id, the end of each run) and does the reruns the server asks for (auto_rerun fragments).
+# Not emulated: the browser's own work (parsing, layout, plotly drawing: the screen is "updated" here when the run
+# that draws the teacher's view has sent its last message), the widget values a browser sends back with each rerun
+# (only the button's trigger: the follow resets the page's widgets anyway), static files, and the message cache.
+FOLLOW_HEADS = 8  # the teacher switches heads on the default page (/?head=h): the commonest change in a lecture
+
+
+async def _http_get(conn: dict, port: int, path: str) -> str:
+    """GET on one kept-alive HTTP/1.1 connection (reopened if the server closed it), as a tab's fetch does."""
+    import asyncio
+
+    for _ in range(2):
+        if conn.get("w") is None:
+            conn["r"], conn["w"] = await asyncio.open_connection("127.0.0.1", port)
+        r, w = conn["r"], conn["w"]
+        try:
+            w.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCache-Control: no-store\r\n\r\n".encode())
+            await w.drain()
+            head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            size = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+            return (await r.readexactly(size)).decode().strip()
+        except (OSError, asyncio.IncompleteReadError, IndexError):
+            conn["w"] = None
+    raise OSError(f"GET {path}: no answer")
+
+
+class Follower:
+    """One headless following student (see above): `address`, `drawn` the times (monotonic) at which each query
+    string reached it, and at which the run that drew it ended."""
+
+    def __init__(self, port: int, code: str, seat: str):
+        self.port, self.code = port, code
+        self.query = f"room={code}&seat={seat}&lang=en"
+        self.page_hash = ""
+        self.v: str | None = None  # the version the strip last drew (its html: `c.v = N;`)
+        self.asked: str | None = None
+        self.button = self.fragment = None  # the hidden button's widget id, the strip's fragment id
+        self.seen: list[tuple[float, str]] = []  # (time, query string) from page_info_changed
+        self.finished: list[float] = []  # script_finished times
+        self.clicks = self.polls = 0
+        self.errors: list[str] = []
+
+    async def run(self, stop) -> None:
+        import asyncio
+        import re
+
+        import websockets
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        version = re.compile(rb"c\.v = (\d+);")
+
+        def rerun(fragment: str = "", trigger: str | None = None, auto: bool = False) -> bytes:
+            msg = BackMsg()
+            cs = msg.rerun_script
+            cs.query_string, cs.page_script_hash, cs.fragment_id, cs.is_auto_rerun = \
+                self.query, self.page_hash, fragment, auto
+            if trigger:
+                w = cs.widget_states.widgets.add()
+                w.id, w.trigger_value = trigger, True
+            return msg.SerializeToString()
+
+        async with websockets.connect(f"ws://127.0.0.1:{self.port}/_stcore/stream", subprotocols=["streamlit"],
+                                      max_size=None, open_timeout=120, ping_interval=None) as ws:
+            autos: dict[str, asyncio.Task] = {}
+
+            async def auto(fragment: str, every: float) -> None:  # what the browser does for st.fragment(run_every)
+                while True:
+                    await asyncio.sleep(every)
+                    await ws.send(rerun(fragment, auto=True))
+
+            async def read() -> None:
+                async for raw in ws:
+                    m = ForwardMsg()
+                    m.ParseFromString(raw)
+                    kind = m.WhichOneof("type")
+                    now = time.monotonic()
+                    if kind == "page_info_changed":
+                        self.query = m.page_info_changed.query_string
+                        self.seen.append((now, self.query))
+                    elif kind == "new_session":
+                        self.page_hash = m.new_session.page_script_hash
+                    elif kind == "script_finished":
+                        self.finished.append(now)
+                    elif kind == "auto_rerun":
+                        a = m.auto_rerun
+                        if a.fragment_id not in autos:
+                            autos[a.fragment_id] = asyncio.create_task(auto(a.fragment_id, a.interval))
+                    elif kind == "stop_auto_rerun":
+                        for task in autos.values():
+                            task.cancel()
+                        autos.clear()
+                    elif kind == "delta" and (b"class_sync" in raw or b"c.v = " in raw):
+                        if hit := version.search(raw):
+                            self.v = hit.group(1).decode()
+                        el = m.delta.new_element
+                        if el.WhichOneof("type") == "button" and el.button.id.endswith("class_sync"):
+                            self.button, self.fragment = el.button.id, m.delta.fragment_id
+
+            async def poll() -> None:
+                conn: dict = {}
+                while not stop.is_set():
+                    await asyncio.sleep(bench_poll_s())
+                    try:
+                        v = await _http_get(conn, self.port, f"/_al/class/version?room={self.code}")
+                    except OSError as e:
+                        self.errors.append(str(e))
+                        continue
+                    self.polls += 1
+                    if self.button and v != self.v and v != self.asked:
+                        self.asked = v
+                        self.clicks += 1
+                        await ws.send(rerun(self.fragment, self.button))
+
+            await ws.send(rerun())  # the first run: the student's link
+            reader = asyncio.create_task(read())
+            await poll()
+            for task in [reader, *autos.values()]:
+                task.cancel()
+
+
+def bench_poll_s() -> float:
+    from viz.ui.classroom import POLL_S
+
+    return POLL_S
+
+
+def follower_lags(followers: list[Follower], changes: list[tuple[float, str]]) -> tuple[list, list, int]:
+    """For each change (its time, the `head=h` it set) and follower: the time until the follower's address showed
+    it, and until the run that drew it had ended; and the count of (follower, change) pairs never reached."""
+    address, drawn, missed = [], [], 0
+    for i, (t0, marker) in enumerate(changes):
+        t1 = changes[i + 1][0] if i + 1 < len(changes) else float("inf")
+        for f in followers:
+            at = next((t for t, q in f.seen if t0 <= t < t1 and marker in q.split("&")), None)
+            if at is None:
+                missed += 1
+                continue
+            address.append(at - t0)
+            end = next((t for t in f.finished if t >= at), None)
+            if end is not None:
+                drawn.append(end - t0)
+    return address, drawn, missed
+
+
+def class_follow_main(args) -> None:
+    """`--class-follow`: N headless followers on one server (SQLite room store), the teacher's head switches."""
+    import asyncio
+
+    from viz.classroom.store import open_store
+
+    n = args.followers
+    tmp = Path(tempfile.mkdtemp(prefix="al-follow-"))
+    store = open_store(str(tmp / "rooms.sqlite3"))
+    code, token = store.create_room()
+    seats = [store.join(code, f"s{i}") for i in range(n)]
+    store.set_state(code, token, {"page": "", "params": {"head": "0"}})
+    port = bench.free_port()
+    proc = bench.start_server(ROOT / "app.py", port, env={"ATTENTION_LAB_CLASS_STORE": str(tmp / "rooms.sqlite3"),
+                                                          "ATTENTION_LAB_WARM_ANALYSES": "0"})
+    pid = proc.pid
+
+    def cpu_rate(seconds: float) -> float:
+        c0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(seconds)
+        return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+    def settle(below: float, most: float = 240) -> None:
+        end = time.monotonic() + most
+        while time.monotonic() < end and cpu_rate(2) > below:
+            pass
+
+    followers = [Follower(port, code, s) for s in seats]
+    stop = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def everyone() -> list:
+        return await asyncio.gather(*(f.run(stop) for f in followers), return_exceptions=True)
+
+    try:
+        bench.wait_health(port, timeout=120)
+        # The first visitor loads the default page's model and trace: one follower first, then settle.
+        one = Follower(port, code, store.join(code, "warm"))
+        warm = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(one.run(stop), 240)), daemon=True)
+        warm.start()
+        end = time.monotonic() + 240
+        while time.monotonic() < end and not one.finished:
+            time.sleep(0.5)
+        stop.set()
+        warm.join(30)
+        stop.clear()
+        settle(0.05)
+        load0 = os.getloadavg()[0]
+        idle = cpu_rate(args.follow_idle)
+        runner = threading.Thread(target=lambda: loop.run_until_complete(everyone()), daemon=True)
+        t_join = time.monotonic()
+        runner.start()
+        end = time.monotonic() + 600
+        while time.monotonic() < end and not all(any("head=0" in q for _, q in f.seen) and f.button
+                                                  for f in followers):
+            time.sleep(0.5)
+        joined = sum(1 for f in followers if f.button)
+        print(f"class follow: {joined}/{n} headless followers on the teacher's view (/?head=0) "
+              f"{time.monotonic() - t_join:.1f} s after they connected")
+        settle(0.05 + 0.01 * n)
+        polls0 = sum(f.polls for f in followers)
+        following = cpu_rate(args.follow_idle)
+        load1 = os.getloadavg()[0]
+        polls = (sum(f.polls for f in followers) - polls0) / args.follow_idle
+        per = (following - idle) / n
+        changes = []
+        c0 = cpu_seconds(pid)
+        for k in range(1, args.follow_changes + 1):
+            head = str(k % FOLLOW_HEADS)
+            changes.append((time.monotonic(), f"head={head}"))
+            store.set_state(code, token, {"page": "", "params": {"head": head}})  # what the teacher's run writes
+            t0 = changes[-1][0]
+            while time.monotonic() - t0 < 60:  # until every follower drew it (or 60 s)
+                time.sleep(0.1)
+                if all(any(t >= t0 and f"head={head}" in q.split("&") for t, q in f.seen) and
+                       f.finished and f.finished[-1] > max(t for t, _ in f.seen) for f in followers):
+                    break
+            time.sleep(args.follow_gap)
+        change_cpu = cpu_seconds(pid) - c0
+        stop.set()
+        runner.join(30)
+        address, drawn, missed = follower_lags(followers, changes)
+        errors = [e for f in followers for e in f.errors]
+        print(f"class follow: server CPU, nobody following {idle * 1000:.1f} ms/s; {n} following (idle room) "
+              f"{following * 1000:.1f} ms/s ({polls:.1f} polls/s) -> {per * 1000:.2f} ms of server CPU per follower "
+              f"per second ({per * 100:.3f} % of a core); load average {load0:.1f} before, {load1:.1f} during")
+        if address:
+            print(f"class follow: teacher's change -> follower's address p50 {statistics.median(address):.2f} s, "
+                  f"p95 {percentile(address, .95):.2f} s; -> follower's view drawn (its run ended) p50 "
+                  f"{statistics.median(drawn):.2f} s, p95 {percentile(drawn, .95):.2f} s over {len(address)} "
+                  f"(followers x {len(changes)} changes, {missed} missed); server CPU per change "
+                  f"{change_cpu / len(changes):.2f} s = {change_cpu / len(changes) / n * 1000:.0f} ms per follower; "
+                  f"load average {os.getloadavg()[0]:.1f}")
+        print(f"class follow: clicks {sum(f.clicks for f in followers)}, poll errors {len(errors)}"
+              + (f" (first: {errors[0]})" if errors else ""))
+    finally:
+        stop.set()
+        bench.stop_server(proc)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -954,6 +1342,17 @@ def main() -> None:
                     help="only: issue 43, sessions opening at once right after `streamlit run` (fresh server each)")
     ap.add_argument("--class-pages", default="default,needle", help="--class-start: pages (default, needle)")
     ap.add_argument("--class-sizes", default="1,6,20", help="--class-start: sessions at once, one server each")
+    ap.add_argument("--class-follow", action="store_true",
+                    help="only: issue 41, --followers headless students following a teacher's head switches")
+    ap.add_argument("--followers", type=int, default=40, help="--class-follow: following sessions")
+    ap.add_argument("--follow-idle", type=float, default=20.0, help="--class-follow: seconds of each CPU reading")
+    ap.add_argument("--follow-changes", type=int, default=6, help="--class-follow: the teacher's changes")
+    ap.add_argument("--follow-gap", type=float, default=2.0, help="--class-follow: seconds between changes")
+    ap.add_argument("--first-view-cost", action="store_true",
+                    help="only: one session's first view right after the start (--class-pages), its cost: the tab's "
+                         "main thread, Chromium's processes, the server")
+    ap.add_argument("--shimmer-reference", action="store_true",
+                    help="--first-view-cost: also with Streamlit's skeleton shimmer put back, and the ratio")
     ap.add_argument("--warm-order", action="store_true",
                     help="only: the entry points that open each warm-up piece's views, and the order they give")
     args = ap.parse_args()
@@ -965,8 +1364,14 @@ def main() -> None:
             print(f"{piece:20s} {counts[piece]:3d} entry points")
         print("viz/ui/warmup.py ORDER:", ", ".join(warmup.ORDER))
         return
+    if args.class_follow:
+        class_follow_main(args)
+        return
     if args.class_start:
         class_start_main(args)
+        return
+    if args.first_view_cost:
+        first_view_cost_main(args)
         return
     if args.llm_soak:
         llm_soak(args)

@@ -1,20 +1,29 @@
-"""A live class in a real browser (Chromium, issue 41): a teacher and three students, each in a browser context of
-its own, one streamlit server with a SQLite room store of this module's own. The students join, two answer the
-teacher's question and the teacher's screen counts them; the teacher reveals; the students follow the teacher to a
-lesson; one explores on their own, stays put while the teacher moves on, and rejoins.
+"""A live class in a real browser (Chromium, issue 41's Done-when): a teacher and three students, each in a browser
+context of its own, one streamlit server with a SQLite room store of this module's own. The students follow the
+teacher to lesson 12 (attention sinks, on SmolLM2) and then to head 3 of that lesson's full page; the teacher asks
+the room the lesson's question, two students answer and the teacher's screen counts both (the time from the second
+answer's click is printed and held to 2 s); the teacher reveals; a student who explores on their own while the
+teacher moves on rejoins and is back on the teacher's view.
 
-Run: pytest -m browser tests/test_browser_class.py
+Run: pytest -m browser tests/test_browser_class.py -s   (-s prints the answer-to-projector time)
 """
 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from browser_support import PAGE_TIMEOUT_MS, ROOT, VIEWPORT, free_port, start_server, stop_server
+from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
 WAIT = 60_000  # a poll is 1 s; a follow is one page run, on a shared, loaded 2-core machine
+ANSWER_TO_PROJECTOR_S = 2.0  # the Done-when: a student's answer is on the teacher's screen within this
+LESSON = "12. Attention sinks"
+# the lesson's options, as lesson 12 labels them (viz/lessons: SINK_BINS); two students pick these two
+PICKS = ("under 10%", "over 60%")
+COUNTS = "() => document.querySelector('[class*=\"st-key-class_results\"] .js-plotly-plot')?.data?.[0]?.x"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +37,12 @@ def class_server(tmp_path_factory):
 
 def new_page(browser):
     return browser.new_context(viewport={**VIEWPORT, "height": 1400}).new_page()
+
+
+def shows_head_3(page) -> None:
+    """The page's Head select (the block-token-0 section of /phenomena's sinks) shows head 3: waited for, as the
+    page may still be drawing an earlier step of the teacher's (the "one head" click published head 7 first)."""
+    expect(page.locator(".st-key-phen_sink_head input")).to_have_value("3", timeout=WAIT)
 
 
 def test_teacher_and_three_students(class_server, browser):
@@ -55,38 +70,56 @@ def test_teacher_and_three_students(class_server, browser):
         students.append(s)
     teacher.get_by_text("3 joined. No question yet.").wait_for(timeout=WAIT)
 
-    teacher.get_by_label("Question", exact=True).fill("Which head looks back one token?")
-    teacher.get_by_label("Options, one per line").fill("head 1\nhead 3\nnone")
-    teacher.get_by_label("The right option's number").fill("2")
-    teacher.get_by_role("button", name="Ask", exact=True).click()
-    for s, option in zip(students[:2], ("head 3", "head 1"), strict=True):
-        s.get_by_text(option, exact=True).click(timeout=WAIT)
-        s.get_by_text("Your answer is in:").wait_for(timeout=WAIT)
-    teacher.get_by_text("2 of 3 joined have answered.").wait_for(timeout=WAIT)
-    teacher.get_by_role("button", name="Reveal the answer").click()
-    students[0].get_by_text("Right: head 3.").wait_for(timeout=WAIT)
-    students[1].get_by_text("The right answer: head 3.").wait_for(timeout=WAIT)
-
-    # The teacher opens lesson 4 (the teacher link works on any page): every student's screen follows.
-    teacher.goto(f"{base}/lessons?lesson=4&lang=en&room={code}&teacher={token}", timeout=PAGE_TIMEOUT_MS)
-    for s in students:
-        s.wait_for_url(re.compile(r"/lessons\?.*lesson=4"), timeout=WAIT)
+    # The teacher opens lesson 12 (the teacher link works on any page): every student's screen follows.
+    teacher.goto(f"{base}/lessons?lesson=12&lang=en&room={code}&teacher={token}", timeout=PAGE_TIMEOUT_MS)
+    teacher.get_by_role("button", name="Ask the room this question").click(timeout=PAGE_TIMEOUT_MS)
     assert "teacher=" not in teacher.url  # the token left the projected address bar
+    teacher.get_by_text("Asked as question 1").wait_for(timeout=WAIT)
+    for s in students:
+        s.wait_for_url(re.compile(r"/lessons\?.*lesson=12"), timeout=WAIT)
+        s.get_by_role("heading", name=LESSON).wait_for(timeout=PAGE_TIMEOUT_MS)  # SmolLM2's lesson, drawn
+
+    # ... then the lesson's full page at head 3 (the block-token-0 section). One student explores on their own first:
+    # the teacher moves on without them, the others' Head select shows 3; one click brings the explorer back to it.
     explorer = students[2]
     explorer.get_by_role("button", name="Explore on my own").click(timeout=WAIT)
     explorer.get_by_role("button", name="Rejoin the teacher").wait_for(timeout=WAIT)
-    teacher.get_by_role("button", name="Next →").click()
+    teacher.get_by_role("button", name="Open the full page: Attention phenomena").click()
+    teacher.wait_for_url(re.compile(r"/phenomena\?.*phen=sinks"), timeout=WAIT)
+    teacher.get_by_text("one head", exact=True).click(timeout=PAGE_TIMEOUT_MS)
+    teacher.locator(".st-key-phen_sink_head").get_by_role("combobox").click(timeout=WAIT)
+    teacher.get_by_role("option", name="3", exact=True).click()
+    teacher.wait_for_url(re.compile(r"sink_head=3"), timeout=WAIT)
+    at_head_3 = re.compile(r"/phenomena\?(?=.*phen=sinks)(?=.*sink_head=3)")
     for s in students[:2]:
-        s.wait_for_url(re.compile(r"lesson=5"), timeout=WAIT)
-    assert "lesson=4" in explorer.url  # exploring: not moved
+        s.wait_for_url(at_head_3, timeout=WAIT)
+        shows_head_3(s)
+    assert re.search(r"/lessons\?.*lesson=12", explorer.url)  # exploring: not moved
     explorer.get_by_role("button", name="Rejoin the teacher").click()
-    explorer.wait_for_url(re.compile(r"lesson=5"), timeout=WAIT)
+    explorer.wait_for_url(at_head_3, timeout=WAIT)
+    shows_head_3(explorer)
+    explorer.get_by_role("button", name="Explore on my own").wait_for(timeout=WAIT)  # following again
 
-    # The teacher asks the room this lesson's question: a following student answers it on the lesson page, under
-    # the figure (the strip's poll reruns the page to draw it), into the room.
-    teacher.get_by_role("button", name="Ask the room this question").click()
-    s = students[0]
-    main = s.locator('[data-testid="stMain"]')
-    main.get_by_text("your answer goes to the room").wait_for(timeout=WAIT)
-    main.locator('[role="radiogroup"] label').first.click()
-    main.get_by_text("Your answer is in:").wait_for(timeout=WAIT)
+    # The projector's room page; the students follow and answer lesson 12's question there.
+    teacher.get_by_role("link", name="Room, questions and results").click()
+    teacher.get_by_text("0 of 3 joined have answered.").wait_for(timeout=WAIT)
+    for s in students:
+        s.wait_for_url(re.compile(r"/class\?"), timeout=WAIT)
+    students[0].get_by_text(PICKS[0], exact=True).click(timeout=WAIT)
+    teacher.get_by_text("1 of 3 joined have answered.").wait_for(timeout=WAIT)
+    students[1].get_by_text(PICKS[1], exact=True).wait_for(timeout=WAIT)
+    t0 = time.monotonic()
+    students[1].get_by_text(PICKS[1], exact=True).click()
+    teacher.get_by_text("2 of 3 joined have answered.").wait_for(timeout=WAIT)
+    took = time.monotonic() - t0
+    print(f"\nsecond answer's click -> teacher's screen shows 2 answers: {took:.2f} s")
+    counts = teacher.evaluate(COUNTS)  # the bars the projector draws: one answer on each picked option
+    assert counts is not None and sum(counts) == 2 and counts[0] == 1 and counts[-1] == 1, counts
+    assert took <= ANSWER_TO_PROJECTOR_S, f"the second answer took {took:.2f} s to reach the teacher's screen"
+
+    teacher.get_by_role("button", name="Reveal the answer").click()
+    revealed = teacher.get_by_text(re.compile(r"^Revealed: "))
+    revealed.wait_for(timeout=WAIT)
+    right = revealed.inner_text().strip().removeprefix("Revealed: ").removesuffix(".")
+    for s, pick in zip(students[:2], PICKS, strict=True):
+        s.get_by_text(f"Right: {right}." if pick == right else f"The right answer: {right}.").wait_for(timeout=WAIT)

@@ -94,6 +94,15 @@ def test_streamlits_own_words_in_chinese(server, paths, page):
     wait_drawn(page)
     labels = page.eval_on_selector_all("[aria-label]", "els => els.map(e => e.getAttribute('aria-label'))")
     assert [x for x in labels if x.startswith("Help for")] and not [x for x in labels if x.endswith("的帮助")]
+    # Streamlit's loading skeletons stand still (viz/ui/chrome.py STILL_SKELETONS: a shimmer repainted every frame
+    # cost a software-rendering browser ~6 s of CPU per first view). One drawn with an animation of its own, as
+    # Streamlit's class gives it, does not animate: the app's rule is in the page and wins.
+    assert page.evaluate("""() => { const st = document.createElement('style');
+        st.textContent = '@keyframes al-shimmer { from { opacity: 1 } to { opacity: .5 } }';
+        document.head.appendChild(st);
+        const sk = document.createElement('div'); sk.setAttribute('data-testid', 'stSkeleton');
+        sk.style.animation = 'al-shimmer 1s infinite'; document.body.appendChild(sk);
+        return [getComputedStyle(sk).animationName, sk.getAnimations().length]; }""") == ["none", 0]
 
 
 OVERLAPS = """(sel) => {

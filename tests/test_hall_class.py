@@ -64,15 +64,23 @@ def test_replicas_share_a_redis_store(hall):
 def test_a_replica_killed_between_the_answers_loses_none(hall, browser):
     """The Done-when's failover case: two students (Chromium contexts) pinned to r1 and r2 answer one question; r2 is
     killed (SIGKILL) between the answers; the second student's tab comes back on r1 with the same seat (its URL) and
-    answers there. Both answers are in the room: no replica held any of them."""
+    answers there. Both answers are in the room (no replica held any of them), and the teacher's screen (on r1)
+    counts both."""
     store = open_store(REDIS)
     code, token = store.create_room()
     qid = store.open_question(code, token, "Which head looks back one token?", ["head 1", "head 3"], answer=1)
     pages = {}
-    for replica in ("r1", "r2"):
+
+    def pinned(replica: str):
         ctx = browser.new_context(viewport={"width": 1400, "height": 1400})
         ctx.add_cookies([{"name": "ATTNLAB", "value": replica, "url": BASE}])  # HAProxy's affinity cookie
-        pg = pages[replica] = ctx.new_page()
+        return ctx.new_page()
+
+    teacher = pinned("r1")  # the projector: its count comes from the store, whichever replica took an answer
+    teacher.goto(f"{BASE}/class?room={code}&teacher={token}&lang=en", timeout=PAGE_TIMEOUT_MS)
+    teacher.get_by_text("0 of 0 joined have answered.").wait_for(timeout=60_000)
+    for replica in ("r1", "r2"):
+        pg = pages[replica] = pinned(replica)
         pg.goto(f"{BASE}/class?room={code}&lang=en", timeout=PAGE_TIMEOUT_MS)
         pg.get_by_role("button", name="Join").click(timeout=PAGE_TIMEOUT_MS)
         pg.get_by_text("Which head looks back one token?").wait_for(timeout=60_000)
@@ -88,7 +96,8 @@ def test_a_replica_killed_between_the_answers_loses_none(hall, browser):
     pages["r2"].get_by_text("Your answer is in:").wait_for(timeout=60_000)
     assert store.results(code, qid) == [1, 1]
     assert store.my_answer(code, seat_r2, qid) == 0  # the answer went to the seat the student had on r2
-    for pg in pages.values():
+    teacher.get_by_text("2 of 2 joined have answered.").wait_for(timeout=60_000)  # the teacher's screen: both
+    for pg in [teacher, *pages.values()]:
         pg.context.close()
 
 

@@ -76,6 +76,24 @@ def test_the_llm_head_heatmap_is_sized_to_its_tokens_and_its_labels():
     assert long.layout.height <= FLLM.MAX_HEATMAP_HEIGHT and long.layout.width <= FLLM.MAX_HEATMAP_WIDTH
 
 
+def test_a_two_line_title_sits_above_the_subplot_titles():
+    """Lesson 3 at 1920 px: the title's second line (the capture name, the model, the sentence), centred with the
+    first in an 80 px top margin, ran into the first subplot's title "QKᵀ". The margin grows by a line: both lines
+    (each at most 1.3 × the title's font, centred in the margin) end above the subplot titles."""
+    from model import load_checkpoint
+    from viz import notebook as nb
+
+    _, trace = load_checkpoint("dates").trace("3 november 2023")
+    for fig in (nb.pipeline(trace, 0, 0, "encoder_self"), nb.masks(trace, 0, 0, "encoder_self"),
+                nb.qkvz(trace, 0, 0, "encoder_self")):
+        title = fig.layout.title
+        assert "<br><sup>" in title.text and title.y is None  # plotly's auto: centred in the top margin
+        size = (title.font.size if title.font and title.font.size else None) or 17  # the app's template: 17 px
+        bottom = fig.layout.margin.t / 2 + 1.3 * size  # two lines centred on the margin's middle
+        sub = [a for a in fig.layout.annotations if a.yref == "paper" and a.y >= 1.0]  # the subplot titles
+        assert sub and bottom <= fig.layout.margin.t - 1.3 * (sub[0].font.size or 16), (bottom, fig.layout.margin.t)
+
+
 def test_reach_labels_are_written_where_the_reach_changes():
     far = [0, 511, 1022, 1533, 2044, 2555, 5000, 5000, 5000, 5000]
     assert FM.reach_labels(far) == ["0", "511", "1,022", "1,533", "2,044", "2,555", "5,000", "", "", ""]
@@ -232,6 +250,27 @@ def test_the_estimate_is_this_servers_measured_pace(monkeypatch):
     monkeypatch.setattr(LRUN, "_run_paces", lambda: paces)
     assert "about 280 s on this server (the last run here with this change took 283 s, 1 min ago)" in \
         LRUN.estimate_text(s)
+
+
+def test_lesson_18s_cold_wait_is_scaled_to_this_servers_load(monkeypatch):
+    """The idle figure (10 s) was said for a 35-53 s wait on a class's busy server: a busy server says its load and
+    the wait scaled by load / cores; an idle one keeps the idle figures alone."""
+    import os
+
+    from viz import i18n
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    idle = lm_models.cold_waits("gemma3")
+    assert "busy" not in " ".join(idle) and "12–35 s" in idle[0] and "about 10 s" in idle[1]
+    monkeypatch.setattr(os, "getloadavg", lambda: (11.0, 9.0, 7.0))
+    load, run = lm_models.cold_waits("gemma3")
+    assert load.startswith(idle[0]) and run.startswith(idle[1])
+    assert load.endswith("This server is busy now (load 11.0 on 2 cores): expect about 66–192 s.")
+    assert run.endswith("This server is busy now (load 11.0 on 2 cores): expect about 55 s.")
+    monkeypatch.setattr(i18n, "current_lang", lambda: "zh")
+    assert lm_models.cold_waits("gemma3")[1].endswith("这台服务器现在很忙（2 个核，负载 11.0）：预计约 55 秒。")
+    assert lm_models.cold_waits("smollm2") == ("正在加载 SmolLM2-135M-Instruct…", "正在运行模型…")
 
 
 def test_lesson_17_cites_the_heatmaps_brightest_head_at_its_step(shipped):

@@ -373,6 +373,8 @@ def upright_y_titles(fig: go.Figure, copy: bool = False) -> go.Figure:
 
 def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
     kw.setdefault("margin", {"l": 10, "r": 10, "t": 60, "b": 10})
+    if "<br>" in title:  # a second line (the capture name, model, sentence), centred in the top margin with the
+        kw["margin"] = {**kw["margin"], "t": kw["margin"].get("t", 60) + 20}  # first: at 80 px it ran into "QKᵀ"
     fig.update_layout(title={"text": title, "x": 0.0}, height=height, **kw)
     return fig
 

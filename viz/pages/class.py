@@ -17,8 +17,6 @@ from viz.ui import classroom as C
 from viz.ui.state import forget_view
 from viz.ui.text import md_escape
 
-RESULTS_S = 1.0  # the projector's results refresh
-
 
 def qr_png(link: str) -> bytes:
     buf = io.BytesIO()
@@ -113,8 +111,12 @@ def ask(code: str, token: str) -> None:
                 C.error(e)
 
 
-@st.fragment(run_every=RESULTS_S)
+@st.fragment
 def results(code: str, token: str) -> None:
+    """The projector's live results. Redrawn when the tab's poll sees the answers move (C.results_poller: an HTTP
+    read every 0.25 s, no script run while nothing changes), not on a timer: an answer is on the projector within
+    one poll and one run of this fragment."""
+    C.results_poller(code)  # first: the digest it draws is never newer than the counts read below
     s = C.store()
     if (e := st.session_state.pop("_class_error", None)) is not None:
         C.error(e)

@@ -64,3 +64,19 @@ def script(lang: str) -> str:
 def install_chrome_words(lang: str) -> None:
     """Draw the script (invisible, in the sidebar). app.py calls it once per run with the session's language."""
     st.sidebar.html(script(lang), unsafe_allow_javascript=True)
+
+
+# Streamlit draws a shimmering skeleton (a CSS animation, every frame) in place of each element whose code the
+# browser is still fetching and evaluating: on a fresh tab, every widget and chart of the first view, for as long
+# as the tab's main thread is busy loading them. Where the browser rasterizes in software (no GPU: many classroom
+# laptops, and headless Chromium), each animated frame is repainted on the CPU: measured on one first view of the
+# default page (bench/load.py --first-view-cost), ~6 s of the browser's compositor CPU against ~0.6 s with the
+# skeletons still, and six tabs opening together pay it six times on the same cores. A still grey block says
+# "loading" as well.
+STILL_SKELETONS = "<style>[data-testid='stSkeleton'] { animation: none !important; }</style>"
+
+
+def install_still_skeletons() -> None:
+    """Draw the style (style-only st.html: Streamlit's event container, no space taken). app.py calls it first
+    in every run, so that it is in the page before the first skeleton."""
+    st.html(STILL_SKELETONS)

@@ -10,6 +10,7 @@ widget seeds from the teacher's URL. No figure travels: the follower's server se
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -55,22 +56,67 @@ _POLLER = """<script>
 })();
 </script>
 <style>.st-key-%s { display: none; }</style>"""
+RESULTS_SYNC = "class_results_sync"  # the projector's hidden button: a click reruns the results fragment
+RESULTS_POLL_S = 0.25  # the projector's poll (one teacher's tab; an HTTP read, no script run unless it changed)
+# The teacher's results: the same pattern as a follower's poll, on answers_digest. Installed once per tab; each draw
+# of the results says which digest it drew; a tab that left /class (no button) stops polling until it is back.
+_RESULTS_POLLER = """<script>
+(() => {
+  const c = window.__alResults = window.__alResults || {};
+  c.room = %s; c.d = %s; c.asked = null;
+  if (c.timer) return;
+  c.timer = setInterval(async () => {
+    const b = document.querySelector(".st-key-%s button");
+    if (!b) { clearInterval(c.timer); c.timer = null; return; }
+    try {
+      const r = await fetch(%s + "?answers=1&room=" + encodeURIComponent(c.room), {cache: "no-store"});
+      const d = (await r.text()).trim();
+      if (d !== c.d && d !== c.asked) { c.asked = d; b.click(); }
+    } catch (e) { /* a replica going away: the failover script handles it */ }
+  }, %d);
+})();
+</script>
+<style>.st-key-%s { display: none; }</style>"""
+
+
+def results_poller(code: str) -> None:
+    """In the projector's results fragment: the hidden button and the poll that clicks it when the answers moved
+    (the time from a student's answer to the projector: one poll, RESULTS_POLL_S, plus one fragment run)."""
+    st.button("↻", key=RESULTS_SYNC)
+    try:
+        drawn = answers_digest(code)
+    except ClassError:
+        drawn = "gone"
+    st.html(_RESULTS_POLLER % (json.dumps(code), json.dumps(drawn), RESULTS_SYNC, json.dumps(ROUTE),
+                               int(RESULTS_POLL_S * 1000), RESULTS_SYNC), unsafe_allow_javascript=True)
+
+
+def answers_digest(room: str) -> str:
+    """What the projector's results show, as an opaque digest: the version, the current question, its counts and
+    the joiners. The teacher's tab polls it (`&answers=1`) and redraws the results only when it changed; a digest,
+    so a student who polls it learns nothing of the room's answers before the reveal."""
+    s = store()
+    q = s.current_question(room)
+    seen = [s.version(room), s.joiners(room), *((q.qid, q.revealed, *s.results(room, q.qid)) if q else ())]
+    return hashlib.blake2b(repr(seen).encode(), digest_size=8).hexdigest()
 
 
 def routes() -> list:
-    """The version route for `st.App(routes=...)`: no session, no script run; the store read off the event loop."""
+    """The version route for `st.App(routes=...)`: no session, no script run; the store read off the event loop.
+    `?room=CODE`: the room's version (a follower's poll); `&answers=1`: answers_digest (the projector's poll)."""
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    def read(room: str) -> str:
+    def read(room: str, answers: bool) -> str:
         try:
-            return str(store().version(room))
+            return answers_digest(room) if answers else str(store().version(room))
         except ClassError:
             return "gone"
 
     async def version(request) -> PlainTextResponse:
-        text = await run_in_threadpool(read, request.query_params.get("room", ""))
+        q = request.query_params
+        text = await run_in_threadpool(read, q.get("room", ""), q.get("answers") == "1")
         return PlainTextResponse(text, headers={"Cache-Control": "no-store"})
 
     return [Route(ROUTE, version)]
