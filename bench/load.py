@@ -941,7 +941,9 @@ def browser_cpu() -> dict[str, float]:
         pid = todo.pop()
         todo += parents.get(pid, [])
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").strip("\0").split("\0")
+            if len(argv) == 1:  # a zygote's child rewrites its command line as one space-separated string
+                argv = argv[0].split(" ")
             if "chrom" not in Path(argv[0]).name:
                 continue
             kind = next((a.split("=", 1)[1] for a in argv if a.startswith("--type=")), "browser")

@@ -123,3 +123,11 @@ def test_teacher_and_three_students(class_server, browser):
     right = revealed.inner_text().strip().removeprefix("Revealed: ").removesuffix(".")
     for s, pick in zip(students[:2], PICKS, strict=True):
         s.get_by_text(f"Right: {right}." if pick == right else f"The right answer: {right}.").wait_for(timeout=WAIT)
+
+    # A reload keeps the teacher's role without the secret link (its token left the address bar): the teacher's own
+    # browser keeps it in a cookie; no student's browser has one.
+    assert "teacher=" not in teacher.url
+    teacher.reload(timeout=PAGE_TIMEOUT_MS)
+    teacher.get_by_text(f"Revealed: {right}.").wait_for(timeout=WAIT)
+    assert teacher.get_by_role("button", name="Download the results (CSV)").count() == 1
+    assert all(c["name"] != "al_class_teacher" for s in students for c in s.context.cookies())

@@ -103,6 +103,11 @@ def test_streamlits_own_words_in_chinese(server, paths, page):
         const sk = document.createElement('div'); sk.setAttribute('data-testid', 'stSkeleton');
         sk.style.animation = 'al-shimmer 1s infinite'; document.body.appendChild(sk);
         return [getComputedStyle(sk).animationName, sk.getAnimations().length]; }""") == ["none", 0]
+    # st.spinner's icon still turns, in 8 steps a turn (fewer frames to draw)
+    assert page.evaluate("""() => { const sp = document.createElement('div');
+        sp.setAttribute('data-testid', 'stSpinnerIcon');
+        sp.style.animation = 'al-shimmer 1s linear infinite'; document.body.appendChild(sp);
+        return [getComputedStyle(sp).animationTimingFunction, sp.getAnimations().length]; }""") == ["steps(8)", 1]
 
 
 OVERLAPS = """(sel) => {

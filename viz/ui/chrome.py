@@ -66,14 +66,17 @@ def install_chrome_words(lang: str) -> None:
     st.sidebar.html(script(lang), unsafe_allow_javascript=True)
 
 
-# Streamlit draws a shimmering skeleton (a CSS animation, every frame) in place of each element whose code the
-# browser is still fetching and evaluating: on a fresh tab, every widget and chart of the first view, for as long
-# as the tab's main thread is busy loading them. Where the browser rasterizes in software (no GPU: many classroom
-# laptops, and headless Chromium), each animated frame is repainted on the CPU: measured on one first view of the
-# default page (bench/load.py --first-view-cost), ~6 s of the browser's compositor CPU against ~0.6 s with the
-# skeletons still, and six tabs opening together pay it six times on the same cores. A still grey block says
-# "loading" as well.
-STILL_SKELETONS = "<style>[data-testid='stSkeleton'] { animation: none !important; }</style>"
+# Streamlit's loading indicators animate every frame, and where the browser rasterizes and composites in software
+# (no GPU: many classroom laptops, and headless Chromium) every frame is drawn on the CPU, on the cores the page
+# itself (and, on a shared machine, the server) needs. Measured (bench/load.py --first-view-cost):
+# - the skeleton shimmer Streamlit draws in place of each element whose code the browser is still loading (on a
+#   fresh tab, every widget and chart of the first view, for as long as the tab's main thread is busy): one first
+#   view of the default page spent ~6 s of compositor CPU on it, ~0.5 s with the skeletons still; six tabs opening
+#   together pay it six times. A still grey block says "loading" as well;
+# - st.spinner's icon (the needle view waits on it for its analyses): a smooth turn cost ~0.15 s of CPU per second
+#   shown, 8 steps a turn ~0.09 s; it still turns.
+STILL_SKELETONS = ("<style>[data-testid='stSkeleton'] { animation: none !important; } "
+                   "[data-testid='stSpinnerIcon'] { animation-timing-function: steps(8, end) !important; }</style>")
 
 
 def install_still_skeletons() -> None:

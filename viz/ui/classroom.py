@@ -32,6 +32,10 @@ CLASS_PAGE = "viz/pages/class.py"
 PAGES = "_al_class_pages"  # st.session_state: url path -> page file (app.py's), for /class's own strip
 
 
+TEACHER_COOKIE = "al_class_teacher"  # "CODE:TOKEN" in the teacher's browser: a reload (or a failover) keeps the role
+# without the secret link, which leaves the address bar once opened. Set by the page's script (SameSite=Strict, this
+# origin only, for the room's idle time); checked against the store like the link's token.
+_SET_COOKIE = """<script>document.cookie = %s + "=" + %s + "; path=/; max-age=%d; SameSite=Strict";</script>"""
 ROUTE = "/_al/class/version"  # ?room=CODE -> the room's version number, or "gone": what a follower's tab polls
 SYNC = "class_sync"  # the hidden button the tab's poller clicks when the room's version moved (a fragment rerun)
 # The follower's poll runs in the browser: one small HTTP read a second, no script run. Only when the room's version
@@ -59,7 +63,7 @@ _POLLER = """<script>
 RESULTS_SYNC = "class_results_sync"  # the projector's hidden button: a click reruns the results fragment
 RESULTS_POLL_S = 0.25  # the projector's poll (one teacher's tab; an HTTP read, no script run unless it changed)
 # The teacher's results: the same pattern as a follower's poll, on answers_digest. Installed once per tab; each draw
-# of the results says which digest it drew; a tab that left /class (no button) stops polling until it is back.
+# of the results says which digest it drew; while the tab is not on /class (no button) it reads nothing.
 _RESULTS_POLLER = """<script>
 (() => {
   const c = window.__alResults = window.__alResults || {};
@@ -67,7 +71,7 @@ _RESULTS_POLLER = """<script>
   if (c.timer) return;
   c.timer = setInterval(async () => {
     const b = document.querySelector(".st-key-%s button");
-    if (!b) { clearInterval(c.timer); c.timer = null; return; }
+    if (!b) return;  // not on /class now (or mid-redraw): no read; the timer stays for when it is back
     try {
       const r = await fetch(%s + "?answers=1&room=" + encodeURIComponent(c.room), {cache: "no-store"});
       const d = (await r.text()).trim();
@@ -169,6 +173,10 @@ def enter_from_url() -> None:
     m = member()
     try:
         code = normalize_code(room)
+        if not token and not (m and m["room"] == code):
+            token = _cookie_token(code)  # this browser's own teacher cookie for this room, if any
+            if token and not store().is_teacher(code, token):
+                token = None  # a stale cookie (another room's token, an ended room): a student's way in
         if token:
             if not store().is_teacher(code, token):
                 raise ClassError("Only the teacher of room {code} can do this.", code=code)
@@ -182,6 +190,24 @@ def enter_from_url() -> None:
     except ClassError as e:
         error(e)
         write_query(room=None, teacher=None, seat=None)
+
+
+def _cookie_token(code: str) -> str | None:
+    try:
+        raw = st.context.cookies.get(TEACHER_COOKIE) or ""
+    except Exception:  # no request behind this session (a test's AppTest): no cookie
+        return None
+    room, _, token = raw.partition(":")
+    return token if room == code and token else None
+
+
+def _remember_teacher(m: dict) -> None:
+    """The teacher cookie, written by the page's script on the teacher's strip (the same element every run: the
+    browser runs it once, when it first appears)."""
+    from viz.classroom.store import IDLE_S
+
+    st.html(_SET_COOKIE % (json.dumps(TEACHER_COOKIE), json.dumps(f"{m['room']}:{m['token']}"), int(IDLE_S)),
+            unsafe_allow_javascript=True)
 
 
 def start_room() -> str:
@@ -249,6 +275,9 @@ def bar(page: str, pages: dict[str, str]) -> None:
     if not m:
         return
     if m["role"] == "teacher":  # publishes after the page ran (app.py), not before: the URL is then final
+        if st.query_params.get("room") != m["room"]:
+            write_query(room=m["room"])  # the public code (the projector shows it): a reload finds the room, and
+            # the teacher cookie (TEACHER_COOKIE) the role
         with st.sidebar:
             _teacher_bar(page)
     else:
@@ -280,6 +309,7 @@ def _fragment_rerun() -> bool:
 @st.fragment(run_every=PUBLISH_S)
 def _teacher_bar(page: str) -> None:
     m = member()
+    _remember_teacher(m)
     if _fragment_rerun():  # in a full run the page has not run yet: its URL is the last one (app.py publishes after)
         publish(page)
     try:
