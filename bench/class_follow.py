@@ -5,7 +5,7 @@ teacher's change to each follower's screen.
 
 Starts `streamlit run app.py` with a SQLite room store of its own, makes a room and N seats in it (through the
 store, as the teacher's and students' joins would), then opens N real Chromium pages (contexts of one headless
-browser) at `/class?room=CODE&seat=S`: each is a following student. It reads the server's CPU time
+browser) at `/class?room=CODE`, the seat in its cookie: each is a following student. It reads the server's CPU time
 (/proc/<pid>/stat) over `--idle` seconds with nobody following (the reference, same server, same run), then over
 the same time with N followers polling, and prints the difference per follower per second. Then the teacher's view
 changes `--changes` times (the store's set_state, what the teacher's session does): for each change, the time until
@@ -76,8 +76,10 @@ def main() -> None:
             idle = cpu_over(proc.pid, args.idle)
             pages = []
             for seat in seats:
-                page = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
-                page.goto(f"{base}/class?room={code}&seat={seat}&lang=en")
+                ctx = browser.new_context(viewport={"width": 1200, "height": 900})
+                ctx.add_cookies([{"name": "al_class_seat", "value": f"{code}:{seat}", "url": base}])  # the seat
+                page = ctx.new_page()
+                page.goto(f"{base}/class?room={code}&lang=en")
                 pages.append(page)
             for page in pages:
                 page.wait_for_url("**v=0**", timeout=180_000)  # following: on the teacher's view

@@ -1063,7 +1063,7 @@ def class_start_main(args) -> None:
 #   hidden button's click: a fragment rerun over the websocket (BackMsg rerun_script, the strip's fragment id and
 #   the button's trigger), which follows the teacher (st.switch_page: a full run of the teacher's page);
 # - the Streamlit session itself: a websocket (/_stcore/stream) that asks for the first run with the student's link
-#   (?room=CODE&seat=S), reads every ForwardMsg (the address from page_info_changed, the strip's version from its
+#   (?room=CODE; the seat in its cookie, as a browser sends it), reads every ForwardMsg (the address from page_info_changed, the strip's version from its
 #   html, the button's id, the end of each run) and does the reruns the server asks for (auto_rerun fragments).
 # Not emulated: the browser's own work (parsing, layout, plotly drawing: the screen is "updated" here when the run
 # that draws the teacher's view has sent its last message), the widget values a browser sends back with each rerun
@@ -1096,7 +1096,8 @@ class Follower:
 
     def __init__(self, port: int, code: str, seat: str):
         self.port, self.code = port, code
-        self.query = f"room={code}&seat={seat}&lang=en"
+        self.query = f"room={code}&lang=en"
+        self.cookie = f"al_class_seat={code}:{seat}"  # the student's seat: the browser's cookie, never the URL
         self.page_hash = ""
         self.v: str | None = None  # the version the strip last drew (its html: `c.v = N;`)
         self.asked: str | None = None
@@ -1127,7 +1128,8 @@ class Follower:
             return msg.SerializeToString()
 
         async with websockets.connect(f"ws://127.0.0.1:{self.port}/_stcore/stream", subprotocols=["streamlit"],
-                                      max_size=None, open_timeout=120, ping_interval=None) as ws:
+                                      additional_headers={"Cookie": self.cookie}, max_size=None, open_timeout=120,
+                                      ping_interval=None) as ws:
             autos: dict[str, asyncio.Task] = {}
 
             async def auto(fragment: str, every: float) -> None:  # what the browser does for st.fragment(run_every)

@@ -119,9 +119,16 @@ def charts_drawn(page) -> int:
     }).length""")
 
 
+# A test module whose pages never show SmolLM2 sets `SERVER_ENV = NO_LM_WARM`: its server does not load SmolLM2
+# at start (viz/ui/warmup.py), ~10 s of CPU each server that would run beside the tests on a 2-core machine.
+# A page that does need SmolLM2 still loads it on its first visit, as on any server that did not warm it
+# (tests/test_app_llm.py and tests/test_perf_ratio.py test the warm-up of SmolLM2 itself).
+NO_LM_WARM = {"ATTENTION_LAB_WARM_LM": "0"}
+
+
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server(ROOT / "app.py", free_port())
+def server(request):
+    proc = start_server(ROOT / "app.py", free_port(), env=getattr(request.module, "SERVER_ENV", None))
     port = proc.args[proc.args.index("--server.port") + 1]
     yield f"http://127.0.0.1:{port}"
     stop_server(proc)

@@ -43,7 +43,8 @@ def test_teacher_student_question_and_follow(room_store):
     button(student, "Join").click().run()
     assert_clean(student)
     seat = student.session_state[KEY]["seat"]
-    assert room_store.seat_ok(code, seat) and student.query_params["seat"] == seat
+    assert room_store.seat_ok(code, seat) and student.query_params["room"] == code
+    assert "seat" not in student.query_params  # the seat stays in the browser (a cookie): a shared URL is no seat
     assert not [b for b in student.button if b.label in ("Reveal the answer", "Start a room")], "no teacher control"
 
     # The teacher asks a free question; the student's screen shows it and takes an answer.

@@ -291,6 +291,9 @@ def test_server_warm_up_traces_smollm2_before_its_first_visitor(monkeypatch, war
 
     _cached_lm_trace.clear()
     monkeypatch.setenv(warmup.WARM_LM_ENV, warm)
+    # the trace is this test's claim, not the lessons' analyses that warm_lm() computes next (~1 min of CPU here;
+    # tests/test_warmup.py checks that they run unless ATTENTION_LAB_WARM_ANALYSES=0)
+    monkeypatch.setenv(warmup.WARM_ANALYSES_ENV, "0")
     warmup.warm_lm()
     calls = []
     traced = lm_models.RealModel.trace

@@ -6,9 +6,10 @@ Saves artifacts/screenshots/experiments.png (look at it).
 from __future__ import annotations
 
 import pytest
-from browser_support import PAGE_TIMEOUT_MS, SHOTS, charts_drawn, wait_drawn
+from browser_support import NO_LM_WARM, PAGE_TIMEOUT_MS, SHOTS, charts_drawn, wait_drawn
 
 pytestmark = pytest.mark.browser
+SERVER_ENV = NO_LM_WARM  # no page here shows SmolLM2: its server does not warm it (browser_support)
 
 TITLES = "() => [...document.querySelectorAll('.js-plotly-plot')].map(el => el.layout?.title?.text || '')"
 

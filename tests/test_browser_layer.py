@@ -5,9 +5,10 @@ cannot do: clicking a block of the architecture map opens that block's view."""
 from __future__ import annotations
 
 import pytest
-from browser_support import SHOTS, charts_drawn, wait_drawn
+from browser_support import NO_LM_WARM, SHOTS, charts_drawn, wait_drawn
 
 pytestmark = pytest.mark.browser
+SERVER_ENV = NO_LM_WARM  # no page here shows SmolLM2: its server does not warm it (browser_support)
 
 PAGES = {"layer": 2, "architecture": 1, "padding": 3, "tokenizers": 1}  # page -> charts drawn up front (first tab)
 TITLES = "() => [...document.querySelectorAll('.js-plotly-plot')].map(el => el.layout?.title?.text || '')"

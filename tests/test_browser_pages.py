@@ -16,9 +16,10 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_support import SHOTS, VIEWPORT, wait_drawn
+from browser_support import NO_LM_WARM, SHOTS, VIEWPORT, wait_drawn
 
 pytestmark = pytest.mark.browser
+SERVER_ENV = NO_LM_WARM  # no page here shows SmolLM2: its server does not warm it (browser_support)
 
 # Every drawn chart, as "title#hash of its data" (sorted): two pages with the same list draw the same picture.
 PICTURE = r"""() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => el.data).map(el => {

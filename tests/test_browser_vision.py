@@ -4,9 +4,10 @@ a prediction and a map. Screenshots go to the test's tmp dir (vision.png, vision
 from __future__ import annotations
 
 import pytest
-from browser_support import wait_drawn
+from browser_support import NO_LM_WARM, wait_drawn
 
 pytestmark = pytest.mark.browser
+SERVER_ENV = NO_LM_WARM  # no page here shows SmolLM2: its server does not warm it (browser_support)
 
 FULL_HD = {"width": 1920, "height": 1080}
 

@@ -56,6 +56,13 @@ def test_replicas_share_a_redis_store(hall):
     v = store.set_state(code, token, {"page": "lessons", "params": {"lesson": "4"}})  # the teacher moves
     assert [get(f"/_al/class/version?room={code}", r)[1] for r in ("r1", "r2")] == [str(v), str(v)]
     assert get("/_al/class/version?room=NOPE", "r1")[1] == "gone"
+    # The projector's poll (&answers=1): one digest on both replicas, moved by an answer, and no counts in it.
+    qid = store.open_question(code, token, "Which head?", ["head 1", "head 3"], answer=1)
+    digest = f"/_al/class/version?room={code}&answers=1"
+    before = {get(digest, r)[1] for r in ("r1", "r2")}
+    assert len(before) == 1 and re.fullmatch(r"[0-9a-f]{16}", next(iter(before)))
+    store.answer(code, store.join(code, "a"), qid, 0)
+    assert {get(digest, r)[1] for r in ("r1", "r2")} - before
     status, body = get("/class?room=" + code, "r2")  # the page itself is served (the app's HTML) through the proxy
     assert status == 200 and "<html" in body.lower()
 
@@ -63,7 +70,7 @@ def test_replicas_share_a_redis_store(hall):
 @pytest.mark.browser
 def test_a_replica_killed_between_the_answers_loses_none(hall, browser):
     """The Done-when's failover case: two students (Chromium contexts) pinned to r1 and r2 answer one question; r2 is
-    killed (SIGKILL) between the answers; the second student's tab comes back on r1 with the same seat (its URL) and
+    killed (SIGKILL) between the answers; the second student's tab comes back on r1 with the same seat (its cookie) and
     answers there. Both answers are in the room (no replica held any of them), and the teacher's screen (on r1)
     counts both."""
     store = open_store(REDIS)
@@ -86,11 +93,12 @@ def test_a_replica_killed_between_the_answers_loses_none(hall, browser):
         pg.get_by_text("Which head looks back one token?").wait_for(timeout=60_000)
     pages["r1"].get_by_text("head 3", exact=True).click()
     pages["r1"].get_by_text("Your answer is in:").wait_for(timeout=60_000)
-    seat_r2 = re.search(r"seat=([\w-]+)", pages["r2"].url).group(1)
+    assert "seat=" not in pages["r2"].url  # the seat is the browser's (a cookie), never in a URL one could share
+    seat_r2 = next(c["value"] for c in pages["r2"].context.cookies() if c["name"] == "al_class_seat").split(":")[1]
     pages["r2"].evaluate("window.__beforeKill = true")  # gone once the tab reloads: the dead page's DOM stays up
     load.kill_replica(PORT, "r2")
     pages["r2"].wait_for_function("!window.__beforeKill", timeout=60_000)
-    # The tab's failover script reloads its URL (room and seat) on the live replica: the same seat, the question.
+    # The tab's failover script reloads its URL (the room) on the live replica: its cookie, the same seat.
     pages["r2"].get_by_text("Which head looks back one token?").wait_for(timeout=60_000)
     pages["r2"].get_by_text("head 1", exact=True).click(timeout=60_000)
     pages["r2"].get_by_text("Your answer is in:").wait_for(timeout=60_000)

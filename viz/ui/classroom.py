@@ -35,6 +35,8 @@ PAGES = "_al_class_pages"  # st.session_state: url path -> page file (app.py's),
 TEACHER_COOKIE = "al_class_teacher"  # "CODE:TOKEN" in the teacher's browser: a reload (or a failover) keeps the role
 # without the secret link, which leaves the address bar once opened. Set by the page's script (SameSite=Strict, this
 # origin only, for the room's idle time); checked against the store like the link's token.
+SEAT_COOKIE = "al_class_seat"  # "CODE:SEAT" in a student's browser: a reload or a failover takes the same seat back.
+# Never in the URL: a student who shares their address shares the room's code, not their seat (their answers).
 _SET_COOKIE = """<script>document.cookie = %s + "=" + %s + "; path=/; max-age=%d; SameSite=Strict";</script>"""
 ROUTE = "/_al/class/version"  # ?room=CODE -> the room's version number, or "gone": what a follower's tab polls
 SYNC = "class_sync"  # the hidden button the tab's poller clicks when the room's version moved (a fragment rerun)
@@ -165,48 +167,54 @@ def is_teacher() -> bool:
 
 def enter_from_url() -> None:
     """A link with `?room=CODE&teacher=TOKEN` makes this session the room's teacher (the token then leaves the
-    address bar, which a projector shows); `?room=CODE&seat=S` is a student's own link back (a reload). A wrong
-    token or seat is said once and ignored."""
-    room, token, seat = (st.query_params.get(k) for k in ("room", "teacher", "seat"))
+    address bar, which a projector shows); on `?room=CODE` alone, this browser's cookies (TEACHER_COOKIE, SEAT_COOKIE)
+    bring back its teacher role or its seat (a reload, a failover). A wrong token is said once and ignored; a seat
+    in the URL (an old link, a shared one) is never taken."""
+    room, token = (st.query_params.get(k) for k in ("room", "teacher"))
+    if "seat" in st.query_params:
+        write_query(seat=None)
     if not room:
         return
     m = member()
+    seat = None
     try:
         code = normalize_code(room)
         if not token and not (m and m["room"] == code):
-            token = _cookie_token(code)  # this browser's own teacher cookie for this room, if any
+            token = _cookie(TEACHER_COOKIE, code)  # this browser's own teacher cookie for this room, if any
             if token and not store().is_teacher(code, token):
                 token = None  # a stale cookie (another room's token, an ended room): a student's way in
+            seat = None if token else _cookie(SEAT_COOKIE, code)
         if token:
             if not store().is_teacher(code, token):
                 raise ClassError("Only the teacher of room {code} can do this.", code=code)
             st.session_state[KEY] = {"room": code, "role": "teacher", "token": token}
             write_query(teacher=None, room=code)
-        elif seat and not (m and m["room"] == code):
-            if store().seat_ok(code, seat):
-                st.session_state[KEY] = {"room": code, "role": "student", "seat": seat, "following": True, "seen": -1}
-            else:
-                write_query(seat=None)
+        elif seat and store().seat_ok(code, seat):
+            st.session_state[KEY] = {"room": code, "role": "student", "seat": seat, "following": True, "seen": -1}
     except ClassError as e:
         error(e)
         write_query(room=None, teacher=None, seat=None)
 
 
-def _cookie_token(code: str) -> str | None:
+def _cookie(name: str, code: str) -> str | None:
+    """This browser's secret for room `code` in cookie `name` ("CODE:SECRET"), or None."""
     try:
-        raw = st.context.cookies.get(TEACHER_COOKIE) or ""
-    except Exception:  # no request behind this session (a test's AppTest): no cookie
+        raw = st.context.cookies.get(name)
+    except Exception:  # no request behind this session: no cookie
+        return None
+    if not isinstance(raw, str):  # none, or AppTest's stand-in for a request it does not have
         return None
     room, _, token = raw.partition(":")
     return token if room == code and token else None
 
 
-def _remember_teacher(m: dict) -> None:
-    """The teacher cookie, written by the page's script on the teacher's strip (the same element every run: the
-    browser runs it once, when it first appears)."""
+def _remember(m: dict) -> None:
+    """This member's cookie (the teacher's token or the student's seat), written by the page's script in the room's
+    strip (the same element every run: the browser runs it once, when it first appears)."""
     from viz.classroom.store import IDLE_S
 
-    st.html(_SET_COOKIE % (json.dumps(TEACHER_COOKIE), json.dumps(f"{m['room']}:{m['token']}"), int(IDLE_S)),
+    name, secret = (TEACHER_COOKIE, m["token"]) if m["role"] == "teacher" else (SEAT_COOKIE, m["seat"])
+    st.html(_SET_COOKIE % (json.dumps(name), json.dumps(f"{m['room']}:{secret}"), int(IDLE_S)),
             unsafe_allow_javascript=True)
 
 
@@ -261,7 +269,7 @@ def follow(pages: dict[str, str]) -> None:
         return
     m["followed"] = state
     params = {str(k): str(v) for k, v in (state.get("params") or {}).items() if k not in PRIVATE}
-    params |= {"room": m["room"], "seat": m["seat"]}
+    params["room"] = m["room"]
     if lang := st.query_params.get("lang"):
         params["lang"] = lang  # the student's own language
     forget_view()
@@ -284,10 +292,10 @@ def bar(page: str, pages: dict[str, str]) -> None:
         st.session_state[PAGES] = pages
         if not _fragment_rerun():  # the lesson the page is about to draw (its URL's), whose question it answers
             m["lesson_here"] = _url_lesson() if page == "lessons" else None
-        if (st.query_params.get("room"), st.query_params.get("seat")) != (m["room"], m["seat"]):
-            # a reload (or a failover to another replica, which reloads this URL) rejoins with the same seat; a
-            # join link's `?room=CODE` alone would show the join form again and take a second seat
-            write_query(room=m["room"], seat=m["seat"])
+        if st.query_params.get("room") != m["room"]:
+            # a reload (or a failover to another replica, which reloads this URL) finds the room here and the seat
+            # in this browser's cookie (SEAT_COOKIE), never in the address
+            write_query(room=m["room"])
         if page != "class":  # /class draws the strip itself, in the page (one poll per follower, not two)
             with st.sidebar:
                 _student_bar(page, pages)
@@ -309,7 +317,7 @@ def _fragment_rerun() -> bool:
 @st.fragment(run_every=PUBLISH_S)
 def _teacher_bar(page: str) -> None:
     m = member()
-    _remember_teacher(m)
+    _remember(m)
     if _fragment_rerun():  # in a full run the page has not run yet: its URL is the last one (app.py publishes after)
         publish(page)
     try:
@@ -341,6 +349,7 @@ def student_strip(pages: dict[str, str] | None = None) -> None:
             st.rerun()
         return
     st.markdown(t("**Room {code}**", code=m["room"]))
+    _remember(m)  # the seat, for a reload or a failover
     st.button("↻", key=SYNC)  # hidden (the poller's CSS); its click reruns this fragment
     st.html(_POLLER % (json.dumps(m["room"]), version, json.dumps(ROUTE), SYNC, int(POLL_S * 1000), SYNC),
             unsafe_allow_javascript=True)
