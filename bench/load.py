@@ -1063,8 +1063,9 @@ def class_start_main(args) -> None:
 #   hidden button's click: a fragment rerun over the websocket (BackMsg rerun_script, the strip's fragment id and
 #   the button's trigger), which follows the teacher (st.switch_page: a full run of the teacher's page);
 # - the Streamlit session itself: a websocket (/_stcore/stream) that asks for the first run with the student's link
-#   (?room=CODE; the seat in its cookie, as a browser sends it), reads every ForwardMsg (the address from page_info_changed, the strip's version from its
-#   html, the button's id, the end of each run) and does the reruns the server asks for (auto_rerun fragments).
+#   (?room=CODE; the seat in its cookie, as a browser sends it), reads every ForwardMsg (the address from
+#   page_info_changed, the strip's version from its html, the button's id, the end of each run) and does the reruns
+#   the server asks for (auto_rerun fragments).
 # Not emulated: the browser's own work (parsing, layout, plotly drawing: the screen is "updated" here when the run
 # that draws the teacher's view has sent its last message), the widget values a browser sends back with each rerun
 # (only the button's trigger: the follow resets the page's widgets anyway), static files, and the message cache.

@@ -111,9 +111,11 @@ def test_teacher_and_three_students(class_server, browser):
     t0 = time.monotonic()
     students[1].get_by_text(PICKS[1], exact=True).click()
     teacher.get_by_text("2 of 3 joined have answered.").wait_for(timeout=WAIT)
+    # the bars the projector draws (plotly draws them a moment after the caption): two answers, their distribution
+    teacher.wait_for_function(f"() => ({COUNTS})()?.reduce((a, b) => a + b, 0) === 2", timeout=WAIT)
     took = time.monotonic() - t0
-    print(f"\nsecond answer's click -> teacher's screen shows 2 answers: {took:.2f} s")
-    counts = teacher.evaluate(COUNTS)  # the bars the projector draws: one answer on each picked option
+    print(f"\nsecond answer's click -> teacher's screen shows 2 answers and their bars: {took:.2f} s")
+    counts = teacher.evaluate(COUNTS)  # one answer on each picked option
     assert counts is not None and sum(counts) == 2 and counts[0] == 1 and counts[-1] == 1, counts
     assert took <= ANSWER_TO_PROJECTOR_S, f"the second answer took {took:.2f} s to reach the teacher's screen"
 
@@ -131,3 +133,4 @@ def test_teacher_and_three_students(class_server, browser):
     teacher.get_by_text(f"Revealed: {right}.").wait_for(timeout=WAIT)
     assert teacher.get_by_text(re.compile(r"^Room [A-Z2-9]{6} · teacher · 3 joined$")).count() == 1  # the strip
     assert all(c["name"] != "al_class_teacher" for s in students for c in s.context.cookies())
+    assert all("seat=" not in s.url for s in students)  # a student's seat is their browser's cookie, not a URL
