@@ -100,6 +100,22 @@ def test_teacher_student_question_and_follow(room_store):
     assert student.session_state[KEY]["following"] and student.session_state["lesson_n"] == 6
 
 
+def test_leaving_makes_the_browser_forget_the_room(room_store):
+    """Leave the room: the next run expires both class cookies (max-age 0) once, so this browser's next ?room=CODE
+    is no longer the teacher (or a seat) for the room's idle time."""
+    teacher = open_page(PAGE, query={"lang": "en"})
+    button(teacher, "Start a room").click().run()
+    code = teacher.session_state[KEY]["room"]
+    button(teacher, "Leave the room").click().run()
+    assert_clean(teacher)
+    assert KEY not in teacher.session_state and "room" not in teacher.query_params
+    expired = [h.proto.body for h in teacher.get("html") if "max-age=0" in h.proto.body]
+    assert any("al_class_teacher" in b for b in expired) and any("al_class_seat" in b for b in expired), expired
+    assert code in teacher.session_state["_al_class_left"]  # this session read its cookies when it connected
+    teacher.run()  # written once
+    assert not [h for h in teacher.get("html") if "max-age=0" in h.proto.body]
+
+
 def test_forged_teacher_link_and_garbage_code(room_store):
     code, _ = room_store.create_room()
     at = open_page(None, query={"lang": "en", "room": code, "teacher": "forged"})

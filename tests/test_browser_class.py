@@ -134,3 +134,7 @@ def test_teacher_and_three_students(class_server, browser):
     assert teacher.get_by_text(re.compile(r"^Room [A-Z2-9]{6} · teacher · 3 joined$")).count() == 1  # the strip
     assert all(c["name"] != "al_class_teacher" for s in students for c in s.context.cookies())
     assert all("seat=" not in s.url for s in students)  # a student's seat is their browser's cookie, not a URL
+    # Leaving makes the browser forget the room: its cookie would make the next ?room=CODE the teacher again.
+    assert any(c["name"] == "al_class_teacher" for c in teacher.context.cookies())
+    teacher.get_by_role("button", name="Leave the room").click()
+    teacher.wait_for_function("() => !document.cookie.includes('al_class_teacher=')", timeout=WAIT)

@@ -170,6 +170,7 @@ def enter_from_url() -> None:
     address bar, which a projector shows); on `?room=CODE` alone, this browser's cookies (TEACHER_COOKIE, SEAT_COOKIE)
     bring back its teacher role or its seat (a reload, a failover). A wrong token is said once and ignored; a seat
     in the URL (an old link, a shared one) is never taken."""
+    forget_left()
     room, token = (st.query_params.get(k) for k in ("room", "teacher"))
     if "seat" in st.query_params:
         write_query(seat=None)
@@ -179,7 +180,7 @@ def enter_from_url() -> None:
     seat = None
     try:
         code = normalize_code(room)
-        if not token and not (m and m["room"] == code):
+        if not token and not (m and m["room"] == code) and code not in st.session_state.get(LEFT, ()):
             token = _cookie(TEACHER_COOKIE, code)  # this browser's own teacher cookie for this room, if any
             if token and not store().is_teacher(code, token):
                 token = None  # a stale cookie (another room's token, an ended room): a student's way in
@@ -231,9 +232,25 @@ def join(code: str, nickname: str) -> None:
                              "nick": nickname}
 
 
+LEFT = "_al_class_left"  # st.session_state: rooms this session left; their cookies are expired on the next run
+
+
 def leave() -> None:
-    st.session_state.pop(KEY, None)
+    """Leave the room, and make this browser forget it: its cookie would otherwise make the next `?room=CODE` the
+    teacher (or the seat) again for the room's idle time. The cookie is expired by the next run's script
+    (forget_left); this session also ignores it, since it read its cookies when it connected."""
+    m = st.session_state.pop(KEY, None)
+    if m:
+        st.session_state.setdefault(LEFT, set()).add(m["room"])
+        st.session_state[LEFT + "_expire"] = True
     write_query(room=None, seat=None, teacher=None)
+
+
+def forget_left() -> None:
+    """After a leave, the script that expires both of this browser's class cookies (max-age 0), once."""
+    if st.session_state.pop(LEFT + "_expire", False):
+        for name in (TEACHER_COOKIE, SEAT_COOKIE):
+            st.html(_SET_COOKIE % (json.dumps(name), json.dumps(""), 0), unsafe_allow_javascript=True)
 
 
 def view_state(page: str) -> dict:
