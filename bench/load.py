@@ -1100,7 +1100,7 @@ class Follower:
         self.query = f"room={code}&lang=en"
         self.cookie = f"al_class_seat={code}:{seat}"  # the student's seat: the browser's cookie, never the URL
         self.page_hash = ""
-        self.v: str | None = None  # the version the strip last drew (its html: `c.v = N;`)
+        self.v: str | None = None  # the version the strip last drew (its html: `c.seen = "N";`)
         self.asked: str | None = None
         self.button = self.fragment = None  # the hidden button's widget id, the strip's fragment id
         self.seen: list[tuple[float, str]] = []  # (time, query string) from page_info_changed
@@ -1116,7 +1116,7 @@ class Follower:
         from streamlit.proto.BackMsg_pb2 import BackMsg
         from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-        version = re.compile(rb"c\.v = (\d+);")
+        version = re.compile(rb'c\.seen = "(\d+)";')
 
         def rerun(fragment: str = "", trigger: str | None = None, auto: bool = False) -> bytes:
             msg = BackMsg()
@@ -1159,7 +1159,7 @@ class Follower:
                         for task in autos.values():
                             task.cancel()
                         autos.clear()
-                    elif kind == "delta" and (b"class_sync" in raw or b"c.v = " in raw):
+                    elif kind == "delta" and (b"class_sync" in raw or b"c.seen = " in raw):
                         if hit := version.search(raw):
                             self.v = hit.group(1).decode()
                         el = m.delta.new_element

@@ -45,44 +45,39 @@ SYNC = "class_sync"  # the hidden button the tab's poller clicks when the room's
 # teacher, redraw the question). Installed once per tab (window.__alClass); each redraw updates the version it knows.
 _POLLER = """<script>
 (() => {
-  const c = window.__alClass = window.__alClass || {};
-  c.room = %s; c.v = %s; c.asked = null;
+  const c = window[%(name)s] = window[%(name)s] || {};
+  c.room = %(room)s; c.seen = %(seen)s; c.asked = null;
   if (c.timer) return;
+  const button = () => document.querySelector(".st-key-%(key)s button");
   c.timer = setInterval(async () => {
+    if (%(only_with_button)s && !button()) return;  // not on the page that draws it now (or mid-redraw): no read
     try {
-      const url = %s + "?room=" + encodeURIComponent(c.room);
+      const url = %(route)s + "?%(query)sroom=" + encodeURIComponent(c.room);
       const r = await fetch(url, {cache: "no-store", credentials: "same-origin"});
       const v = (await r.text()).trim();
-      if (v !== String(c.v) && v !== c.asked) {
-        const b = document.querySelector(".st-key-%s button");
-        if (b) { c.asked = v; b.click(); }
-      }
+      const b = button();
+      if (v !== String(c.seen) && v !== c.asked && b) { c.asked = v; b.click(); }
     } catch (e) { /* a replica going away: the failover script handles it */ }
-  }, %d);
+  }, %(ms)d);
 })();
 </script>
-<style>.st-key-%s { display: none; }</style>"""
+<style>.st-key-%(key)s { display: none; }</style>"""
+
+
+def poller(name: str, room: str, seen, key: str, every_s: float, query: str = "",
+           only_with_button: bool = False) -> None:
+    """The tab's poll (installed once per tab as window[name]; each redraw updates what it last drew, `seen`): an
+    HTTP read of ROUTE every `every_s`, and a click on the hidden button `key` (a fragment rerun) only when the
+    answer differs from `seen`."""
+    st.html(_POLLER % {"name": json.dumps(name), "room": json.dumps(room), "seen": json.dumps(str(seen)),
+                       "key": key, "route": json.dumps(ROUTE), "query": query, "ms": int(every_s * 1000),
+                       "only_with_button": json.dumps(only_with_button)}, unsafe_allow_javascript=True)
+
+
 RESULTS_SYNC = "class_results_sync"  # the projector's hidden button: a click reruns the results fragment
 RESULTS_POLL_S = 0.25  # the projector's poll (one teacher's tab; an HTTP read, no script run unless it changed)
-# The teacher's results: the same pattern as a follower's poll, on answers_digest. Installed once per tab; each draw
-# of the results says which digest it drew; while the tab is not on /class (no button) it reads nothing.
-_RESULTS_POLLER = """<script>
-(() => {
-  const c = window.__alResults = window.__alResults || {};
-  c.room = %s; c.d = %s; c.asked = null;
-  if (c.timer) return;
-  c.timer = setInterval(async () => {
-    const b = document.querySelector(".st-key-%s button");
-    if (!b) return;  // not on /class now (or mid-redraw): no read; the timer stays for when it is back
-    try {
-      const r = await fetch(%s + "?answers=1&room=" + encodeURIComponent(c.room), {cache: "no-store"});
-      const d = (await r.text()).trim();
-      if (d !== c.d && d !== c.asked) { c.asked = d; b.click(); }
-    } catch (e) { /* a replica going away: the failover script handles it */ }
-  }, %d);
-})();
-</script>
-<style>.st-key-%s { display: none; }</style>"""
+# The teacher's results: the same poll as a follower's (poller), on answers_digest; while the tab is not on /class
+# (no button) it reads nothing.
 
 
 def results_poller(code: str) -> None:
@@ -93,8 +88,7 @@ def results_poller(code: str) -> None:
         drawn = answers_digest(code)
     except ClassError:
         drawn = "gone"
-    st.html(_RESULTS_POLLER % (json.dumps(code), json.dumps(drawn), RESULTS_SYNC, json.dumps(ROUTE),
-                               int(RESULTS_POLL_S * 1000), RESULTS_SYNC), unsafe_allow_javascript=True)
+    poller("__alResults", code, drawn, RESULTS_SYNC, RESULTS_POLL_S, query="answers=1&", only_with_button=True)
 
 
 def answers_digest(room: str) -> str:
@@ -368,8 +362,7 @@ def student_strip(pages: dict[str, str] | None = None) -> None:
     st.markdown(t("**Room {code}**", code=m["room"]))
     _remember(m)  # the seat, for a reload or a failover
     st.button("↻", key=SYNC)  # hidden (the poller's CSS); its click reruns this fragment
-    st.html(_POLLER % (json.dumps(m["room"]), version, json.dumps(ROUTE), SYNC, int(POLL_S * 1000), SYNC),
-            unsafe_allow_javascript=True)
+    poller("__alClass", m["room"], version, SYNC, POLL_S)
     if m["following"]:
         if version != m["seen"]:
             follow(pages)  # switches page (a full run) unless the teacher's page is not one this app has

@@ -54,8 +54,11 @@ def default_checkpoint(names: list[str], lang: str | None = None) -> str:
 
 def _on_checkpoint_change() -> None:
     # A new model has a new vocabulary: start from its own example sentence.
+    name = st.session_state.get("checkpoint")
+    if name is None:  # a class follower's switch dropped the widget's value (state.forget_view) while the browser
+        return  # still sent the old one: the run seeds it from the teacher's URL, with that model's own text
     try:
-        st.session_state["source_text"] = load_ckpt(st.session_state["checkpoint"]).example
+        st.session_state["source_text"] = load_ckpt(name).example
     except ValueError:
         return  # a broken checkpoint: sidebar() shows why on this rerun
     st.session_state["target_text"] = ""
