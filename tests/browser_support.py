@@ -34,6 +34,9 @@ DEFAULT_PAGE = "attention"  # app.py's default page, served at "/"
 
 
 
+SERVER_LOGS: dict[str, str] = {}  # port -> its server's log file (start_server): a timed-out wait shows its tail
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,6 +60,7 @@ def start_server(app: Path, port: int, timeout: float = 90.0, env: dict | None =
                             env=full_env)
     log.close()
     proc.log_path = log.name
+    SERVER_LOGS[str(port)] = log.name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,7 +99,45 @@ IDLE_FOR = """(ms) => {
 
 
 def wait_drawn(page, need_chart: bool = True, timeout: int = PAGE_TIMEOUT_MS) -> None:
-    """The script run has finished (no "Running..." status) and, if wanted, plotly has drawn."""
+    """The script run has finished (no "Running..." status) and, if wanted, plotly has drawn. On a timeout it fails
+    with what a person would look at: the page's text, a screenshot, whether the server still answers, its log."""
+    try:
+        _wait_drawn(page, need_chart, timeout)
+    except Exception as e:
+        if type(e).__name__ != "TimeoutError":
+            raise
+        raise AssertionError(f"{e}\n{diagnose(page)}") from e
+
+
+def diagnose(page) -> str:
+    """Why a page did not draw (a CI failure happens once, on a machine we cannot look at): the URL, the script
+    state, the text shown, a screenshot's path, the server's health and the tail of its log."""
+    from urllib.parse import urlsplit
+
+    lines = [f"url: {page.url}"]
+    with contextlib.suppress(Exception):
+        lines.append("script state: " + str(page.evaluate(
+            "() => document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")))
+        main = '[data-testid="stMain"]' if page.locator('[data-testid="stMain"]').count() else "body"
+        lines.append("page text: " + page.inner_text(main, timeout=5_000)[:1500].replace("\n", " | "))
+    with contextlib.suppress(Exception):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SHOTS / f"timeout-{int(time.time())}.png"
+        page.screenshot(path=str(shot), timeout=10_000)
+        lines.append(f"screenshot: {shot}")
+    url = urlsplit(page.url)
+    try:
+        with urllib.request.urlopen(f"{url.scheme}://{url.netloc}/_stcore/health", timeout=5) as r:
+            lines.append(f"server health: {r.read().strip()!r}")
+    except OSError as e:
+        lines.append(f"server health: no answer ({e})")
+    log = SERVER_LOGS.get(str(url.port))
+    with contextlib.suppress(OSError, TypeError):
+        lines.append("server log tail:\n" + Path(log).read_text(errors="replace")[-3000:])
+    return "\n".join(lines)
+
+
+def _wait_drawn(page, need_chart: bool, timeout: int) -> None:
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout)
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=timeout)
     if need_chart:
