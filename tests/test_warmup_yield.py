@@ -4,6 +4,7 @@ result the warm-up computes; and it warms in the measured order (bench/load.py -
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -114,3 +115,40 @@ def test_the_warm_up_order_is_the_measured_order():
     assert [p for p in warmup.ORDER if p != "calibrate"] == measured
     assert measured[0] == "smollm2" and measured.index("needle_grid") < measured.index("needle_ablation")
     assert set(warmup.ORDER) - {"smollm2", "learn"} == set(warmup._analyses(None))  # every analysis is in ORDER
+
+
+def test_a_run_that_begins_mid_piece_lifts_the_warm_ups_priority_until_it_pauses():
+    """The warm-up computes at WARM_NICE only while no script run is active. A run that begins while it is inside
+    a piece (between yield points) puts it back at 0: it shares the GIL with that run, and at low priority on a busy
+    machine it held the GIL while waiting for a core (a page not drawn in 120 s in CI). At its next yield point it
+    pauses; once the run has ended it goes on at WARM_NICE again."""
+    mid_piece, run_began, seen = threading.Event(), threading.Event(), {}
+
+    def piece():
+        native = threading.get_native_id()
+        warmup._warming.update(ident=threading.get_ident(), native=native, nice=0, paused=False)
+        try:
+            warmup.yield_to_people()  # nobody runs a script: on at WARM_NICE (where the process may raise it again)
+            seen["alone"] = os.getpriority(os.PRIO_PROCESS, native)
+            mid_piece.set()
+            assert run_began.wait(30)  # ... computing, between two yield points, when a session's run begins
+            seen["run"] = os.getpriority(os.PRIO_PROCESS, native)
+            warmup.yield_to_people()  # the next yield point: it waits here until the run has ended
+            seen["after"] = os.getpriority(os.PRIO_PROCESS, native)
+        finally:
+            warmup._set_nice(0)
+            warmup._warming.update(ident=None, native=None, paused=False)
+
+    thread = threading.Thread(target=piece, daemon=True)
+    thread.start()
+    assert mid_piece.wait(30)
+    with warmup.script_run():
+        run_began.set()
+        for _ in range(500):  # it reaches its yield point and pauses there
+            if warmup._warming["paused"]:
+                break
+            threading.Event().wait(0.01)
+        assert warmup._warming["paused"] and thread.is_alive()
+    thread.join(30)
+    low = warmup.WARM_NICE if warmup._warming["can_raise"] else 0  # no CAP_SYS_NICE/RLIMIT_NICE: never lowered
+    assert seen == {"alone": low, "run": 0, "after": low}

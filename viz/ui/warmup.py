@@ -18,9 +18,12 @@ After the default page's model and trace, the rest (SmolLM2, /learn's run, the l
 - in small pieces: between pieces, and inside SmolLM2's forwards before each layer (forward pre-hooks while the
   analyses run), it stops when a script run starts;
 - at a lower priority: Linux gives each thread its own nice value, so the warm-up thread (and the OpenMP workers it
-  starts, which inherit it) runs at WARM_NICE while nobody waits for it, back at 0 as soon as a script run waits
-  for what it computes (only where the process may raise a thread's priority again: probed once; else it keeps
-  priority 0 and only pauses);
+  starts, which inherit it) runs at WARM_NICE while no script run is active: it gives way to the other processes
+  on the machine (a browser, another replica). As soon as a script run begins it is back at 0 until its next
+  yield point, where it pauses: one process's threads share the GIL, and a low-priority thread that holds it but
+  waits for a core stalls every session behind it (a page not drawn in 120 s in CI under load: priority
+  inversion). Only where the process may raise a thread's priority again (probed once); else it keeps priority 0
+  and only pauses;
 - in the measured order (ORDER): what the most entry points of the app open first.
 """
 
@@ -82,7 +85,7 @@ logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").add
 _cond = threading.Condition()
 _active: set[int] = set()  # thread ids of the script runs now running (app.py: `with warmup.script_run()`)
 _last_end = [float("-inf")]  # time.monotonic() when the last script run ended
-_warming: dict = {"ident": None, "native": None, "nice": 0, "can_raise": None, "loading": None}
+_warming: dict = {"ident": None, "native": None, "nice": 0, "can_raise": None, "loading": None, "paused": False}
 paused_s = [0.0]  # total seconds the warm-up waited for people (in the server's log at the end)
 
 
@@ -93,6 +96,8 @@ def script_run():
     ident = threading.get_ident()
     with _cond:
         _active.add(ident)
+        if not _warming["paused"]:
+            _raise_priority()  # mid-piece: it reaches its next yield point at a session's priority, then pauses
     _note(f"run begins {ident}")
     try:
         yield
@@ -138,8 +143,8 @@ def _note(event: str) -> None:
 
 
 def yield_to_people() -> None:
-    """In the warm-up thread: wait until no script run needs the cores (`busy`), and run at the priority the moment
-    asks (0 while a script run waits for a result, else WARM_NICE). Anywhere else: nothing."""
+    """In the warm-up thread: wait until no script run needs the cores (`busy`), then go on at WARM_NICE if no script
+    run is active, else (a run waits for what it computes) at 0. Anywhere else: nothing."""
     if threading.get_ident() != _warming["ident"]:
         return
     t0 = None
@@ -147,13 +152,17 @@ def yield_to_people() -> None:
         if t0 is None:
             _note("pause")
         t0 = t0 or time.monotonic()
-        _set_nice(WARM_NICE)
         with _cond:
+            _warming["paused"] = True  # waiting here, it holds no GIL: its priority no longer matters
             _cond.wait(POLL_S)
+    waited_for = someone_waits()  # (outside _cond: it takes the shared results' lock)
+    with _cond:
+        _warming["paused"] = False
+        # low only while nobody runs a script: a run that begins from here raises it (script_run)
+        _set_nice(WARM_NICE if not _active and not waited_for else 0)
     if t0 is not None:
         paused_s[0] += time.monotonic() - t0
         _note("resume")
-    _set_nice(0 if someone_waits() else WARM_NICE)
 
 
 def _set_nice(n: int) -> None:
@@ -178,15 +187,21 @@ def _set_nice(n: int) -> None:
         w["can_raise"] = False
 
 
+def _raise_priority() -> None:
+    """The warm-up thread back at priority 0, from any thread (a session's, or the warm-up's own)."""
+    w = _warming
+    if w["native"] is not None and w["nice"] != 0 and w["can_raise"]:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, w["native"], 0)
+            w["nice"] = 0
+
+
 def boost(name: str) -> None:
     """A script run is about to wait for model `name` (models.load_ckpt): if the warm-up is loading it now, at its
     lower priority, that load runs at the session's priority from here on (the wait is Streamlit's cache lock,
     which no yield point sees)."""
-    w = _warming
-    if w["loading"] == name and w["nice"] != 0 and w["can_raise"] and threading.get_ident() != w["ident"]:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, w["native"], 0)
-            w["nice"] = 0
+    if _warming["loading"] == name and threading.get_ident() != _warming["ident"]:
+        _raise_priority()
 
 
 @contextlib.contextmanager
