@@ -35,9 +35,10 @@ Issue 26 §3: server CPU per toy head switch on a server that warmed SmolLM2 and
 Issue 43: a class that opens together. For each page and size, a fresh `streamlit run`; as soon as it answers its
 health check, N sessions (contexts of one headless Chromium, made before the start) open the page at once: the
 default page (/, the toy Attention page) or the needle view (/phenomena?phen=needle on SmolLM2, its grid and its
-ablation drawn). Each session's first view (from its own goto to drawn: script finished, figure there; timed in
-the page), p50 / p95, the server's CPU seconds until the last (/proc/<pid>/stat, warm-up included) and the load
-average before and after; with 6 sessions on the default page, then the server CPU of a head switch once warm.
+retrieval map drawn: the ablation runs when its toggle is turned on). Each session's first view (from its own goto
+to drawn: script finished, figure there; timed in the page), p50 / p95, the server's CPU seconds until the last
+(/proc/<pid>/stat, warm-up included) and the load average before and after; with 6 sessions on the default page,
+then the server CPU of a head switch once warm.
 
     .venv/bin/python bench/load.py --class-follow [--followers 40] [--follow-idle 20] [--follow-changes 6]
 
@@ -740,7 +741,7 @@ SHOWN_ON = {
     "ioi": [("lesson", "ioi"), ("phen", "ioi")],
     "logit_lens": [("lesson", "lens")],
     "needle_grid": [("phen", "needle")],
-    "needle_ablation": [("phen", "needle")],
+    "needle_ablation": [("phen", "needle")],  # behind a toggle on that view (the warm-up makes it instant)
     "learn": [("lesson", "induction-forms"), ("page", "learn")],
 }
 PHEN_LINK = r"phen(?:=|[\"']\s*:\s*[\"'])(sinks|patterns|induction|ioi|needle)\b"
@@ -802,7 +803,7 @@ TARGET_NEEDLE_COLD_S = 30.0  # the needle view, one browser, right after the sta
 TARGET_SWITCH_WARM_S = 0.080  # a head switch once the server is warm (server CPU)
 CLASS_PAGES = {  # page -> (address, what must be drawn for its first view)
     "default": ("/", ".js-plotly-plot .main-svg"),
-    "needle": ("/phenomena?checkpoint=smollm2&phen=needle", ".st-key-phen_needle_ablation .js-plotly-plot .main-svg"),
+    "needle": ("/phenomena?checkpoint=smollm2&phen=needle", ".st-key-phen_needle_map .js-plotly-plot .main-svg"),
 }
 # When the first view is drawn, with the browser's clock: the script run finished, no status widget, the page's
 # figure drawn (or an error shown). Kept in the page, so that waiting for one session never delays the time

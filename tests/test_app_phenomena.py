@@ -149,6 +149,44 @@ def test_smollm2_induction_view_measures_and_ablates(smol):
         f"layer {a} · head {b}" for a, b, _ in res.scores["induction"].heads[:8])
 
 
+def test_smollm2_needle_ablation_runs_on_request_and_draws_the_analysis():
+    """The needle's "Knock them out" runs when asked (issue 43: its 8 forwards of 512 tokens made a cold first view
+    wait 41 s): off, no bars and a caption that says what it would run; on, the bars and the sentence are
+    shared.needle_ablation's numbers, its intact p(answer) that of a plain forward here, and the URL says so, so
+    a copied link opens with it on."""
+    from model.analysis import long as LG
+    from model.analysis import shared as AN
+
+    at = run({"checkpoint": "smollm2", "phen": "needle", "needle_k": "3"})
+    assert_clean(at)
+    assert "mean p(answer)" not in figs(at) and "needle_run" not in at.query_params
+    assert any("Turn on “Knock out the top heads”" in c.value and "8 forward passes of 512 tokens" in c.value
+               for c in at.caption)
+    at.toggle(key="phen_needle_run").set_value(True).run()
+    assert_clean(at)
+    assert at.query_params["needle_run"] == ["1"] or at.query_params["needle_run"] == "1"
+    lm = lm_models.load("smollm2").obj
+    lengths = AN.needle_lengths(lm)
+    grid, ab = AN.needle_grid(lm, lengths), AN.needle_ablation(lm, lengths, k=3)
+    assert ab.heads == [(a, b) for a, b, _ in grid.retrieval.top(3)]
+    want = [ab.base, ab.ablated, *ab.control]
+    assert figs(at)["mean p(answer)"]["data"][0]["y"] == pytest.approx(want, rel=1e-12)
+    text = markdown(at)
+    assert all(FIG.num(v) in text for v in want), text[-800:]
+    probs = []  # intact p(answer), teacher-forced, by a plain forward of each new prompt
+    for d in AN.NEEDLE_ABLATE_DEPTHS:
+        p = LG.needle_prompt(lm, max(lengths), d, AN.NEEDLE_ABLATE_KEY)
+        ids = LG.teacher_forced_ids(lm, p)
+        P = p.ids.shape[1]
+        with torch.no_grad():
+            logp = lm.model(ids)[0, P - 1:P - 1 + len(p.answer)].float().log_softmax(-1)
+        probs.append(float(np.exp(sum(float(logp[j, a]) for j, a in enumerate(p.answer)))))
+    assert ab.base == pytest.approx(float(np.mean(probs)), rel=1e-3)  # a separate forward: float32 sums differ
+    copied = run({"checkpoint": "smollm2", "phen": "needle", "needle_k": "3", "needle_run": "1"})
+    assert_clean(copied)
+    assert figs(copied)["mean p(answer)"]["data"][0]["y"] == pytest.approx(want, rel=1e-12)
+
+
 def test_smollm2_patterns_and_ioi_views(smol):
     at = run({"checkpoint": "smollm2", "phen": "patterns"})
     assert_clean(at)

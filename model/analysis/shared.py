@@ -299,6 +299,7 @@ NEEDLE_LENGTHS = (256, 512)  # small, so the section is quick (README has SmolLM
 NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
 NEEDLE_KEY, NEEDLE_ABLATE_KEY = "71432", "58219"  # the ablation runs on new prompts: another key, other depths
 NEEDLE_ABLATE_DEPTHS = (0.25, 0.75)
+NEEDLE_ABLATE_CONTROLS = 2  # random head sets zeroed beside the top k (each a control)
 NEEDLE_ABLATE_K = 5  # the page's default "heads to ablate"
 _needle_pace: dict[str, float] = {}  # "seconds_per_token" of the last needle grid run here, and "when" (monotonic)
 
@@ -346,6 +347,6 @@ def needle_ablation(lm, lengths: tuple | None = None, depths: tuple = NEEDLE_DEP
 
     def run():
         prompts = [LG.needle_prompt(lm, max(lengths), d, NEEDLE_ABLATE_KEY) for d in NEEDLE_ABLATE_DEPTHS]
-        return LG.ablate_retrieval(lm, prompts, grid.retrieval, k=int(k), n_controls=2)
+        return LG.ablate_retrieval(lm, prompts, grid.retrieval, k=int(k), n_controls=NEEDLE_ABLATE_CONTROLS)
 
     return cached("needle_ablation", lm, (lengths, tuple(depths), NEEDLE_KEY, NEEDLE_ABLATE_KEY, int(k)), run)

@@ -579,8 +579,22 @@ def needle_view() -> None:
     st.subheader(t("Knock them out"))
     seed_from_query("phen_needle_k", "needle_k", min(5, MAX_K), int, int_in(1, MAX_K))
     clamp_state("phen_needle_k", 1, MAX_K)  # a smaller model than the last one
-    k = int(st.slider(t("Heads to ablate"), 1, MAX_K, key="phen_needle_k"))
-    write_query(needle_k=k)
+    c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
+    k = int(c1.slider(t("Heads to ablate"), 1, MAX_K, key="phen_needle_k"))
+    # On request, as /vision's "Knock out this head": its forwards outnumber the grid's, and a cold first view that
+    # waited for them took 41 s (issue 43: <= 30 s). The warm-up still computes the default k: instant when warm.
+    seed_from_query("phen_needle_run", "needle_run", False, lambda v: v == "1", lambda v: isinstance(v, bool))
+    sets, n = 2 + AN.NEEDLE_ABLATE_CONTROLS, max(lengths)  # intact, the top k, and k random heads (each control)
+    run = c2.toggle(t("Knock out the top heads"), key="phen_needle_run",
+                    help=t("Each of the {m} new prompts ({n} tokens) runs {s} times: intact, with the top {k} "
+                           "retrieval heads zeroed, and with {k} random other heads zeroed ({c} draws).",
+                           m=len(ABLATE_DEPTHS), n=f"{n:,}", s=sets, k=k, c=AN.NEEDLE_ABLATE_CONTROLS))
+    write_query(needle_k=k, needle_run=1 if run else None)
+    if not run:
+        st.caption(t("Turn on “Knock out the top heads” to zero the top {k} retrieval heads on {m} new prompts: {r} "
+                     "forward passes of {n} tokens.", k=k, m=len(ABLATE_DEPTHS), r=sets * len(ABLATE_DEPTHS),
+                     n=f"{n:,}"))
+        return
     with st.spinner(t("Running the ablations…")):
         ab = guarded(_needle_ablation, sel.name, lengths, depths, k)
     if ab is None:
