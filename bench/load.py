@@ -30,7 +30,7 @@ showed another session's prompt (each prompt names its own marker word), head-sw
 
 Issue 26 §3: server CPU per toy head switch on a server that warmed SmolLM2 and on one that did not.
 
-    .venv/bin/python bench/load.py --class-start [--class-pages default,needle] [--class-sizes 1,6,20] [--clicks 8]
+    .venv/bin/python bench/load.py --class-start [--class-pages default,needle,floor] [--class-sizes 1,6,20]
 
 Issue 43: a class that opens together. For each page and size, a fresh `streamlit run`; as soon as it answers its
 health check, N sessions (contexts of one headless Chromium, made before the start) open the page at once: the
@@ -38,7 +38,8 @@ default page (/, the toy Attention page) or the needle view (/phenomena?phen=nee
 retrieval map drawn: the ablation runs when its toggle is turned on). Each session's first view (from its own goto
 to drawn: script finished, figure there; timed in the page), p50 / p95, the server's CPU seconds until the last
 (/proc/<pid>/stat, warm-up included) and the load average before and after; with 6 sessions on the default page,
-then the server CPU of a head switch once warm.
+then the server CPU of a head switch once warm. `floor`: the same sessions on a Streamlit app that draws one tiny
+chart and nothing else (FLOOR_APP): what the browsers and Streamlit alone cost on this machine.
 
     .venv/bin/python bench/load.py --class-follow [--followers 40] [--follow-idle 20] [--follow-changes 6]
 
@@ -804,7 +805,17 @@ TARGET_SWITCH_WARM_S = 0.080  # a head switch once the server is warm (server CP
 CLASS_PAGES = {  # page -> (address, what must be drawn for its first view)
     "default": ("/", ".js-plotly-plot .main-svg"),
     "needle": ("/phenomena?checkpoint=smollm2&phen=needle", ".st-key-phen_needle_map .js-plotly-plot .main-svg"),
+    "floor": ("/", ".js-plotly-plot .main-svg"),  # FLOOR_APP, not the lab: what any Streamlit page with a chart costs
 }
+# The floor under the class-start target: a Streamlit app that only draws one tiny plotly chart, opened by the same N
+# sessions in the same way. What its first views take here is what the browsers and Streamlit cost with no work of
+# the lab's at all (no model, no warm-up): on a machine where the tabs share the server's cores, no server-side
+# change can bring the lab's first views below it.
+FLOOR_APP = """import plotly.graph_objects as go
+import streamlit as st
+st.title("Floor")
+st.plotly_chart(go.Figure(go.Heatmap(z=[[0, 1], [1, 0]])))
+"""
 # When the first view is drawn, with the browser's clock: the script run finished, no status widget, the page's
 # figure drawn (or an error shown). Kept in the page, so that waiting for one session never delays the time
 # another records (Playwright's sync API waits on one page at a time).
@@ -836,10 +847,15 @@ def class_start(browser, page: str, n: int, env: dict | None = None, switch_clic
         ctxs.append(ctx)
     pages = [c.new_page() for c in ctxs]
     port = bench.free_port()
+    app = ROOT / "app.py"
+    if page == "floor":
+        app = Path(tempfile.mkdtemp(prefix="al-floor-")) / "floor_app.py"
+        app.write_text(FLOOR_APP, encoding="utf-8")
     load_before = os.getloadavg()
     trace = Path(tempfile.mkstemp(prefix="warm-trace-", suffix=".txt")[1])
+    trace.write_text("", encoding="utf-8")  # the floor app writes no warm-up trace
     t_start = time.time()
-    proc = bench.start_server(ROOT / "app.py", port, env={**(env or {}), "ATTENTION_LAB_WARM_TRACE": str(trace)})
+    proc = bench.start_server(app, port, env={**(env or {}), "ATTENTION_LAB_WARM_TRACE": str(trace)})
     out: dict = {"page": page, "n": n, "load_before": load_before}
     try:
         bench.wait_health(port, timeout=120)
@@ -915,7 +931,7 @@ def report_class_start(res: dict) -> None:
         line += f"; {missing} not drawn in 10 min, {len(res['errors'])} errors: {res['errors'][:2]}"
     print(line)
     print("  ", res["warm"])
-    if res["page"] == "default" and res["n"] == 6:
+    if res["page"] in ("default", "floor") and res["n"] == 6:
         print(f"   target p50 <= {TARGET_CLASS_P50_S:.0f} s, p95 <= {TARGET_CLASS_P95_S:.0f} s   "
               f"[{verdict(p50 <= TARGET_CLASS_P50_S and p95 <= TARGET_CLASS_P95_S and not missing)}]")
     if res["page"] == "needle" and res["n"] == 1:
@@ -1346,7 +1362,8 @@ def main() -> None:
                     help="--llm-soak: the server's trace idle time (s); memory is measured again once it has passed")
     ap.add_argument("--class-start", action="store_true",
                     help="only: issue 43, sessions opening at once right after `streamlit run` (fresh server each)")
-    ap.add_argument("--class-pages", default="default,needle", help="--class-start: pages (default, needle)")
+    ap.add_argument("--class-pages", default="default,needle",
+                    help="--class-start: pages (default, needle; floor: a Streamlit app with one tiny chart)")
     ap.add_argument("--class-sizes", default="1,6,20", help="--class-start: sessions at once, one server each")
     ap.add_argument("--class-follow", action="store_true",
                     help="only: issue 41, --followers headless students following a teacher's head switches")
