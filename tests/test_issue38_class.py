@@ -195,7 +195,7 @@ def test_presentation_mode_puts_the_answer_beside_the_figure():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma3", "smollm2"])
 def test_the_needle_cites_the_readme_only_beside_smollm2(name):
-    # the needle grid and its ablation are computed live (about 4 min at load 12 here): room for a busy CI machine
+    # the needle grid is computed live (its ablation only when asked): room for a busy CI machine
     at = page(name, "phenomena", "en", phen="needle", timeout=900)
     said = " ".join(c.value for c in at.caption)
     assert "An easy haystack" in said
