@@ -115,11 +115,14 @@ def diagnose(page) -> str:
     from urllib.parse import urlsplit
 
     lines = [f"url: {page.url}"]
+    # only calls that time out themselves: a renderer that hangs must not hang the test run too
     with contextlib.suppress(Exception):
-        lines.append("script state: " + str(page.evaluate(
-            "() => document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")))
-        main = '[data-testid="stMain"]' if page.locator('[data-testid="stMain"]').count() else "body"
-        lines.append("page text: " + page.inner_text(main, timeout=5_000)[:1500].replace("\n", " | "))
+        lines.append("script state: " + str(page.get_attribute('[data-testid="stApp"]', "data-test-script-state",
+                                                               timeout=5_000)))
+    for where in ('[data-testid="stMain"]', "body"):
+        with contextlib.suppress(Exception):
+            lines.append("page text: " + page.inner_text(where, timeout=5_000)[:1500].replace("\n", " | "))
+            break
     with contextlib.suppress(Exception):
         SHOTS.mkdir(parents=True, exist_ok=True)
         shot = SHOTS / f"timeout-{int(time.time())}.png"
