@@ -18,12 +18,13 @@ After the default page's model and trace, the rest (SmolLM2, /learn's run, the l
 - in small pieces: between pieces, and inside SmolLM2's forwards before each layer (forward pre-hooks while the
   analyses run), it stops when a script run starts;
 - at a lower priority: Linux gives each thread its own nice value, so the warm-up thread (and the OpenMP workers it
-  starts, which inherit it) runs at WARM_NICE while no script run is active: it gives way to the other processes
-  on the machine (a browser, another replica). As soon as a script run begins it is back at 0 until its next
-  yield point, where it pauses: one process's threads share the GIL, and a low-priority thread that holds it but
-  waits for a core stalls every session behind it (a page not drawn in 120 s in CI under load: priority
-  inversion). Only where the process may raise a thread's priority again (probed once); else it keeps priority 0
-  and only pauses;
+  starts, which inherit it) runs at WARM_NICE while no script run is active: it gives way to the server's own
+  threads (the event loop that serves files, websockets and the class polls) and, where the kernel does not group
+  threads by session (autogroup), to other processes. As soon as a script run begins it is back at 0 until its
+  next yield point, where it pauses: one process's threads share the GIL, and a low-priority thread that holds it
+  but waits for a core stalls every session behind it (priority inversion; the likely cause of a page not drawn
+  in 120 s in CI under load). Only where the process may raise a thread's priority again (probed once); else it
+  keeps priority 0 and only pauses;
 - in the measured order (ORDER): what the most entry points of the app open first.
 """
 
