@@ -185,6 +185,11 @@ def test_smollm2_needle_ablation_runs_on_request_and_draws_the_analysis():
     copied = run({"checkpoint": "smollm2", "phen": "needle", "needle_k": "3", "needle_run": "1"})
     assert_clean(copied)
     assert figs(copied)["mean p(answer)"]["data"][0]["y"] == pytest.approx(want, rel=1e-12)
+    zh = run({"checkpoint": "smollm2", "phen": "needle", "needle_k": "3", "needle_run": "1", "lang": "zh"})
+    assert_clean(zh)  # the toggle, its help and the sentence in Chinese; the same bars
+    assert zh.toggle(key="phen_needle_run").label == "敲掉得分最高的头" and not english_in_zh(zh)
+    assert [f["data"][0]["y"] for f in figs(zh).values() if f["data"][0]["type"] == "bar"] == [
+        pytest.approx(want, rel=1e-12)]
 
 
 def test_smollm2_patterns_and_ioi_views(smol):
